@@ -1,0 +1,40 @@
+"""tjit: a Triton kernel-generating JIT for PyTorch.
+
+    @tjit.compile
+    def f(x, y): ...
+
+traces f into tjit's graph IR, fuses its work into as few Triton kernels as possible and
+runs them: on CUDA tensors as compiled kernels, on CPU tensors through Triton's
+interpreter. See DESIGN.md for the pipeline.
+"""
+from .runtime.interpreter import choose_interpreter_before_triton_import
+
+choose_interpreter_before_triton_import()
+
+from typing import Callable, Mapping, Optional, Sequence  # noqa: E402
+
+from .errors import CompileArgumentError, TjitError, UnsupportedOpError  # noqa: E402
+from .explain import Explanation, explain  # noqa: E402
+from .ir import Auto, AxisStrategy, Sequential, Thread, ThreadGroup  # noqa: E402
+from .runtime.compiled import CompiledFunction  # noqa: E402
+from .runtime.counters import counters  # noqa: E402
+from .runtime.dynamo_backend import register_dynamo_backend  # noqa: E402
+
+
+def compile(fn: Optional[Callable] = None, *,
+            axis_strategies: Optional[Mapping[str, Sequence[AxisStrategy]]] = None):
+    """Compile `fn` (usable as @tjit.compile or @tjit.compile(...)).
+
+    axis_strategies: force the mapping of kernel axes, keyed by graph output name
+    ("out0", "out1", ... in return order) or "*" for every kernel; one AxisStrategy per
+    axis of that kernel's iteration space.
+    """
+    if fn is None:
+        return lambda f: CompiledFunction(f, axis_strategies)
+    return CompiledFunction(fn, axis_strategies)
+
+
+register_dynamo_backend()
+
+__all__ = ["compile", "explain", "Explanation", "counters", "TjitError", "UnsupportedOpError",
+           "CompileArgumentError", "AxisStrategy", "Auto", "Sequential", "Thread", "ThreadGroup"]

@@ -1,0 +1,26 @@
+"""The errors tjit raises. Each names the op, dtype, shape or argument at fault."""
+
+
+class TjitError(Exception):
+    """Base class of every error tjit raises on purpose."""
+
+
+class UnsupportedOpError(TjitError, NotImplementedError):
+    """An op (or a form of one) that tjit cannot express yet.
+
+    Raised at trace time, before any kernel runs, so the user's tensors are untouched
+    and no wrong answer is ever produced.
+    """
+
+    def __init__(self, op: str, reason: str = "", where: str = ""):
+        self.op, self.reason, self.where = op, reason, where
+        msg = f"tjit cannot compile {op}"
+        if reason:
+            msg += f": {reason}"
+        if where:
+            msg += f"\n  called at {where}"
+        super().__init__(msg)
+
+
+class CompileArgumentError(TjitError, TypeError):
+    """A compiled function was called with arguments tjit cannot accept."""

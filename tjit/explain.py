@@ -1,0 +1,52 @@
+"""tjit.explain(fn, *args): what tjit generates for these arguments, without running it."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .ir import Graph
+from .lower.codegen import KernelPlan
+
+
+@dataclass
+class KernelReport:
+    name: str
+    shape: tuple[int, ...]
+    source: str
+    strategies: list[str]
+    bytes_read: int
+    bytes_written: int
+    grid: tuple[int, ...]
+
+
+@dataclass
+class Explanation:
+    graph: Graph
+    kernels: list[KernelReport]
+    eager_ops: int
+
+    @property
+    def bytes_moved(self) -> int:
+        return sum(k.bytes_read + k.bytes_written for k in self.kernels)
+
+    def __str__(self) -> str:
+        lines = [str(self.graph), "",
+                 f"{len(self.kernels)} kernel(s) (eager: {self.eager_ops} op(s)), {self.bytes_moved} bytes moved"]
+        for k in self.kernels:
+            lines += ["", f"kernel {k.name}: shape {list(k.shape)}, grid {k.grid}, "
+                          f"reads {k.bytes_read} B, writes {k.bytes_written} B"]
+            lines += [f"  {s}" for s in k.strategies]
+            lines.append(k.source)
+        return "\n".join(lines)
+
+
+def report(plan: KernelPlan) -> KernelReport:
+    return KernelReport(plan.name, plan.shape, plan.source, [d.describe() for d in plan.space.loop_dims],
+                        plan.bytes_read, plan.bytes_written, plan.grid)
+
+
+def explain(fn, *args, **kwargs) -> Explanation:
+    from .runtime.compiled import CompiledFunction
+    compiled = fn if isinstance(fn, CompiledFunction) else CompiledFunction(fn)
+    entry = compiled.entry_for(*args, **kwargs)
+    lowered = entry.executable.lowered
+    return Explanation(entry.executable.graph, [report(p) for p in lowered.kernels], entry.eager_ops)

@@ -1,0 +1,90 @@
+"""Trace a Python function into an aten FX graph with torch's own machinery.
+
+make_fx runs the function on fake tensors (no real compute), records every aten op after
+torch's core decompositions, and annotates each node with torch's own answer for its
+dtype, shape, strides and storage, which the converter relies on. Python scalars and
+other non-tensor arguments are specialised: they are part of the cache key.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable
+
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from ..errors import UnsupportedOpError
+from .convert import Conversion, Converter
+
+
+@functools.lru_cache(maxsize=None)
+def decomposition_table():
+    from torch._decomp import core_aten_decompositions
+    table = dict(core_aten_decompositions())
+    # tjit translates these directly, with fewer and more exact IR ops than their decompositions
+    for op in (torch.ops.aten.clamp_min, torch.ops.aten.clamp_max):
+        for overload in op.overloads():
+            table.pop(getattr(op, overload), None)
+    return table
+
+
+def flatten_arguments(fn: Callable, args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
+    """(name, value) per argument, in the order the function declares them."""
+    try:
+        bound = inspect.signature(fn).bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        if kwargs:
+            raise
+        return [(f"arg{k}", a) for k, a in enumerate(args)]
+    flat = []
+    for name, value in bound.arguments.items():
+        param = bound.signature.parameters[name]
+        if param.kind is param.VAR_POSITIONAL:
+            flat += [(f"{name}{k}", v) for k, v in enumerate(value)]
+        elif param.kind is param.VAR_KEYWORD:
+            flat += [(f"{name}_{k}", v) for k, v in value.items()]
+        else:
+            flat.append((name, value))
+    return flat
+
+
+def trace(fn: Callable, args: tuple, kwargs: dict) -> Conversion:
+    flat = flatten_arguments(fn, args, kwargs)
+    tensor_names = [name for name, v in flat if isinstance(v, torch.Tensor)]
+    tensors = [v for _, v in flat if isinstance(v, torch.Tensor)]
+
+    def with_tensors(*traced):
+        it = iter(traced)
+        values = {name: (next(it) if isinstance(v, torch.Tensor) else v) for name, v in flat}
+        return _call_with(fn, args, kwargs, flat, values)
+
+    try:
+        gm = make_fx(with_tensors, decomposition_table=decomposition_table(), tracing_mode="fake",
+                     _allow_non_fake_inputs=True)(*tensors)
+    except UnsupportedOpError:
+        raise
+    except Exception as e:  # data-dependent control flow and the like
+        raise UnsupportedOpError(getattr(fn, "__name__", str(fn)), f"tracing failed: {type(e).__name__}: {e}") from e
+    return Converter(gm, tensor_names).run()
+
+
+def _call_with(fn, args, kwargs, flat, values):
+    """Call fn with the traced tensors in place of the real ones, keeping its call shape."""
+    names = [name for name, _ in flat]
+    try:
+        bound = inspect.signature(fn).bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return fn(*[values[n] for n in names])
+    new_args, new_kwargs = [], {}
+    for name, value in bound.arguments.items():
+        param = bound.signature.parameters[name]
+        if param.kind is param.VAR_POSITIONAL:
+            new_args += [values[f"{name}{k}"] for k in range(len(value))]
+        elif param.kind is param.VAR_KEYWORD:
+            new_kwargs.update({k: values[f"{name}_{k}"] for k in value})
+        elif param.kind is param.KEYWORD_ONLY:
+            new_kwargs[name] = values[name]
+        else:
+            new_args.append(values[name])
+    return fn(*new_args, **new_kwargs)

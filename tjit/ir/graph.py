@@ -1,0 +1,203 @@
+"""The graph IR: immutable nodes (op, dtype, src, view) and a Graph of named inputs,
+named outputs and input mutations.
+
+Nodes are hash-consed by a GraphBuilder, so building the same expression twice gives the
+same node (common subexpressions are free) and nodes compare by identity, which keeps
+hashing O(1) however deep the DAG is.
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from typing import Iterable, Optional, Sequence, Union
+
+from .dtype import DType
+from .strategy import AxisStrategy
+from .view import View
+
+Scalar = Union[bool, int, float]
+Strategies = Optional[tuple[AxisStrategy, ...]]
+
+
+# -- ops -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Input:
+    name: str
+    version: int = 0  # bumped by each in-place write to the input; reads see that version
+
+
+@dataclass(frozen=True)
+class Const:
+    value: Scalar
+
+
+@dataclass(frozen=True)
+class ViewOp:
+    """Reads src's buffer through node.view (index -> element offset in that buffer)."""
+
+
+@dataclass(frozen=True)
+class Contiguous:
+    """Materialises src as a dense row-major buffer (a kernel boundary)."""
+    axis_strategies: Strategies = None
+
+
+@dataclass(frozen=True)
+class Elementwise:
+    op: str  # a name from tjit.ir.ops.ELEMENTWISE_OPS
+    axis_strategies: Strategies = None
+
+
+@dataclass(frozen=True)
+class Reduce:
+    op: str
+    axes: tuple[int, ...]
+    axis_strategies: Strategies = None
+
+
+@dataclass(frozen=True)
+class Cumulative:
+    op: str
+    axis: int
+    axis_strategies: Strategies = None
+
+
+GraphOp = Union[Input, Const, ViewOp, Contiguous, Elementwise, Reduce, Cumulative]
+COMPUTING_OPS = (Contiguous, Elementwise, Reduce, Cumulative)
+
+
+@dataclass(frozen=True, eq=False)
+class GraphNode:
+    op: GraphOp
+    dtype: DType
+    src: tuple["GraphNode", ...]
+    view: View  # for ViewOp / Input: how the buffer is read; else the dense output layout
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.view.shape
+
+    @property
+    def is_leaf(self) -> bool:
+        """Leaves are read from memory (or are literals) inside a kernel."""
+        return isinstance(self.op, (Input, Const, ViewOp))
+
+
+@dataclass(frozen=True)
+class Mutation:
+    """An in-place write of `value` into input `name` through `view`, producing `version`."""
+    name: str
+    view: View
+    value: GraphNode
+    version: int
+
+
+@dataclass
+class Graph:
+    input_names: tuple[str, ...]
+    outputs: dict[str, GraphNode]
+    mutations: tuple[Mutation, ...] = ()
+    # Inputs are held weakly: the graph is kept alive by what it computes, not by its inputs.
+    _inputs: dict[str, "weakref.ref[GraphNode]"] = field(default_factory=dict, repr=False)
+
+    def input_node(self, name: str) -> Optional[GraphNode]:
+        ref = self._inputs.get(name)
+        return None if ref is None else ref()
+
+    def roots(self) -> list[GraphNode]:
+        return list(self.outputs.values()) + [m.value for m in self.mutations]
+
+    def nodes(self) -> list[GraphNode]:
+        return toposort(self.roots())
+
+    def __str__(self) -> str:
+        return format_graph(self)
+
+
+class GraphBuilder:
+    """Creates hash-consed nodes for one graph."""
+
+    def __init__(self):
+        self._interned: dict[tuple, GraphNode] = {}
+        self._inputs: dict[str, GraphNode] = {}
+
+    def node(self, op: GraphOp, dtype: DType, src: Sequence[GraphNode], view: View) -> GraphNode:
+        key = (op, dtype, tuple(id(s) for s in src), view)
+        found = self._interned.get(key)
+        if found is None:
+            found = self._interned[key] = GraphNode(op, dtype, tuple(src), view)
+        return found
+
+    def input(self, name: str, dtype: DType, view: View, version: int = 0) -> GraphNode:
+        node = self.node(Input(name, version), dtype, (), view)
+        self._inputs.setdefault(name, node)
+        return node
+
+    def const(self, value: Scalar, dtype: DType) -> GraphNode:
+        return self.node(Const(value), dtype, (), View((), ()))
+
+    def finish(self, input_names: Iterable[str], outputs: dict[str, GraphNode],
+               mutations: Sequence[Mutation] = ()) -> Graph:
+        graph = Graph(tuple(input_names), dict(outputs), tuple(mutations))
+        graph._inputs = {n: weakref.ref(node) for n, node in self._inputs.items()}
+        return graph
+
+
+def toposort(roots: Iterable[GraphNode]) -> list[GraphNode]:
+    """Producers before consumers; an explicit stack so deep graphs do not recurse."""
+    order, seen = [], set()
+    for root in roots:
+        stack = [(root, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if expanded:
+                order.append(node)
+                continue
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            stack.append((node, True))
+            stack.extend((s, False) for s in reversed(node.src) if id(s) not in seen)
+    return order
+
+
+# -- text form -------------------------------------------------------------------------
+def describe_op(node: GraphNode) -> str:
+    op = node.op
+    if isinstance(op, Input):
+        return f"input {op.name}" + (f"@v{op.version}" if op.version else "")
+    if isinstance(op, Const):
+        return f"const {op.value!r}"
+    if isinstance(op, ViewOp):
+        return "view"
+    if isinstance(op, Contiguous):
+        return "contiguous"
+    if isinstance(op, Reduce):
+        return f"reduce.{op.op} axes={list(op.axes)}"
+    if isinstance(op, Cumulative):
+        return f"cumulative.{op.op} axis={op.axis}"
+    return op.op
+
+
+def format_node(node: GraphNode, names: dict[int, str]) -> str:
+    args = ", ".join(names[id(s)] for s in node.src)
+    layout = ""
+    if isinstance(node.op, (ViewOp, Input)) and not node.view.is_contiguous():
+        layout = f" strides={list(node.view.strides)}" + (f" offset={node.view.offset}" if node.view.offset else "")
+    strategies = getattr(node.op, "axis_strategies", None)
+    forced = f" strategies={list(strategies)}" if strategies else ""
+    return f"{names[id(node)]} = {describe_op(node)}({args}) : {node.dtype!r}{list(node.shape)}{layout}{forced}"
+
+
+def format_graph(graph: Graph) -> str:
+    names: dict[int, str] = {}
+    lines = [f"graph({', '.join(graph.input_names)}) {{"]
+    for k, node in enumerate(graph.nodes()):
+        names[id(node)] = f"%{k}"
+        lines.append("  " + format_node(node, names))
+    for m in graph.mutations:
+        lines.append(f"  {m.name}@v{m.version}[{m.view}] <- {names[id(m.value)]}")
+    outs = ", ".join(f"{name}={names[id(node)]}" for name, node in graph.outputs.items())
+    lines.append(f"  return {outs}")
+    lines.append("}")
+    return "\n".join(lines)

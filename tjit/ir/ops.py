@@ -1,0 +1,35 @@
+"""The elementwise op vocabulary of the IR.
+
+Kept small because everything fuses later: subtraction is add+neg; casts are `cast`
+(the target is the node's dtype). Operands of an op have the node's compute dtype
+(the frontend inserts casts), except comparisons, predicates, `where`'s condition and
+`cast`, whose result type differs from their operands'.
+"""
+
+UNARY = frozenset({
+    "neg", "abs", "recip", "sign", "cast",
+    "exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt",
+    "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh",
+    "sigmoid", "erf", "floor", "ceil", "trunc", "round",
+    "logical_not", "bitwise_not", "isnan", "isinf",
+})
+BINARY = frozenset({
+    "add", "mul", "truediv", "floordiv", "truncdiv", "rem", "fmod", "pow", "atan2",
+    "max", "min", "eq", "ne", "lt", "le", "gt", "ge",
+    "logical_and", "logical_or", "logical_xor",
+    "bitwise_and", "bitwise_or", "bitwise_xor", "shl", "shr",
+})
+TERNARY = frozenset({"where"})
+PREDICATES = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "isnan", "isinf",
+                        "logical_and", "logical_or", "logical_xor", "logical_not"})
+ELEMENTWISE_OPS = UNARY | BINARY | TERNARY
+
+
+def arity(op: str) -> int:
+    if op in UNARY:
+        return 1
+    if op in BINARY:
+        return 2
+    if op in TERNARY:
+        return 3
+    raise KeyError(f"unknown elementwise op {op!r}")

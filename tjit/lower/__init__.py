@@ -1,0 +1,48 @@
+"""Lowering: group the graph's stores into kernels, schedule their axes, emit Triton."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Optional, Sequence
+
+from ..errors import TjitError
+from ..ir import AxisStrategy, Graph, GraphNode
+from .codegen import KernelPlan, plan_kernel
+from .fusion import BufferTarget, KernelGroup, OutputTarget, group_kernels
+
+StrategyMap = Mapping[str, Sequence[AxisStrategy]]
+
+
+@dataclass
+class LoweredGraph:
+    kernels: list[KernelPlan]
+    groups: list[KernelGroup]
+    buffers: list[GraphNode]  # materialised intermediates, in the order kernels first write them
+
+
+def lower(graph: Graph, output_strides: dict[str, tuple[int, ...]],
+          strategies: Optional[StrategyMap] = None) -> LoweredGraph:
+    groups = group_kernels(graph)
+    kernels = [plan_kernel(g, output_strides, forced_strategies(g, strategies or {})) for g in groups]
+    buffers = [s.target.node for g in groups for s in g.stores if isinstance(s.target, BufferTarget)]
+    return LoweredGraph(kernels, groups, buffers)
+
+
+def forced_strategies(group: KernelGroup, strategies: StrategyMap) -> Optional[tuple[AxisStrategy, ...]]:
+    """Strategies the user forced for this kernel: on an IR node it stores, by the name of
+    an output it writes, or for every kernel under the key "*"."""
+    found = []
+    for store in group.stores:
+        node_level = getattr(store.value.op, "axis_strategies", None)
+        if node_level:
+            found.append(tuple(node_level))
+        if isinstance(store.target, OutputTarget) and store.target.name in strategies:
+            found.append(tuple(strategies[store.target.name]))
+    if not found and "*" in strategies:
+        found.append(tuple(strategies["*"]))
+    if len(set(found)) > 1:
+        raise TjitError(f"conflicting axis strategies {sorted(set(found), key=str)} for one kernel of shape "
+                        f"{list(group.shape)}")
+    return found[0] if found else None
+
+
+__all__ = ["lower", "LoweredGraph", "KernelPlan"]

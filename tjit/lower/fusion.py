@@ -1,0 +1,144 @@
+"""Group the graph's stores into kernels.
+
+A store writes one value into memory: a graph output, a materialised (Contiguous)
+buffer, or an in-place write into an input. Every store is a root whose expression DAG is
+fused into the kernel that runs it; its leaves are loads (inputs, buffers) and literals.
+Stores with the same iteration space and no ordering constraint between them share one
+kernel, so a function's pointwise work over one shape is one kernel.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Union
+
+from ..ir import COMPUTING_OPS, Contiguous, Graph, GraphNode, Input, Mutation, View, ViewOp, toposort
+
+
+@dataclass(frozen=True)
+class OutputTarget:
+    name: str
+
+
+@dataclass(frozen=True)
+class BufferTarget:
+    node: GraphNode  # a Contiguous node: its buffer is dense in the node's shape
+
+
+@dataclass(frozen=True)
+class InputTarget:
+    mutation: Mutation
+
+
+Target = Union[OutputTarget, BufferTarget, InputTarget]
+
+
+@dataclass(eq=False)
+class Store:
+    target: Target
+    value: GraphNode
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.value.shape
+
+
+@dataclass(eq=False)
+class KernelGroup:
+    shape: tuple[int, ...]
+    stores: list[Store] = field(default_factory=list)
+    level: int = 0
+
+
+def expression_leaves(value: GraphNode) -> list[GraphNode]:
+    """The nodes a store's fused expression reads from memory or literals: stop at leaves
+    and at materialised buffers (Contiguous nodes other than the store's own)."""
+    leaves, stack, seen = [], [value], set()
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if node.is_leaf or isinstance(node.op, Contiguous):
+            leaves.append(node)
+        else:
+            stack.extend(node.src)
+    return leaves
+
+
+def buffer_of(leaf: GraphNode) -> Optional[GraphNode]:
+    """The Input or Contiguous node whose memory a leaf reads (None for literals)."""
+    base = leaf.src[0] if isinstance(leaf.op, ViewOp) else leaf
+    return base if isinstance(base.op, (Input, Contiguous)) else None
+
+
+def collect_stores(graph: Graph) -> list[Store]:
+    stores: list[Store] = []
+    for node in toposort(graph.roots()):
+        if isinstance(node.op, Contiguous):
+            stores.append(Store(BufferTarget(node), node.src[0]))
+    stores += [Store(OutputTarget(name), node) for name, node in graph.outputs.items()]
+    stores += [Store(InputTarget(m), m.value) for m in graph.mutations]
+    return stores
+
+
+def group_kernels(graph: Graph) -> list[KernelGroup]:
+    stores = collect_stores(graph)
+    levels = _levels(stores)
+    groups: dict[tuple, KernelGroup] = {}
+    for store in stores:
+        key = (levels[id(store)], store.shape)
+        groups.setdefault(key, KernelGroup(store.shape, level=key[0])).stores.append(store)
+    return sorted(groups.values(), key=lambda g: g.level)
+
+
+def _levels(stores: list[Store]) -> dict[int, int]:
+    """Level of a store = the earliest kernel slot its dependencies allow.
+
+    Strict dependencies (the store must run in a later kernel): reading a buffer another
+    store writes; reading an input version a mutation produces; writing an input that
+    another store reads (an older version of) through a different view or iteration
+    space. Reading through the same view in the same iteration space is safe in one
+    kernel: each lane loads its elements before it stores them.
+    """
+    producer: dict[tuple, Store] = {}
+    for s in stores:
+        if isinstance(s.target, BufferTarget):
+            producer[("buffer", id(s.target.node))] = s
+        elif isinstance(s.target, InputTarget):
+            producer[("input", s.target.mutation.name, s.target.mutation.version)] = s
+    reads = {id(s): [(leaf, buffer_of(leaf)) for leaf in expression_leaves(s.value)] for s in stores}
+    level: dict[int, int] = {}
+
+    def deps(store: Store):
+        """(store it depends on, strict?) pairs."""
+        for leaf, base in reads[id(store)]:
+            if base is not None and isinstance(base.op, Contiguous):
+                yield producer[("buffer", id(base))], True
+            elif base is not None and base.op.version:
+                yield producer[("input", base.op.name, base.op.version)], True
+        if isinstance(store.target, InputTarget):
+            yield from _write_after_read(store, stores, reads)
+
+    def visit(store: Store) -> int:
+        if id(store) not in level:
+            level[id(store)] = 0  # provisional; the store graph is acyclic by construction
+            level[id(store)] = max((visit(d) + strict for d, strict in deps(store)), default=0)
+        return level[id(store)]
+
+    for s in stores:
+        visit(s)
+    return level
+
+
+def _write_after_read(store: Store, stores: list[Store], reads):
+    mutation = store.target.mutation
+    for other in stores:
+        if other is store:
+            continue
+        for leaf, base in reads[id(other)]:
+            if base is not None and isinstance(base.op, Input) and base.op.name == mutation.name \
+                    and base.op.version < mutation.version:
+                yield other, not (other.shape == store.shape and leaf.view == mutation.view)
+        if isinstance(other.target, InputTarget) and other.target.mutation.name == mutation.name \
+                and other.target.mutation.version < mutation.version:
+            yield other, not (other.shape == store.shape and other.target.mutation.view == mutation.view)

@@ -1,0 +1,86 @@
+"""Choose the iteration space of a kernel and map each of its axes to an AxisStrategy.
+
+The kernel's logical shape is first simplified: size-1 axes are dropped (their index is
+always 0) and, under Auto, adjacent axes that every access walks as one (stride[d] ==
+stride[d+1] * size[d+1]) are merged. Then each axis, or a run of axes flattened into
+one, becomes a LoopDim realised as DESIGN.md's table says.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from ..errors import TjitError
+from ..ir import Auto, AxisStrategy, Sequential, Thread, ThreadGroup
+
+AUTO_BLOCK = 1024  # lanes of an Auto pointwise program: 8 per thread at 4 warps, two 128-bit loads
+MAX_BLOCK_NUMEL = 1 << 20  # Triton's limit on the elements of one block
+
+
+@dataclass(frozen=True)
+class LoopDim:
+    axes: tuple[int, ...]  # iteration axes covered, outermost first (flattened when several)
+    kind: str  # "group" (grid axis) | "thread" (whole axis in the block) | "loop" (for loop)
+    width: int  # block width of this dim: lanes per program (group/loop) or next pow2 (thread)
+    simd: Optional[int] = None
+    reason: str = ""
+
+    def describe(self) -> str:
+        name = {"group": "ThreadGroup", "thread": "Thread", "loop": "Sequential"}[self.kind]
+        simd = f", simd={self.simd}" if self.simd else ""
+        return f"axes {list(self.axes)} -> {name}(width={self.width}{simd}){': ' + self.reason if self.reason else ''}"
+
+
+@dataclass(frozen=True)
+class IterationSpace:
+    sizes: tuple[int, ...]
+    strides: tuple[tuple[int, ...], ...]  # per access, per axis
+    loop_dims: tuple[LoopDim, ...]
+
+
+def simplify(shape: Sequence[int], access_strides: Sequence[Sequence[int]], merge: bool):
+    """Drop size-1 axes and (when `merge`) merge axes every access walks contiguously.
+    Returns (sizes, strides per access, original axes of each kept axis)."""
+    keep = [d for d, s in enumerate(shape) if s != 1]
+    sizes = [shape[d] for d in keep]
+    strides = [[st[d] for d in keep] for st in access_strides]
+    origin = [[d] for d in keep]
+    if merge:
+        d = len(sizes) - 2
+        while d >= 0:
+            if all(st[d] == st[d + 1] * sizes[d + 1] for st in strides):
+                sizes[d:d + 2] = [sizes[d] * sizes[d + 1]]
+                for st in strides:
+                    st[d:d + 2] = [st[d + 1]]
+                origin[d:d + 2] = [origin[d] + origin[d + 1]]
+            d -= 1
+    return tuple(sizes), tuple(tuple(st) for st in strides), origin
+
+
+def schedule(shape: Sequence[int], access_strides: Sequence[Sequence[int]],
+             forced: Optional[Sequence[AxisStrategy]] = None) -> IterationSpace:
+    if forced is not None and len(forced) != len(shape):
+        raise TjitError(f"axis strategies {list(forced)} do not match the kernel's {len(shape)}-d shape {list(shape)}")
+    if forced is None or all(isinstance(s, Auto) for s in forced):
+        sizes, strides, _ = simplify(shape, access_strides, merge=True)
+        dims = (LoopDim(tuple(range(len(sizes))), "group", AUTO_BLOCK,
+                        reason="Auto: pointwise, all axes flattened over programs"),) if sizes else ()
+        return IterationSpace(sizes, strides, dims)
+    sizes, strides, origin = simplify(shape, access_strides, merge=False)
+    dims = tuple(_forced_dim(k, forced[origin[k][0]], sizes[k]) for k in range(len(sizes)))
+    block = math.prod(d.width for d in dims)
+    if block > MAX_BLOCK_NUMEL:
+        raise TjitError(f"axis strategies {list(forced)} on shape {list(shape)} need a block of {block} elements; "
+                        f"Triton allows {MAX_BLOCK_NUMEL}")
+    return IterationSpace(sizes, strides, dims)
+
+
+def _forced_dim(axis: int, strategy: AxisStrategy, size: int) -> LoopDim:
+    simd = strategy.simd
+    if isinstance(strategy, Thread):
+        return LoopDim((axis,), "thread", max(1 << (size - 1).bit_length(), simd or 1), simd, "forced")
+    if isinstance(strategy, Sequential):
+        return LoopDim((axis,), "loop", simd or 1, simd, "forced")
+    # ThreadGroup, and Auto next to forced axes: split across programs
+    return LoopDim((axis,), "group", simd or 1, simd, "forced" if isinstance(strategy, ThreadGroup) else "Auto")

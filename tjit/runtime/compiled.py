@@ -1,0 +1,120 @@
+"""tjit.compile: a callable that traces on a cache miss and launches kernels on every call.
+
+The cache key is everything that changes the generated code: per tensor its shape,
+strides, dtype, device and requires_grad; per other argument its type and value (Python
+scalars are specialised, as Dynamo does by default). A new size retraces, which is cheap,
+and its kernels are found again by source, so no new kernel is generated or compiled.
+"""
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import torch
+
+from .. import debug
+from ..errors import CompileArgumentError, UnsupportedOpError
+from ..frontend.trace import flatten_arguments, trace
+from ..ir import AxisStrategy
+from ..lower import lower
+from .counters import counters
+from .executor import Executable
+from .interpreter import check_device
+
+
+@dataclass
+class CompiledEntry:
+    executable: Executable
+    trace_seconds: float
+    lower_seconds: float
+    load_seconds: float
+    eager_ops: int
+
+
+def guard_key(flat: list[tuple[str, Any]]) -> tuple:
+    key = []
+    for name, v in flat:
+        if isinstance(v, torch.Tensor):
+            key.append((name, tuple(v.shape), v.stride(), v.dtype, v.device, v.requires_grad))
+        else:
+            try:
+                hash(v)
+                key.append((name, type(v), v))
+            except TypeError:
+                key.append((name, type(v), repr(v)))
+    return tuple(key)
+
+
+class CompiledFunction:
+    def __init__(self, fn: Callable, axis_strategies: Optional[Mapping[str, Sequence[AxisStrategy]]] = None):
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        self.axis_strategies = dict(axis_strategies or {})
+        self._cache: dict[tuple, CompiledEntry] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, *args, **kwargs):
+        flat = flatten_arguments(self.fn, args, kwargs)
+        tensors = {name: v for name, v in flat if isinstance(v, torch.Tensor)}
+        key = guard_key(flat)
+        entry = self._cache.get(key)
+        if entry is None:
+            _check_call(self.fn, tensors)
+            with self._lock:
+                entry = self._cache.get(key) or self._compile(args, kwargs, key)
+        else:
+            counters.cache_hits += 1
+        return entry.executable(tensors)
+
+    def entry_for(self, *args, **kwargs) -> CompiledEntry:
+        """The compiled form for these arguments (compiling it if needed), without running it."""
+        flat = flatten_arguments(self.fn, args, kwargs)
+        key = guard_key(flat)
+        with self._lock:
+            return self._cache.get(key) or self._compile(args, kwargs, key)
+
+    def _compile(self, args, kwargs, key) -> CompiledEntry:
+        t0 = time.perf_counter()
+        conversion = trace(self.fn, args, kwargs)
+        t1 = time.perf_counter()
+        strides = {s.name: s.stride for s in conversion.outputs if s.kind == "computed"}
+        lowered = lower(conversion.graph, strides, self.axis_strategies)
+        t2 = time.perf_counter()
+        executable = Executable(conversion, lowered)
+        t3 = time.perf_counter()
+        entry = CompiledEntry(executable, t1 - t0, t2 - t1, t3 - t2, conversion.eager_ops)
+        self._cache[key] = entry
+        counters.traces += 1
+        _log_compile(self.fn, entry)
+        return entry
+
+    def __get__(self, obj, objtype=None):  # methods decorated with @tjit.compile
+        return self if obj is None else functools.partial(self, obj)
+
+
+def _check_call(fn, tensors: dict[str, torch.Tensor]) -> None:
+    devices = {t.device for t in tensors.values()}
+    if len(devices) > 1:
+        raise CompileArgumentError(f"{getattr(fn, '__name__', fn)}: tensors on several devices {sorted(map(str, devices))}")
+    for device in devices:
+        check_device(device)
+    if torch.is_grad_enabled():
+        needing = [n for n, t in tensors.items() if t.requires_grad]
+        if needing:
+            raise UnsupportedOpError("autograd", f"inputs {needing} require grad; tjit's backward is not built yet "
+                                     "(run under torch.no_grad() or detach them)")
+
+
+def _log_compile(fn, entry: CompiledEntry) -> None:
+    lowered = entry.executable.lowered
+    debug.log(1, f"compiled {getattr(fn, '__name__', fn)}: {len(lowered.kernels)} kernel(s) for {entry.eager_ops} eager "
+                 f"op(s); trace {entry.trace_seconds * 1e3:.1f} ms, lower {entry.lower_seconds * 1e3:.1f} ms, "
+                 f"load {entry.load_seconds * 1e3:.1f} ms")
+    debug.log(2, "IR:\n" + str(entry.executable.graph))
+    for k, (group, plan) in enumerate(zip(lowered.groups, lowered.kernels)):
+        debug.log(2, f"kernel {k} {plan.name}: shape {list(plan.shape)}, stores "
+                     f"{[type(s.target).__name__ for s in group.stores]}; " + "; ".join(d.describe() for d in plan.space.loop_dims))
+        debug.log(3, "source:\n" + plan.source)

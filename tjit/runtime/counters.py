@@ -1,0 +1,23 @@
+"""Process-wide counters that make caching behaviour observable (and testable)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+
+@dataclass
+class Counters:
+    traces: int = 0  # a function traced and lowered (a cache miss)
+    cache_hits: int = 0  # a call served by an existing trace
+    kernels_generated: int = 0  # distinct kernel sources loaded
+    kernel_compiles: int = 0  # distinct (kernel source, constexprs) launched: one Triton build each
+    launches: int = 0
+
+    def reset(self) -> None:
+        for f in fields(self):
+            setattr(self, f.name, 0)
+
+    def snapshot(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+counters = Counters()

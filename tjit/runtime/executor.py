@@ -1,0 +1,93 @@
+"""Run a lowered graph: allocate outputs and buffers, bind pointers, launch, assemble outputs.
+
+Everything that does not depend on the call's tensors (scalar arguments, grids, output
+layouts) was computed at trace time; a call only allocates and binds pointers.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .. import debug
+from ..frontend.convert import Conversion, OutputSpec
+from ..lower import LoweredGraph
+from ..lower.codegen import BufferRef, KernelPlan
+from .counters import counters
+from .loader import load_kernel, note_launch_config
+
+
+@dataclass
+class Launch:
+    plan: KernelPlan
+    fn: Any
+    args_template: list  # BufferRefs (bound per call) followed by ints
+
+
+class Executable:
+    def __init__(self, conversion: Conversion, lowered: LoweredGraph):
+        self.conversion, self.lowered = conversion, lowered
+        self.graph = conversion.graph
+        self.launches = [Launch(p, load_kernel(p), list(p.buffers) + list(p.scalar_args))
+                         for p in lowered.kernels if p.numel > 0]
+
+    def __call__(self, tensors: dict[str, torch.Tensor]):
+        device = next(iter(tensors.values())).device if tensors else torch.device("cpu")
+        memory = dict(tensors)
+        memory.update(self.conversion.constants)  # tensors the function created from Python data
+        memory.update(self._allocate(device))
+        for launch in self.launches:
+            self._launch(launch, memory)
+        return self._outputs(memory)
+
+    def _allocate(self, device) -> dict[str, torch.Tensor]:
+        out = {}
+        poison = debug.poisoning()
+        for spec in self.conversion.outputs:
+            if spec.kind == "computed":
+                dtype = self.graph.outputs[spec.name].dtype.torch
+                out[("output", spec.name)] = torch.empty_strided(spec.shape, spec.stride, dtype=dtype, device=device)
+        for node in self.lowered.buffers:
+            out[("buffer", id(node))] = torch.empty(node.shape, dtype=node.dtype.torch, device=device)
+        if poison:
+            for t in out.values():
+                debug.poison(t)
+        return out
+
+    def _launch(self, launch: Launch, memory) -> None:
+        args = [self._bind(a, memory) if isinstance(a, BufferRef) else a for a in launch.args_template]
+        note_launch_config(launch.plan, args)
+        start = time.perf_counter() if debug.level() >= 4 else 0.0
+        launch.fn[launch.plan.grid](*args, **launch.plan.constexprs)
+        counters.launches += 1
+        if start:
+            debug.log_launch(launch.plan, time.perf_counter() - start)
+
+    @staticmethod
+    def _bind(ref: BufferRef, memory) -> torch.Tensor:
+        if ref.kind == "input":
+            return memory[ref.name]
+        if ref.kind == "output":
+            return memory[("output", ref.name)]
+        return memory[("buffer", id(ref.node))]
+
+    def _outputs(self, memory):
+        flat = []
+        for spec in self.conversion.outputs:
+            flat.append(self._output(spec, memory, flat))
+        return torch.utils._pytree.tree_unflatten(flat, self.conversion.output_tree)
+
+    @staticmethod
+    def _output(spec: OutputSpec, memory, done: list):
+        if spec.kind == "constant":
+            return spec.value
+        if spec.kind == "computed":
+            return memory[("output", spec.name)]
+        base = memory[spec.name] if spec.kind == "input_alias" else done[spec.index]
+        offset = base.storage_offset() + spec.offset if spec.kind == "input_alias" else spec.offset
+        if (tuple(base.shape), tuple(base.stride()), base.storage_offset()) == (spec.shape, spec.stride, offset):
+            return base
+        return base.as_strided(spec.shape, spec.stride, offset)

@@ -46,7 +46,8 @@ def check_gpu_compiles():
             continue
         _checked.add(key)
         signature, constexprs, divisible = gpu_signature(plan, args)
-        report = compile_for_gpu(load_kernel(plan), signature, constexprs, divisible_by_16=divisible)
+        report = compile_for_gpu(load_kernel(plan), signature, constexprs, divisible_by_16=divisible,
+                                 num_warps=plan.num_warps)
         assert report.spills == 0, f"{plan.name} spills {report.spills} bytes at sm_90:\n{plan.source}"
 
 

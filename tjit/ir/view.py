@@ -49,7 +49,10 @@ class View:
         return math.prod(self.shape)
 
     def is_contiguous(self) -> bool:
-        """Row-major dense with zero offset (size-1 dims may have any stride)."""
+        """Row-major dense with zero offset (size-1 dims may have any stride; an empty
+        view is contiguous, as torch says)."""
+        if self.numel == 0:
+            return True
         if self.offset != 0:
             return False
         expected = 1

@@ -7,10 +7,13 @@ are a hash of the source, so identical kernels share one compiled binary.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
+
+import torch
 
 from ..ir import AxisStrategy, Const, Contiguous, DType, Elementwise, GraphNode, Input, View, ViewOp
 from .elementwise import literal, render, tl_dtype
@@ -51,13 +54,23 @@ class KernelPlan:
     grid: tuple[int]
     shape: tuple[int, ...]
     space: IterationSpace
-    bytes_read: int
-    bytes_written: int
+    accesses: list[Access]
     param_names: list[str] = field(default_factory=list)
+    num_warps: int = 4
 
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
+
+    @functools.cached_property
+    def bytes_read(self) -> int:
+        """Bytes of distinct elements loaded: an element read through two views (x and
+        x.flip(0)) or broadcast over many lanes counts once, as it comes from cache."""
+        return _distinct_bytes([a for a in self.accesses if not a.store])
+
+    @functools.cached_property
+    def bytes_written(self) -> int:
+        return _distinct_bytes([a for a in self.accesses if a.store])
 
 
 def plan_kernel(group: KernelGroup, output_strides: dict[str, tuple[int, ...]],
@@ -72,7 +85,7 @@ class _Emitter:
         self.buffers: dict[tuple, BufferRef] = {}
         self.leaf_access: dict[int, int] = {}
         self._collect(output_strides)
-        self.space = schedule(self.shape, [a.view.strides for a in self.accesses], forced)
+        self.space = schedule(self.shape, [a.view.strides for a in self.accesses], forced, self.store_access[0])
         self.lines: list[str] = []
         self.params: list[str] = [b.param for b in self.buffers.values()]
         self.scalar_args: list[int] = []
@@ -134,10 +147,8 @@ class _Emitter:
         grid = math.prod(-(-self.space.sizes[d.axes[0]] // d.width) if len(d.axes) == 1 else
                          -(-math.prod(self.space.sizes[a] for a in d.axes) // d.width)
                          for d in self.space.loop_dims if d.kind == "group")
-        reads = sum(a.buffer.dtype.itemsize * _touched(a.view) for a in self.accesses if not a.store)
-        writes = sum(a.buffer.dtype.itemsize * math.prod(a.view.shape) for a in self.accesses if a.store)
         return KernelPlan(name, source, list(self.buffers.values()), self.scalar_args, constexprs, (grid,),
-                          self.shape, self.space, reads, writes, self.params)
+                          self.shape, self.space, self.accesses, self.params, num_warps(self.space))
 
     def _scalar(self, name: str, value: int) -> str:
         self.params.append(name)
@@ -256,6 +267,41 @@ class _Emitter:
         for root in roots:
             visit(root)
         return order
+
+
+def num_warps(space: IterationSpace) -> int:
+    """4 elements per thread at most: long fused chains of fp32 math then fit in registers
+    (8 per thread spills on sm_90), and each access is still one 128-bit load."""
+    block = math.prod(d.width for d in space.loop_dims)
+    return max(1, min(8, block // 128))
+
+
+EXACT_COUNT_LIMIT = 1 << 24
+
+
+def _distinct_bytes(accesses: list[Access]) -> int:
+    """Per buffer, the number of distinct addresses its accesses reach, times the item size.
+    Counted exactly (the addresses are enumerated) up to EXACT_COUNT_LIMIT elements."""
+    by_buffer: dict[int, list[Access]] = {}
+    for a in accesses:
+        by_buffer.setdefault(id(a.buffer), []).append(a)
+    total = 0
+    for group in by_buffer.values():
+        itemsize = group[0].buffer.dtype.itemsize
+        if sum(math.prod(a.view.shape) for a in group) > EXACT_COUNT_LIMIT:
+            total += itemsize * max(_touched(a.view) for a in group)  # estimate: the largest access
+            continue
+        addresses = [_addresses(a.view) for a in group]
+        total += itemsize * torch.cat(addresses).unique().numel()
+    return total
+
+
+def _addresses(view: View) -> torch.Tensor:
+    shape = view.shape
+    index = torch.zeros(shape, dtype=torch.int64) + view.offset
+    for d, (size, stride) in enumerate(zip(shape, view.strides)):
+        index += (torch.arange(size) * stride).view([size if k == d else 1 for k in range(len(shape))])
+    return index.flatten()
 
 
 def _touched(view: View) -> int:

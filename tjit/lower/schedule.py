@@ -58,11 +58,21 @@ def simplify(shape: Sequence[int], access_strides: Sequence[Sequence[int]], merg
     return tuple(sizes), tuple(tuple(st) for st in strides), origin
 
 
+def memory_order(strides: Sequence[int]) -> list[int]:
+    """Axes from the largest stride to the smallest: walking the iteration space in this
+    order walks that access's memory in order (stable, so row-major stays as it is)."""
+    return sorted(range(len(strides)), key=lambda d: -abs(strides[d]))
+
+
 def schedule(shape: Sequence[int], access_strides: Sequence[Sequence[int]],
-             forced: Optional[Sequence[AxisStrategy]] = None) -> IterationSpace:
+             forced: Optional[Sequence[AxisStrategy]] = None, primary: int = -1) -> IterationSpace:
+    """`primary` is the access whose memory order Auto follows (the first store)."""
     if forced is not None and len(forced) != len(shape):
         raise TjitError(f"axis strategies {list(forced)} do not match the kernel's {len(shape)}-d shape {list(shape)}")
     if forced is None or all(isinstance(s, Auto) for s in forced):
+        order = memory_order(access_strides[primary]) if access_strides else list(range(len(shape)))
+        shape = [shape[d] for d in order]
+        access_strides = [[st[d] for d in order] for st in access_strides]
         sizes, strides, _ = simplify(shape, access_strides, merge=True)
         dims = (LoopDim(tuple(range(len(sizes))), "group", AUTO_BLOCK,
                         reason="Auto: pointwise, all axes flattened over programs"),) if sizes else ()

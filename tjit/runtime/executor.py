@@ -61,7 +61,7 @@ class Executable:
         args = [self._bind(a, memory) if isinstance(a, BufferRef) else a for a in launch.args_template]
         note_launch_config(launch.plan, args)
         start = time.perf_counter() if debug.level() >= 4 else 0.0
-        launch.fn[launch.plan.grid](*args, **launch.plan.constexprs)
+        launch.fn[launch.plan.grid](*args, num_warps=launch.plan.num_warps, **launch.plan.constexprs)
         counters.launches += 1
         if start:
             debug.log_launch(launch.plan, time.perf_counter() - start)

@@ -1,0 +1,161 @@
+"""Views, aliasing outputs and in-place writes, against eager on fresh random inputs."""
+import pytest
+import torch
+
+import tjit
+from helpers import check_against_eager
+
+
+def kernels_per_call(compiled, *args):
+    compiled(*args)  # compile outside the count
+    before = tjit.counters.launches
+    compiled(*args)
+    return tjit.counters.launches - before
+
+
+def test_the_issue_example_is_one_kernel():
+    def f(x, y, scale: float):
+        z = torch.sigmoid(x) * y.t() + scale
+        return torch.where(z > 0, z, 0.1 * z), z.exp().clamp(max=10.0)
+    x, y = torch.randn(64, 100), torch.randn(100, 64)
+    compiled = check_against_eager(f, x, y, 0.5)
+    assert kernels_per_call(compiled, x, y, 0.5) == 1
+
+
+def test_twenty_op_chain_over_three_inputs_with_two_outputs_is_one_kernel():
+    def chain(a, b, c):
+        t = a * b + c
+        t = torch.sigmoid(t) - a
+        t = t * t + 1.5
+        t = torch.tanh(t) / (b.abs() + 1)
+        t = t.exp().clamp(-3, 3) + c
+        u = torch.relu(t) * 0.5 - b
+        u = torch.sqrt(u.abs() + 0.1) + torch.sin(a)
+        return t * 2, u.neg() + torch.cos(c)
+    args = [torch.randn(33, 47) for _ in range(3)]
+    compiled = check_against_eager(chain, *args)
+    assert kernels_per_call(compiled, *args) == 1
+
+
+@pytest.mark.parametrize("layout", ["transposed", "sliced", "expanded", "offset", "flipped"])
+def test_strided_inputs_are_read_in_place(layout):
+    base = torch.randn(12, 20)
+    x = {"transposed": base.t(), "sliced": base[1::3, ::2], "expanded": base[:1].expand(12, 20),
+         "offset": base[2:, 3:], "flipped": base}[layout]
+
+    def f(x):
+        return x * 2 + 1, x.flip(0) if layout == "flipped" else x - 1
+    compiled = check_against_eager(f, x)
+    assert kernels_per_call(compiled, x) == 1
+    read = tjit.explain(compiled, x).kernels[0].bytes_read
+    assert read == x.numel() * 4 // (12 if layout == "expanded" else 1)  # no copies, expanded data read once
+
+
+def test_view_ops_on_computed_values():
+    def f(x, y):
+        z = x * y
+        return (z.t() + 1, z.reshape(-1)[::3], z.unsqueeze(0).expand(2, -1, -1) * 2,
+                z[1].sin(), z.flip(1, 0), z.permute(1, 0).reshape(5, -1))
+    check_against_eager(f, torch.randn(6, 10), torch.randn(6, 10))
+
+
+def test_reshape_that_cannot_stay_a_view_materialises():
+    def f(x):
+        return (x + 1).reshape(-1), x.t().reshape(-1) * 2
+    x = torch.randn(5, 7)
+    check_against_eager(f, x)
+    check_against_eager(f, torch.randn(7, 5).t())
+
+
+def test_outputs_that_are_views_of_inputs_share_their_storage():
+    def f(x):
+        return x.t(), x[1:, ::2], x, x.view(-1)
+    x = torch.randn(4, 6)
+    outs = tjit.compile(f)(x)
+    for out, expected in zip(outs, f(x)):
+        assert out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+        assert out.shape == expected.shape and out.stride() == expected.stride()
+        assert out.storage_offset() == expected.storage_offset()
+        torch.testing.assert_close(out, expected)
+    assert outs[2] is x
+
+
+def test_outputs_that_are_views_of_each_other_share_storage():
+    def f(x):
+        z = x * 2
+        return z, z.t(), z[1]
+    z, zt, z1 = tjit.compile(f)(torch.randn(3, 4))
+    assert zt.untyped_storage().data_ptr() == z.untyped_storage().data_ptr() == z1.untyped_storage().data_ptr()
+    torch.testing.assert_close(zt, z.t())
+    torch.testing.assert_close(z1, z[1])
+
+
+def test_in_place_ops_on_inputs_mutate_the_callers_tensors():
+    def f(x, y):
+        x.add_(y)
+        x[:, ::2].mul_(2)
+        return x
+    x, y = torch.randn(5, 8), torch.randn(5, 8)
+    check_against_eager(f, x, y)
+    x_copy = x.clone()
+    out = tjit.compile(f)(x, y)
+    assert out is x
+    expected = x_copy + y
+    expected[:, ::2] *= 2
+    torch.testing.assert_close(x, expected)
+
+
+def test_reads_see_earlier_in_place_writes_and_views_track_them():
+    def f(x, y):
+        v = x[0]           # a view taken before the write sees the write
+        before = x * 1     # a value computed before the write does not
+        x[1:].sub_(y[1:])
+        x.t()[0].fill_(7.0)
+        x.clamp_(min=-1)
+        return v * 2, before, x + 1
+    check_against_eager(f, torch.randn(4, 5), torch.randn(4, 5))
+
+
+def test_in_place_on_intermediates_and_setitem():
+    def f(x):
+        z = x * 2
+        z.mul_(3).add_(1)
+        x[0] = 5.0
+        x[1, 2] = -1.0
+        return z, x.clone()
+    check_against_eager(f, torch.randn(3, 4))
+
+
+def test_copy_into_input_with_cast_and_broadcast():
+    def f(x, y):
+        x.copy_(y)
+        return x * 2
+    check_against_eager(f, torch.randn(4, 6), torch.randn(6).half())
+
+
+def test_in_place_into_intermediate_with_live_views_is_refused():
+    def f(x):
+        z = x * 2
+        w = z[0]
+        z[1].add_(1)
+        return w + 1
+    with pytest.raises(tjit.UnsupportedOpError, match="in-place"):
+        tjit.compile(f)(torch.randn(3, 4))
+
+
+@pytest.mark.parametrize("shape", [(0,), (3, 0), (0, 5, 2), (1, 1), (1,), ()])
+def test_size_zero_and_size_one(shape):
+    def f(x, y):
+        return x * y + 1, (x - y).transpose(0, -1) if x.dim() >= 2 else x - y
+    check_against_eager(f, torch.randn(shape), torch.randn(shape))
+
+
+def test_zero_size_launches_nothing():
+    f = tjit.compile(lambda x: x + 1)
+    assert kernels_per_call(f, torch.randn(0, 4)) == 0
+
+
+def test_constants_created_in_the_function():
+    def f(x):
+        return x + torch.tensor([1.0, 2.0, 3.0]), torch.zeros(3) + x, torch.full_like(x, 2.5), torch.ones(2, 3)
+    check_against_eager(f, torch.randn(2, 3))

@@ -12,8 +12,9 @@ class UnsupportedOpError(TjitError, NotImplementedError):
     and no wrong answer is ever produced.
     """
 
-    def __init__(self, op: str, reason: str = "", where: str = ""):
+    def __init__(self, op: str, reason: str = "", where: str = "", target=None):
         self.op, self.reason, self.where = op, reason, where
+        self.target = target  # the aten op, so the frontend can find the user's line
         msg = f"tjit cannot compile {op}"
         if reason:
             msg += f": {reason}"

@@ -59,11 +59,14 @@ def storage_key(t: torch.Tensor):
 
 
 def where_called(node: fx.Node) -> str:
-    """The user's source line that produced an FX node, when the tracer recorded it."""
-    stack = node.meta.get("stack_trace")
-    if stack:
-        lines = [ln.strip() for ln in stack.strip().splitlines() if ln.strip()]
-        return " / ".join(lines[-2:])
+    """The user's source line that produced an FX node (the innermost frame outside
+    torch and tjit in the stack the tracer recorded)."""
+    lines = (node.meta.get("stack_trace") or "").strip().splitlines()
+    for k in range(len(lines) - 1, -1, -1):
+        line = lines[k].strip()
+        if line.startswith("File ") and "/torch/" not in line and "/tjit/" not in line:
+            code = lines[k + 1].strip() if k + 1 < len(lines) else ""
+            return f"{line[5:]}: {code}"
     return ""
 
 
@@ -131,7 +134,7 @@ class Converter:
             return handler(self, node, *args, **kwargs)
         except UnsupportedOpError as e:
             if not e.where:
-                raise UnsupportedOpError(e.op, e.reason, where_called(node)) from None
+                raise UnsupportedOpError(e.op, e.reason, where_called(node), node.target) from None
             raise
 
     def handler_for(self, node: fx.Node):
@@ -146,7 +149,7 @@ class Converter:
             def in_place(cv, node, *args, **kwargs):
                 return cv.assign(node.args[0], self.handlers[functional](cv, node, *args, **kwargs))
             return in_place
-        raise UnsupportedOpError(str(node.target), "no IR translation for this op", where_called(node))
+        raise UnsupportedOpError(str(node.target), "no IR translation for this op", where_called(node), node.target)
 
     # -- values ----------------------------------------------------------------------
     def meta(self, node: fx.Node) -> torch.Tensor:

@@ -66,7 +66,45 @@ def trace(fn: Callable, args: tuple, kwargs: dict) -> Conversion:
         raise
     except Exception as e:  # data-dependent control flow and the like
         raise UnsupportedOpError(getattr(fn, "__name__", str(fn)), f"tracing failed: {type(e).__name__}: {e}") from e
-    return Converter(gm, tensor_names).run()
+    try:
+        return Converter(gm, tensor_names).run()
+    except UnsupportedOpError as e:
+        if e.where or e.target is None:
+            raise
+        raise UnsupportedOpError(e.op, e.reason, locate_call(with_tensors, tensors, e.target)) from None
+
+
+class _Found(Exception):
+    pass
+
+
+def locate_call(fn: Callable, tensors: list, target) -> str:
+    """The user's line that calls aten op `target`: re-run fn on fake copies of its tensors
+    (the real ones stay untouched) and stop at the first dispatch of that op."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+    import traceback
+
+    packet = getattr(target, "overloadpacket", target)
+
+    class Locator(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is target or getattr(func, "overloadpacket", None) is packet:
+                frames = [f for f in traceback.extract_stack()
+                          if "/torch/" not in f.filename and "/tjit/" not in f.filename]
+                raise _Found(f"{frames[-1].filename}:{frames[-1].lineno}: {frames[-1].line}" if frames else "")
+            return func(*args, **(kwargs or {}))
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    try:
+        fakes = [mode.from_tensor(t) for t in tensors]
+        with mode, Locator():
+            fn(*fakes)
+    except _Found as found:
+        return str(found)
+    except Exception:
+        return ""
+    return ""
 
 
 def _call_with(fn, args, kwargs, flat, values):

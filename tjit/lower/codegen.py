@@ -192,9 +192,11 @@ class _Emitter:
             shape = ", ".join(":" if j == k else "None" for j in range(len(dims)))
             base = {"group": f"tile{k} * BLOCK_{k} + ", "loop": f"step{k} * BLOCK_{k} + ", "thread": ""}[d.kind]
             arange = f"tl.arange(0, BLOCK_{k})" + (".to(tl.int64)" if self.int64 else "")
-            lines.append(f"lin{k} = ({base}{arange})" + (f"[{shape}]" if len(dims) > 1 else ""))
-            if d.simd:
+            lines.append(f"lin{k} = {base}{arange}")
+            if d.simd:  # groups of `simd` lanes start at multiples of simd: the width is a multiple of it
                 lines.append(f"lin{k} = tl.max_contiguous(tl.multiple_of(lin{k}, {d.simd}), {d.simd})")
+            if len(dims) > 1:
+                lines.append(f"lin{k} = lin{k}[{shape}]")
             masks.append(f"(lin{k} < {self._extent(d, sizes)})")
             rest = f"lin{k}"
             for j, a in enumerate(reversed(d.axes)):

@@ -1,0 +1,147 @@
+"""Caching, counters, torch.compile integration, insight and errors."""
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import tjit
+from helpers import check_against_eager
+
+
+def fresh_function():
+    def f(x, y, scale: float):
+        z = torch.sigmoid(x) * y + scale
+        return torch.where(z > 0, z, 0.1 * z), (z * 2).exp().clamp(max=10.0)
+    return tjit.compile(f)
+
+
+def delta(before):
+    now = tjit.counters.snapshot()
+    return {k: now[k] - before[k] for k in now}
+
+
+def test_same_shapes_hit_the_cache_and_new_sizes_reuse_kernels():
+    f = fresh_function()
+    x, y = torch.randn(40, 50), torch.randn(40, 50)
+    before = tjit.counters.snapshot()
+    f(x, y, 0.5)
+    first = delta(before)
+    assert first["traces"] == 1 and first["kernel_compiles"] >= 1
+
+    before = tjit.counters.snapshot()
+    f(torch.randn(40, 50), torch.randn(40, 50), 0.5)
+    again = delta(before)
+    assert again["traces"] == 0 and again["kernel_compiles"] == 0 and again["cache_hits"] == 1
+
+    before = tjit.counters.snapshot()
+    out = f(torch.randn(43, 57), torch.randn(43, 57), 0.5)
+    resized = delta(before)
+    assert resized["traces"] == 1  # a new shape retraces (cheap) ...
+    assert resized["kernels_generated"] == 0 and resized["kernel_compiles"] == 0  # ... but builds no kernel
+    assert out[0].shape == (43, 57)
+
+
+def test_layout_dtype_and_scalar_type_changes_retrace_and_stay_correct():
+    f = fresh_function()
+    x, y = torch.randn(8, 6), torch.randn(8, 6)
+    for args in [(x, y, 0.5), (x.t().contiguous().t(), y, 0.5), (x.half(), y.half(), 0.5), (x, y, 2),
+                 (x.double(), y, -1.5)]:
+        before = tjit.counters.traces
+        check_against_eager(f.__wrapped__, *args, compiled=f)
+        assert tjit.counters.traces == before + 1
+
+
+def test_keyword_arguments_and_decorator_forms():
+    @tjit.compile
+    def plain(x, *, alpha=2.0):
+        return x * alpha
+
+    @tjit.compile(axis_strategies={"*": (tjit.ThreadGroup(), tjit.Thread())})
+    def configured(x, bias):
+        return x + bias
+
+    x = torch.randn(3, 5)
+    torch.testing.assert_close(plain(x, alpha=3.0), x * 3.0)
+    torch.testing.assert_close(plain(x), x * 2.0)
+    b = torch.randn(5)
+    torch.testing.assert_close(configured(x, b), x + b)
+
+
+def test_torch_compile_backend():
+    def f(x, y):
+        z = torch.sigmoid(x) * y.t() + 0.5
+        return torch.where(z > 0, z, 0.1 * z), z.exp().clamp(max=10.0)
+    x, y = torch.randn(16, 24), torch.randn(24, 16)
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend="tjit")
+    before = tjit.counters.launches
+    out = compiled(x, y)
+    expected = f(x, y)
+    for o, e in zip(out, expected):
+        torch.testing.assert_close(o, e)
+    assert tjit.counters.launches - before == 1
+
+
+def test_explain_reports_graph_kernels_and_bytes():
+    def f(x, y):
+        return torch.relu(x + y) * 2
+    x, y = torch.randn(30, 20), torch.randn(20)
+    e = tjit.explain(f, x, y)
+    assert len(e.kernels) == 1 and e.eager_ops == 3
+    k = e.kernels[0]
+    assert "@triton.jit" in k.source and "tl.store" in k.source
+    assert k.bytes_read == (600 + 20) * 4 and k.bytes_written == 600 * 4
+    text = str(e)
+    assert "input x" in text and "1 kernel(s) (eager: 3 op(s))" in text
+
+
+def test_debug_levels_print_ir_sources_and_launches():
+    script = (
+        "import torch, tjit\n"
+        "f = tjit.compile(lambda x: (x * 2).exp())\n"
+        "f(torch.randn(10))\n"
+    )
+    out = {}
+    for level in (1, 2, 3, 4):
+        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                              env={**__import__("os").environ, "TJIT_DEBUG": str(level)})
+        assert proc.returncode == 0, proc.stderr
+        out[level] = proc.stderr
+    assert "compiled" in out[1] and "IR:" not in out[1]
+    assert "IR:" in out[2] and "exp(" in out[2] and "@triton.jit" not in out[2]
+    assert "@triton.jit" in out[3] and "launch " not in out[3]
+    assert "launch tjit_pointwise_" in out[4] and "grid=" in out[4]
+
+
+def test_unsupported_ops_raise_naming_the_op_and_leave_inputs_untouched():
+    def f(x):
+        x.mul_(2)
+        return torch.sort(x).values * 2  # sorting cannot be expressed in the IR
+    x = torch.randn(5)
+    original = x.clone()
+    with pytest.raises(tjit.UnsupportedOpError, match="sort") as info:
+        tjit.compile(f)(x)
+    assert "test_runtime.py" in str(info.value)  # where it was called
+    assert torch.equal(x, original)
+
+
+def test_inputs_requiring_grad_are_refused_until_autograd_lands():
+    x = torch.randn(4, requires_grad=True)
+    with pytest.raises(tjit.UnsupportedOpError, match="require grad"):
+        tjit.compile(lambda x: x * 2)(x)
+    with torch.no_grad():
+        torch.testing.assert_close(tjit.compile(lambda x: x * 2)(x), x.detach() * 2)
+
+
+def test_methods_can_be_compiled():
+    class Scale:
+        def __init__(self, k):
+            self.k = k
+
+        @tjit.compile
+        def apply(self, x):
+            return x * self.k
+
+    x = torch.randn(4)
+    torch.testing.assert_close(Scale(3.0).apply(x), x * 3.0)

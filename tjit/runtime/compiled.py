@@ -8,6 +8,7 @@ and its kernels are found again by source, so no new kernel is generated or comp
 from __future__ import annotations
 
 import functools
+import inspect
 import threading
 import time
 from dataclasses import dataclass
@@ -55,9 +56,16 @@ class CompiledFunction:
         self.axis_strategies = dict(axis_strategies or {})
         self._cache: dict[tuple, CompiledEntry] = {}
         self._lock = threading.Lock()
+        self._positional_names = _plain_positional_names(fn)
+
+    def _flatten(self, args, kwargs) -> list[tuple[str, Any]]:
+        # The common call (all parameters given positionally) skips inspect's binding.
+        if not kwargs and self._positional_names is not None and len(args) == len(self._positional_names):
+            return list(zip(self._positional_names, args))
+        return flatten_arguments(self.fn, args, kwargs)
 
     def __call__(self, *args, **kwargs):
-        flat = flatten_arguments(self.fn, args, kwargs)
+        flat = self._flatten(args, kwargs)
         tensors = {name: v for name, v in flat if isinstance(v, torch.Tensor)}
         key = guard_key(flat)
         entry = self._cache.get(key)
@@ -71,7 +79,7 @@ class CompiledFunction:
 
     def entry_for(self, *args, **kwargs) -> CompiledEntry:
         """The compiled form for these arguments (compiling it if needed), without running it."""
-        flat = flatten_arguments(self.fn, args, kwargs)
+        flat = self._flatten(args, kwargs)
         key = guard_key(flat)
         with self._lock:
             return self._cache.get(key) or self._compile(args, kwargs, key)
@@ -93,6 +101,17 @@ class CompiledFunction:
 
     def __get__(self, obj, objtype=None):  # methods decorated with @tjit.compile
         return self if obj is None else functools.partial(self, obj)
+
+
+def _plain_positional_names(fn) -> Optional[tuple[str, ...]]:
+    """Parameter names when every parameter is plain positional-or-keyword, else None."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params):
+        return tuple(p.name for p in params)
+    return None
 
 
 def _check_call(fn, tensors: dict[str, torch.Tensor]) -> None:

@@ -1,0 +1,216 @@
+#!/usr/bin/env python
+"""tjit demo (`make demo`): compile a few real functions, check them against eager PyTorch,
+and show what tjit made of each: the IR, the Triton source, kernels against eager's op count,
+bytes moved against the minimum, and the compile time. Then the same functions through
+torch.compile(fn, backend="tjit").
+
+Without CUDA the kernels run on CPU through Triton's interpreter (tjit arranges that itself).
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+
+import torch
+
+import tjit
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+WIDTH = 100
+
+
+# -- the functions ---------------------------------------------------------------------------
+
+def issue_example(x, y, scale):
+    z = torch.sigmoid(x) * y.t() + scale
+    return torch.where(z > 0, z, 0.1 * z), z.exp().clamp(max=10)
+
+
+def chain20(a, b, c):
+    t = a * b                   # 1
+    t = t + c                   # 2
+    t = torch.sin(t)            # 3
+    t = t * 1.5                 # 4
+    t = t - a                   # 5
+    t = torch.abs(t)            # 6
+    t = torch.sqrt(t + 1.0)     # 7, 8
+    t = t / (b * b + 1.0)       # 9, 10, 11
+    t = torch.tanh(t)           # 12
+    u = t * c                   # 13
+    u = torch.exp(-u)           # 14, 15
+    u = u.clamp(0.0, 4.0)       # 16
+    v = torch.maximum(u, a)     # 17
+    w = v * t + b               # 18, 19
+    return torch.sigmoid(w), u  # 20
+
+
+def inplace_update(x, a, b):
+    return x.mul_(a).add_(b)
+
+
+def view_output(x):
+    return x.t(), x * 2
+
+
+def rand(*shape):
+    return torch.randn(*shape, device=DEVICE)
+
+
+M, N = 64, 96
+EXAMPLES = [
+    ("issue example: z = sigmoid(x) * y.t() + scale; where(z > 0, z, 0.1 z), exp(z).clamp(max=10)",
+     issue_example, lambda: (rand(M, N), rand(N, M), 0.5)),
+    ("a chain of 20 pointwise ops over 3 inputs, 2 outputs", chain20, lambda: (rand(M, N), rand(M, N), rand(M, N))),
+    ("in-place update of an input: x.mul_(a).add_(b)", inplace_update, lambda: (rand(M, N), rand(M, N), rand(M, N))),
+    ("a view output: return x.t(), x * 2", view_output, lambda: (rand(M, N),)),
+]
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+def clone_args(args):
+    return [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+
+
+def leaves(value):
+    return torch.utils._pytree.tree_leaves(value)
+
+
+def check_matches_eager(fn, got, got_args, args, what: str):
+    """Outputs and every input (in-place writes) must match eager; raises with a clear message."""
+    eager_args = clone_args(args)
+    expected = fn(*eager_args)
+    pairs = list(zip(leaves(got), leaves(expected))) + list(zip(got_args, eager_args))
+    if len(leaves(got)) != len(leaves(expected)):
+        raise AssertionError(f"{what}: {len(leaves(got))} outputs, eager returns {len(leaves(expected))}")
+    # an output that is a view of an input in eager (x.t()) must be a view of that input here too
+    eager_storage = {a.untyped_storage().data_ptr(): j for j, a in enumerate(eager_args) if isinstance(a, torch.Tensor)}
+    for k, (g, e) in enumerate(zip(leaves(got), leaves(expected))):
+        j = eager_storage.get(e.untyped_storage().data_ptr()) if isinstance(e, torch.Tensor) else None
+        if j is not None and g.untyped_storage().data_ptr() != got_args[j].untyped_storage().data_ptr():
+            raise AssertionError(f"{what}: output {k} is a view of input {j} in eager, but a copy here")
+    for k, (g, e) in enumerate(pairs):
+        if isinstance(e, torch.Tensor):
+            try:
+                torch.testing.assert_close(g, e, equal_nan=True)
+                assert g.stride() == e.stride() or g.numel() <= 1, f"strides {g.stride()} != eager {e.stride()}"
+            except AssertionError as err:
+                raise AssertionError(f"{what}: {'output' if k < len(leaves(expected)) else 'input'} {k} differs "
+                                     f"from eager:\n{err}") from None
+
+
+def real_bytes(t: torch.Tensor) -> int:
+    """Bytes of the distinct elements a tensor addresses (a broadcast dimension counts once)."""
+    return math.prod(s for s, st in zip(t.shape, t.stride()) if st != 0) * t.element_size() if t.numel() else 0
+
+
+def minimum_bytes(fn, args) -> int:
+    """Each input read once, each output written once (an input written in place counts as an
+    output; an output that is a view of an input costs nothing)."""
+    args = clone_args(args)
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    versions = [t._version for t in tensors]
+    result = fn(*args)
+    total = sum(real_bytes(t) for t in tensors)
+    total += sum(real_bytes(t) for t, v in zip(tensors, versions) if t._version != v)
+    storages = {t.untyped_storage().data_ptr() for t in tensors}
+    for t in leaves(result):
+        if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in storages:
+            storages.add(t.untyped_storage().data_ptr())
+            total += real_bytes(t)
+    return total
+
+
+def header(text: str, char: str = "=") -> None:
+    print()
+    print(char * WIDTH)
+    print(text)
+    print(char * WIDTH)
+
+
+# -- the demo -----------------------------------------------------------------------------------
+
+def demo_one(k: int, title: str, fn, make_args) -> None:
+    header(f"{k}. {fn.__name__}: {title}")
+    args = make_args()
+    compiled = tjit.compile(fn)
+
+    before = tjit.counters.snapshot()
+    t0 = time.perf_counter()
+    call_args = clone_args(args)
+    got = compiled(*call_args)
+    first_call = time.perf_counter() - t0
+    launches = tjit.counters.launches - before["launches"]
+    check_matches_eager(fn, got, call_args, args, f"tjit.compile({fn.__name__})")
+
+    entry = compiled.entry_for(*args)  # the cached entry the call used
+    ex = tjit.explain(compiled, *args)
+    minimum = minimum_bytes(fn, args)
+
+    print("-- IR " + "-" * (WIDTH - 6))
+    print(ex.graph)
+    for kernel in ex.kernels:
+        print(f"-- Triton kernel {kernel.name}: shape {list(kernel.shape)}, grid {kernel.grid} "
+              + "-" * max(0, WIDTH - 40 - len(kernel.name)))
+        for s in kernel.strategies:
+            print(f"# {s}")
+        print(kernel.source.rstrip())
+    if not ex.kernels:
+        print("-- no kernels: every output is a view of an input")
+    print("-- summary " + "-" * (WIDTH - 11))
+    print(f"matches eager:   yes (outputs and inputs after the call, torch.testing.assert_close)")
+    print(f"kernels:         {len(ex.kernels)} tjit kernel(s), {launches} launched per call; eager runs "
+          f"{ex.eager_ops} op(s)")
+    ratio = f"{ex.bytes_moved / minimum:.2f}x" if minimum else "-"
+    print(f"bytes moved:     {ex.bytes_moved:,} B per call; minimum {minimum:,} B ({ratio})")
+    compile_s = entry.trace_seconds + entry.lower_seconds + entry.load_seconds
+    print(f"compile time:    {compile_s * 1e3:.1f} ms (trace {entry.trace_seconds * 1e3:.1f}, lower + codegen "
+          f"{entry.lower_seconds * 1e3:.1f}, load {entry.load_seconds * 1e3:.1f}); first call "
+          f"{first_call * 1e3:.0f} ms including the run" + (" in Triton's interpreter" if DEVICE == "cpu" else ""))
+
+    # A second call with the same shapes reuses everything.
+    before = tjit.counters.snapshot()
+    call_args = clone_args(args)
+    check_matches_eager(fn, compiled(*call_args), call_args, args, f"tjit.compile({fn.__name__}), 2nd call")
+    assert tjit.counters.traces == before["traces"], "a second call with the same shapes retraced"
+    print(f"second call:     no retrace, {tjit.counters.launches - before['launches']} launch(es)")
+
+
+def demo_dynamo(fn, make_args) -> None:
+    torch._dynamo.reset()
+    args = make_args()
+    compiled = torch.compile(fn, backend="tjit")
+    before = tjit.counters.snapshot()
+    call_args = clone_args(args)
+    t0 = time.perf_counter()
+    got = compiled(*call_args)
+    seconds = time.perf_counter() - t0
+    check_matches_eager(fn, got, call_args, args, f"torch.compile({fn.__name__}, backend='tjit')")
+    launches = tjit.counters.launches - before["launches"]
+    print(f"{fn.__name__:<16} matches eager; {launches} tjit kernel launch(es); first call {seconds * 1e3:.0f} ms "
+          f"(Dynamo + tjit compile + run)")
+
+
+def main() -> int:
+    start = time.perf_counter()
+    print(f"tjit demo on {DEVICE}" + ("" if DEVICE == "cuda" else " (kernels run in Triton's interpreter)")
+          + f", shapes {M}x{N}")
+    t0 = time.perf_counter()
+    import torch._inductor  # noqa: F401  make_fx imports it on its first use; done here so compile times below are tjit's
+    print(f"(one-time: importing torch._inductor, which make_fx loads on first use: {time.perf_counter() - t0:.1f} s)")
+    for k, (title, fn, make_args) in enumerate(EXAMPLES, 1):
+        demo_one(k, title, fn, make_args)
+
+    header('the same functions through torch.compile(fn, backend="tjit")')
+    for _, fn, make_args in EXAMPLES:
+        demo_dynamo(fn, make_args)
+
+    print()
+    print(f"all {len(EXAMPLES)} functions match eager, directly and through torch.compile; "
+          f"{time.perf_counter() - start:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -61,8 +61,8 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_leaves  # noqa: E402
 
 import tjit  # noqa: E402  (chooses Triton's interpreter on machines without CUDA)
-from tjit.lower.gpu_compile import compile_for_gpu, triton_type_of  # noqa: E402
-from tjit.runtime.loader import launched_kernels, load_kernel  # noqa: E402
+from tjit.lower.gpu_compile import compile_launched  # noqa: E402
+from tjit.runtime.loader import launched_kernels  # noqa: E402
 
 _IMPORT_SECONDS = time.perf_counter() - _T0
 
@@ -242,25 +242,6 @@ def minimum_bytes(fn, args) -> tuple[int, Any]:
 
 # -- sm_90 compile -----------------------------------------------------------------------------
 
-def gpu_signature(plan, args):
-    """Triton's JIT specialisations, mimicked (copied from tests/conftest.py): ints equal to 1
-    become constexprs, ints and pointers divisible by 16 are marked so loads can vectorise."""
-    signature, constexprs, divisible = {}, dict(plan.constexprs), []
-    for name, arg in zip(plan.param_names, args):
-        if isinstance(arg, tuple):  # (dtype, data_ptr) of a tensor
-            dtype, ptr = arg
-            signature[name] = triton_type_of(dtype, pointer=True)
-            if ptr % 16 == 0:
-                divisible.append(name)
-        elif arg == 1:
-            constexprs[name] = 1
-        else:
-            signature[name] = "i32" if -2**31 <= arg < 2**31 else "i64"
-            if arg % 16 == 0:
-                divisible.append(name)
-    return signature, constexprs, tuple(divisible)
-
-
 _ST_GLOBAL = re.compile(r"^\s*(?:@!?%\w+\s+)?st\.global(\S*)", re.MULTILINE)
 
 
@@ -288,15 +269,14 @@ def sm90_reports(plans) -> list[dict]:
         args = launched.get(plan.name)
         if args is None:  # never launched (zero-size): nothing to compile
             continue
-        signature, constexprs, divisible = gpu_signature(plan, args)
         try:
-            r = compile_for_gpu(load_kernel(plan), signature, constexprs, divisible_by_16=divisible)
+            r = compile_launched(plan, args)
         except Exception as e:  # report, don't abort the whole benchmark
             out.append(dict(kernel=plan.name, error=f"{type(e).__name__}: {e}"))
             continue
         out.append(dict(kernel=plan.name, compile_s=r.compile_seconds, registers=r.registers,
                         spills=r.spills, stack_frame=r.stack_frame, vector_loads=r.vector_loads,
-                        scalar_loads=r.scalar_loads, ptx_store_bytes_per_elem=ptx_store_bytes_per_element(r.ptx, plan),
+                        scalar_loads=r.scalar_loads, ptx_store_bytes_per_elem=ptx_store_bytes_per_element(r.ptx, plan, plan.num_warps),
                         explain_write_bytes_per_elem=plan.bytes_written / plan.numel if plan.numel else 0.0))
     return out
 

@@ -29,6 +29,13 @@ def decomposition_table():
     return table
 
 
+def fake_trace(fn: Callable, tensors: list) -> torch.fx.GraphModule:
+    """make_fx on fake copies of the tensors. (The first call in a process also imports
+    torch._dynamo, which make_fx uses internally: about a second, once.)"""
+    return make_fx(fn, decomposition_table=decomposition_table(), tracing_mode="fake",
+                   _allow_non_fake_inputs=True)(*tensors)
+
+
 def flatten_arguments(fn: Callable, args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
     """(name, value) per argument, in the order the function declares them."""
     try:
@@ -60,8 +67,7 @@ def trace(fn: Callable, args: tuple, kwargs: dict) -> Conversion:
         return _call_with(fn, args, kwargs, flat, values)
 
     try:
-        gm = make_fx(with_tensors, decomposition_table=decomposition_table(), tracing_mode="fake",
-                     _allow_non_fake_inputs=True)(*tensors)
+        gm = fake_trace(with_tensors, tensors)
     except UnsupportedOpError:
         raise
     except Exception as e:  # data-dependent control flow and the like

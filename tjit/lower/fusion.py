@@ -88,7 +88,22 @@ def group_kernels(graph: Graph) -> list[KernelGroup]:
     for store in stores:
         key = (levels[id(store)], store.shape)
         groups.setdefault(key, KernelGroup(store.shape, level=key[0])).stores.append(store)
+    for group in groups.values():
+        group.stores = without_overwritten_stores(group.stores)
     return sorted(groups.values(), key=lambda g: g.level)
+
+
+def without_overwritten_stores(stores: list[Store]) -> list[Store]:
+    """Drop a write into an input that a later write in the same kernel overwrites through
+    the same view (x.mul_(a).add_(b)). Nothing reads the earlier version from memory: a
+    read of it would be a strict dependency and sit in a later kernel."""
+    last_write = {}
+    for k, store in enumerate(stores):
+        if isinstance(store.target, InputTarget):
+            last_write[(store.target.mutation.name, store.target.mutation.view)] = k
+    return [store for k, store in enumerate(stores)
+            if not isinstance(store.target, InputTarget)
+            or last_write[(store.target.mutation.name, store.target.mutation.view)] == k]
 
 
 def _levels(stores: list[Store]) -> dict[int, int]:

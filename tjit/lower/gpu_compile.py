@@ -277,3 +277,31 @@ def _count_global_loads(ptx: str) -> tuple[int, int]:
     ops = _LD_GLOBAL.findall(ptx)
     vector = sum(1 for op in ops if re.search(r"\.v\d+\.", op))
     return vector, len(ops) - vector
+
+
+def launch_signature(plan, described_args) -> tuple[dict[str, str], dict[str, Any], tuple[str, ...]]:
+    """Triton's JIT specialisations for one launch of a tjit kernel, mimicked: ints equal to 1
+    become constexprs, ints and pointers divisible by 16 are marked so loads can vectorise.
+    `described_args` are as tjit.runtime.loader.describe_arg gives them."""
+    signature, constexprs, divisible = {}, dict(plan.constexprs), []
+    for name, arg in zip(plan.param_names, described_args):
+        if isinstance(arg, tuple):  # (dtype, data_ptr) of a tensor
+            dtype, ptr = arg
+            signature[name] = triton_type_of(dtype, pointer=True)
+            if ptr % 16 == 0:
+                divisible.append(name)
+        elif arg == 1:
+            constexprs[name] = 1
+        else:
+            signature[name] = "i32" if -2**31 <= arg < 2**31 else "i64"
+            if arg % 16 == 0:
+                divisible.append(name)
+    return signature, constexprs, tuple(divisible)
+
+
+def compile_launched(plan, described_args, arch: int = 90) -> GpuCompileReport:
+    """Compile a tjit kernel for a GPU exactly as it was launched (specialisations, warps)."""
+    from ..runtime.loader import load_kernel
+    signature, constexprs, divisible = launch_signature(plan, described_args)
+    return compile_for_gpu(load_kernel(plan), signature, constexprs, arch=arch, num_warps=plan.num_warps,
+                           divisible_by_16=divisible)

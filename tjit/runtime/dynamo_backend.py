@@ -18,6 +18,13 @@ def tjit_backend(gm: torch.fx.GraphModule, example_inputs) -> Callable:
 
 
 def register_dynamo_backend() -> None:
+    """The installed package registers "tjit" through the `torch_dynamo_backends` entry
+    point, which Dynamo reads lazily. Importing Dynamo here would cost seconds, so the
+    backend is registered directly only when Dynamo is already loaded (or tjit is used
+    from a source tree without being installed: then call this after importing Dynamo)."""
+    import sys
+    if "torch._dynamo" not in sys.modules:
+        return
     from torch._dynamo.backends.registry import _BACKENDS, register_backend
     if "tjit" not in _BACKENDS:
         register_backend(name="tjit")(tjit_backend)

@@ -159,3 +159,16 @@ def test_constants_created_in_the_function():
     def f(x):
         return x + torch.tensor([1.0, 2.0, 3.0]), torch.zeros(3) + x, torch.full_like(x, 2.5), torch.ones(2, 3)
     check_against_eager(f, torch.randn(2, 3))
+
+
+@pytest.mark.parametrize("shape,perm", [((37, 50), (1, 0)), ((5, 33, 40), (0, 2, 1)), ((33, 3, 40), (2, 1, 0))])
+def test_transposed_inputs_are_tiled_in_two_dimensions(shape, perm):
+    x = torch.randn(shape).permute(*perm)   # contiguous along another axis than the output
+    y = torch.randn(x.shape)
+
+    def f(x, y):
+        return x * y + 1
+    compiled = check_against_eager(f, x, y)
+    kernel = tjit.explain(compiled, x, y).kernels[0]
+    assert sum("tile" in s for s in kernel.strategies) == 2
+    assert kernels_per_call(compiled, x, y) == 1

@@ -14,7 +14,8 @@ from typing import Optional, Sequence
 from ..errors import TjitError
 from ..ir import Auto, AxisStrategy, Sequential, Thread, ThreadGroup
 
-AUTO_BLOCK = 1024  # lanes of an Auto pointwise program: 8 per thread at 4 warps, two 128-bit loads
+AUTO_BLOCK = 1024  # lanes of an Auto pointwise program: 4 per thread at 8 warps, one 128-bit load
+TILE = 32  # the side of an Auto 2-d tile (a transposed access)
 MAX_BLOCK_NUMEL = 1 << 20  # Triton's limit on the elements of one block
 
 
@@ -74,9 +75,7 @@ def schedule(shape: Sequence[int], access_strides: Sequence[Sequence[int]],
         shape = [shape[d] for d in order]
         access_strides = [[st[d] for d in order] for st in access_strides]
         sizes, strides, _ = simplify(shape, access_strides, merge=True)
-        dims = (LoopDim(tuple(range(len(sizes))), "group", AUTO_BLOCK,
-                        reason="Auto: pointwise, all axes flattened over programs"),) if sizes else ()
-        return IterationSpace(sizes, strides, dims)
+        return IterationSpace(sizes, strides, auto_dims(sizes, strides))
     sizes, strides, origin = simplify(shape, access_strides, merge=False)
     dims = tuple(_forced_dim(k, forced[origin[k][0]], sizes[k]) for k in range(len(sizes)))
     block = math.prod(d.width for d in dims)
@@ -84,6 +83,36 @@ def schedule(shape: Sequence[int], access_strides: Sequence[Sequence[int]],
         raise TjitError(f"axis strategies {list(forced)} on shape {list(shape)} need a block of {block} elements; "
                         f"Triton allows {MAX_BLOCK_NUMEL}")
     return IterationSpace(sizes, strides, dims)
+
+
+def auto_dims(sizes: Sequence[int], strides: Sequence[Sequence[int]]) -> tuple[LoopDim, ...]:
+    """One flat group of AUTO_BLOCK lanes, unless an access is contiguous along another axis
+    than the output: then a TILE x TILE tile over those two axes, so both sides load and
+    store whole contiguous runs (Triton moves the tile through shared memory)."""
+    if not sizes:
+        return ()
+    inner = len(sizes) - 1
+    crossing = _crossing_axis(sizes, strides, inner)
+    if crossing is None:
+        return (LoopDim(tuple(range(len(sizes))), "group", AUTO_BLOCK,
+                        reason="Auto: pointwise, all axes flattened over programs"),)
+    rest = tuple(a for a in range(len(sizes)) if a not in (crossing, inner))
+    dims = [LoopDim(rest, "group", 1, reason="Auto: outer axes, one index per program")] if rest else []
+    dims.append(LoopDim((crossing,), "group", TILE, reason="Auto: tile, an input is contiguous along this axis"))
+    dims.append(LoopDim((inner,), "group", TILE, reason="Auto: tile, the output is contiguous along this axis"))
+    return tuple(dims)
+
+
+def _crossing_axis(sizes, strides, inner: int) -> Optional[int]:
+    """An axis other than `inner` along which some access has unit stride, when both that
+    axis and `inner` are long enough for a tile to pay off."""
+    if sizes[inner] < TILE // 2:
+        return None
+    for access in strides:
+        for axis, stride in enumerate(access):
+            if axis != inner and abs(stride) == 1 and sizes[axis] >= TILE // 2:
+                return axis
+    return None
 
 
 def _forced_dim(axis: int, strategy: AxisStrategy, size: int) -> LoopDim:

@@ -64,13 +64,19 @@ def load_kernel(plan: KernelPlan):
 
 
 def note_launch_config(plan: KernelPlan, args: list) -> None:
-    """Count a kernel compile the first time a (source, constexprs) pair is launched:
-    that is when Triton builds a binary for it. The first arguments are kept (as
-    descriptions, not tensors) so tests can compile every launched kernel for a GPU."""
-    key = (plan.name, tuple(sorted(plan.constexprs.items())))
+    """Count a kernel compile the first time Triton would build a binary for a launch: per
+    kernel source, constexprs and the argument properties Triton's JIT specialises on
+    (ints equal to 1, ints and pointers divisible by 16). The first arguments of each are
+    kept (as descriptions, not tensors) so tests can compile every launched kernel for a GPU."""
+    key = (plan.name, tuple(sorted(plan.constexprs.items())), tuple(_specialization(a) for a in args))
     if key not in _launched_configs:
         _launched_configs[key] = (plan, [describe_arg(a) for a in args])
         counters.kernel_compiles += 1
+
+
+def _specialization(arg) -> str:
+    value = arg.data_ptr() if hasattr(arg, "data_ptr") else arg
+    return "1" if value == 1 and not hasattr(arg, "data_ptr") else ("D" if value % 16 == 0 else "")
 
 
 def describe_arg(arg):

@@ -159,7 +159,7 @@ def demo_one(k: int, title: str, fn, make_args) -> None:
     if not ex.kernels:
         print("-- no kernels: every output is a view of an input")
     print("-- summary " + "-" * (WIDTH - 11))
-    print(f"matches eager:   yes (outputs and inputs after the call, torch.testing.assert_close)")
+    print("matches eager:   yes (outputs and inputs after the call, torch.testing.assert_close)")
     print(f"kernels:         {len(ex.kernels)} tjit kernel(s), {launches} launched per call; eager runs "
           f"{ex.eager_ops} op(s)")
     ratio = f"{ex.bytes_moved / minimum:.2f}x" if minimum else "-"

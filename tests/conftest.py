@@ -11,7 +11,6 @@ os.environ["TJIT_POISON"] = "1"
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
 
 from tjit.runtime.loader import launched_kernels  # noqa: E402
 

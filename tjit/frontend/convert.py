@@ -13,9 +13,8 @@ Three things happen here besides a per-op translation (the op table is in aten_o
 """
 from __future__ import annotations
 
-import traceback
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 import torch.fx as fx

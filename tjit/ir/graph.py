@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
-from typing import Iterable, Optional, Sequence, Union
+from typing import Callable, Iterable, Optional, Sequence, Union
 
 from .dtype import DType
 from .strategy import AxisStrategy
@@ -143,8 +143,9 @@ class GraphBuilder:
         return graph
 
 
-def toposort(roots: Iterable[GraphNode]) -> list[GraphNode]:
-    """Producers before consumers; an explicit stack so deep graphs do not recurse."""
+def toposort(roots: Iterable[GraphNode], stop: Optional[Callable[[GraphNode], bool]] = None) -> list[GraphNode]:
+    """Producers before consumers; an explicit stack so deep graphs do not recurse.
+    Nodes for which `stop` holds are listed but their sources are not visited."""
     order, seen = [], set()
     for root in roots:
         stack = [(root, False)]
@@ -157,7 +158,8 @@ def toposort(roots: Iterable[GraphNode]) -> list[GraphNode]:
                 continue
             seen.add(id(node))
             stack.append((node, True))
-            stack.extend((s, False) for s in reversed(node.src) if id(s) not in seen)
+            if stop is None or not stop(node):
+                stack.extend((s, False) for s in reversed(node.src) if id(s) not in seen)
     return order
 
 

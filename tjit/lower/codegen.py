@@ -15,9 +15,9 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..ir import AxisStrategy, Const, Contiguous, DType, Elementwise, GraphNode, Input, View, ViewOp
+from ..ir import AxisStrategy, Const, DType, Elementwise, GraphNode, Input, View, ViewOp, toposort
 from .elementwise import literal, render, tl_dtype
-from .fusion import BufferTarget, InputTarget, KernelGroup, OutputTarget, buffer_of, expression_leaves
+from .fusion import BufferTarget, KernelGroup, OutputTarget, buffer_of, expression_leaves, is_kernel_input
 from .schedule import IterationSpace, LoopDim, schedule
 
 INT32_LIMIT = 2**31 - 1
@@ -224,7 +224,7 @@ class _Emitter:
     def _values(self) -> list[str]:
         lines, names = [], {}
         roots = [s.value for s in self.group.stores]
-        for node in self._expression_order(roots):
+        for node in toposort(roots, stop=is_kernel_input):
             var = f"v{len(names)}"
             names[id(node)] = var
             if id(node) in self.leaf_access:
@@ -246,29 +246,6 @@ class _Emitter:
                 value = f"{value}.to({tl_dtype(dtype)})"
             lines.append(f"tl.store({self._address(n)}, {value}, mask=mask)")
         return lines
-
-
-    def _expression_order(self, roots: list[GraphNode]) -> list[GraphNode]:
-        """Producers first, stopping at what the kernel loads or takes as a literal."""
-        order, seen = [], set()
-
-        def visit(node):
-            stack = [(node, False)]
-            while stack:
-                n, done = stack.pop()
-                if done:
-                    order.append(n)
-                    continue
-                if id(n) in seen:
-                    continue
-                seen.add(id(n))
-                stack.append((n, True))
-                if not (n.is_leaf or isinstance(n.op, Contiguous)):
-                    stack.extend((s, False) for s in reversed(n.src))
-
-        for root in roots:
-            visit(root)
-        return order
 
 
 def num_warps(space: IterationSpace) -> int:

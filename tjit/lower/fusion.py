@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
-from ..ir import COMPUTING_OPS, Contiguous, Graph, GraphNode, Input, Mutation, View, ViewOp, toposort
+from ..ir import Contiguous, Graph, GraphNode, Input, Mutation, ViewOp, toposort
 
 
 @dataclass(frozen=True)
@@ -49,20 +49,15 @@ class KernelGroup:
     level: int = 0
 
 
+def is_kernel_input(node: GraphNode) -> bool:
+    """What a fused expression reads from memory or takes as a literal: leaves and
+    materialised buffers (Contiguous nodes are written by an earlier kernel)."""
+    return node.is_leaf or isinstance(node.op, Contiguous)
+
+
 def expression_leaves(value: GraphNode) -> list[GraphNode]:
-    """The nodes a store's fused expression reads from memory or literals: stop at leaves
-    and at materialised buffers (Contiguous nodes other than the store's own)."""
-    leaves, stack, seen = [], [value], set()
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        if node.is_leaf or isinstance(node.op, Contiguous):
-            leaves.append(node)
-        else:
-            stack.extend(node.src)
-    return leaves
+    """The kernel inputs a store's fused expression reads."""
+    return [n for n in toposort([value], stop=is_kernel_input) if is_kernel_input(n)]
 
 
 def buffer_of(leaf: GraphNode) -> Optional[GraphNode]:

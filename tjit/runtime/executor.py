@@ -5,7 +5,6 @@ layouts) was computed at trace time; a call only allocates and binds pointers.
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from typing import Any

@@ -30,17 +30,26 @@ class Executable:
     def __init__(self, conversion: Conversion, lowered: LoweredGraph):
         self.conversion, self.lowered = conversion, lowered
         self.graph = conversion.graph
+        self._constant_copies: dict[torch.device, dict[str, torch.Tensor]] = {}
         self.launches = [Launch(p, load_kernel(p), list(p.buffers) + list(p.scalar_args))
                          for p in lowered.kernels if p.numel > 0]
 
     def __call__(self, tensors: dict[str, torch.Tensor]):
         device = next(iter(tensors.values())).device if tensors else torch.device("cpu")
         memory = dict(tensors)
-        memory.update(self.conversion.constants)  # tensors the function created from Python data
+        memory.update(self._constants_on(device))
         memory.update(self._allocate(device))
         for launch in self.launches:
             self._launch(launch, memory)
         return self._outputs(memory)
+
+    def _constants_on(self, device) -> dict[str, torch.Tensor]:
+        """Tensors the function created from Python data (torch.tensor([...])) live on the
+        CPU; kernels on another device get a copy made once."""
+        copies = self._constant_copies.get(device)
+        if copies is None:
+            copies = self._constant_copies[device] = {name: t.to(device) for name, t in self.conversion.constants.items()}
+        return copies
 
     def _allocate(self, device) -> dict[str, torch.Tensor]:
         out = {}

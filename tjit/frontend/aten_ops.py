@@ -395,7 +395,7 @@ def _zero(cv, node, dst):
           aten.zeros, aten.ones, aten.empty, aten.empty_like, aten.new_full, aten.new_zeros, aten.new_ones,
           aten.new_empty)
 def _full(cv, node, *args, **kwargs):
-    fill = {aten.full: 1, aten.new_full: 2, aten.scalar_tensor: 0}.get(node.target.overloadpacket)
+    fill = {aten.full: 1, aten.full_like: 1, aten.new_full: 2, aten.scalar_tensor: 0}.get(node.target.overloadpacket)
     value = args[fill] if fill is not None else (1 if "ones" in node.target.overloadpacket.__name__ else 0)
     # Uninitialised memory (empty) is filled with zeros: any value is a correct answer for it.
     return operand(cv, value, out_dtype(node), out_shape(node))

@@ -7,6 +7,7 @@ the op's arguments with tensors already converted to GraphNodes. Composite math
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable
 
@@ -21,9 +22,18 @@ HANDLERS: dict[object, Callable] = {}
 
 
 def register(*ops):
+    """Register a handler; whatever it computes is cast to torch's result dtype at the end
+    (composite math is computed in float32 for float16/bfloat16, as eager's opmath does)."""
     def wrap(fn):
+        @functools.wraps(fn)
+        def handler(cv, node, *args, **kwargs):
+            value = fn(cv, node, *args, **kwargs)
+            val = node.meta.get("val")
+            if isinstance(value, GraphNode) and isinstance(val, torch.Tensor):
+                value = cv.cast(value, DType.from_torch(val.dtype))
+            return value
         for op in ops:
-            HANDLERS[op] = fn
+            HANDLERS[op] = handler
         return fn
     return wrap
 
@@ -38,20 +48,88 @@ def out_shape(node: fx.Node) -> tuple[int, ...]:
 
 
 def operand(cv, x, dtype: DType, shape) -> GraphNode:
-    node = cv.cast(x, dtype) if isinstance(x, GraphNode) else cv.const(x, dtype)
-    return cv.expand_to(node, shape)
+    return cv.expand_to(in_type(cv, x, dtype), shape)
 
 
-def compute(cv, node, op, args, dtype: DType = None, result: DType = None) -> GraphNode:
-    """`op` over `args` (nodes or scalars) broadcast to the node's shape, computed in `dtype`."""
+def in_type(cv, x, dtype: DType) -> GraphNode:
+    """A tensor or Python scalar converted to `dtype` (float16/bfloat16 round, ints wrap)."""
+    return cv.cast(x, dtype) if isinstance(x, GraphNode) else cv.const(representable(x, dtype), dtype)
+
+
+def representable(value, dtype: DType):
+    """A Python scalar as the nearest value of `dtype`, as eager converts scalars: constants
+    then stay exact however often they are re-typed (a cast of a constant just re-types it)."""
+    if isinstance(value, torch.Tensor):
+        value = value.item()
+    if dtype is DType.bool:
+        return bool(value)
+    if dtype.is_float:
+        value = float(value)
+        if dtype is DType.float64 or value != value:
+            return value
+        return torch.tensor(value, dtype=torch.float64).to(dtype.torch).item()
+    value = int(value)
+    bits = dtype.itemsize * 8
+    value &= (1 << bits) - 1
+    return value - (1 << bits) if dtype.is_signed_int and value >= 1 << (bits - 1) else value
+
+
+def opmath(dtype: DType) -> DType:
+    """The type eager computes in: float16 and bfloat16 are computed in float32."""
+    return DType.float32 if dtype.is_low_precision else dtype
+
+
+def compute(cv, node, op, args, dtype: DType = None, result: DType = None, exact_scalars: bool = False) -> GraphNode:
+    """`op` over `args` (nodes or scalars) broadcast to the node's shape, computed in `dtype`,
+    then rounded once to `result`. float16/bfloat16 are computed in float32 (opmath), with
+    the operands converted to `dtype` first (int64 -> bfloat16 rounds), as eager's kernels do;
+    with `exact_scalars`, a Python scalar or 0-dim tensor as the second operand skips that
+    rounding (eager's mul and div kernels read it at float32 precision; add, sub, comparisons,
+    fmod, ... round it)."""
     result = result or out_dtype(node)
     dtype = dtype or result
+    work = opmath(dtype)
     shape = out_shape(node)
-    return cv.elementwise(op, [operand(cv, a, dtype, shape) for a in args], result)
+    if work != dtype:
+        args = [a if exact_scalars and k == 1 and (_is_number(a) or a.shape == ()) else in_type(cv, a, dtype)
+                for k, a in enumerate(args)]
+    value = cv.elementwise(op, [operand(cv, a, work, shape) for a in args], work if result == dtype else result)
+    return cv.cast(value, result)
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float))
+
+
+def input_dtypes(node: fx.Node) -> list[torch.dtype]:
+    return [a.meta["val"].dtype for a in node.args if isinstance(a, fx.Node)
+            and isinstance(a.meta.get("val"), torch.Tensor)]
+
+
+_CPP_NAMES = {torch.bool: "Bool", torch.float16: "Half", torch.bfloat16: "BFloat16", torch.float32: "Float",
+              torch.float64: "Double", torch.int64: "Long", torch.int32: "Int", torch.int16: "Short",
+              torch.int8: "Char", torch.uint8: "Byte"}
+
+
+def refuse_dtypes(node: fx.Node, kernel: str, refused, dtypes=None) -> None:
+    """Eager's kernels reject some dtypes that torch's meta functions (what tracing runs)
+    accept; refuse them the same way instead of computing an answer eager never gives.
+    `dtypes`: the types eager's kernel is dispatched on (default: the tensor inputs')."""
+    for d in (input_dtypes(node) if dtypes is None else dtypes):
+        d = d.torch if isinstance(d, DType) else d
+        if d in refused:
+            raise UnsupportedOpError(str(node.target), f'"{kernel}" not implemented for \'{_CPP_NAMES.get(d, d)}\' '
+                                                       "(eager refuses it too)")
+
+
+FLOAT_TYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+INT_TYPES = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
 
 def common_dtype(node: fx.Node, *positions: int) -> DType:
     """torch's promoted type of the given arguments (Python scalars count as wrapped numbers)."""
+    if len(positions) == 1:
+        return _arg_dtype(node, positions[0])
     vals = [_promotion_stand_in(node.args[p]) for p in positions]
     return DType.from_torch(torch.result_type(*vals))
 
@@ -102,23 +180,38 @@ class X:
 
 
 def x_of(cv, node, arg, dtype=None) -> X:
-    dtype = dtype or out_dtype(node)
+    """`arg` as an X in the op's compute type (float32 for float16/bfloat16 results; a tensor
+    of another type is converted to the result type first, as eager's kernels see it)."""
+    if dtype is None:
+        out = out_dtype(node)
+        dtype = opmath(out)
+        if dtype != out and isinstance(arg, GraphNode):
+            arg = cv.cast(arg, out)
     return X(cv, node, operand(cv, arg, dtype, out_shape(node)), dtype)
 
 
 # -- arithmetic ---------------------------------------------------------------------------------
 @register(aten.add)
 def _add(cv, node, a, b, alpha=1):
-    if alpha != 1:
-        b = compute(cv, node, "mul", [b, alpha])
-    return compute(cv, node, "add", [a, b])
+    dtype = out_dtype(node)
+    work = opmath(dtype)
+    a, b = in_type(cv, a, dtype), in_type(cv, b, dtype)  # scalars too: eager's add rounds them
+    if alpha != 1:  # eager computes a + alpha * b as one fused multiply-add
+        return compute(cv, node, "fma", [b, alpha, a], work, work)
+    return compute(cv, node, "add", [a, b], work, work)
 
 
 @register(aten.sub)
 def _sub(cv, node, a, b, alpha=1):
-    if alpha != 1:
-        b = compute(cv, node, "mul", [b, alpha])
-    return compute(cv, node, "add", [a, compute(cv, node, "neg", [b])])
+    if torch.bool in input_dtypes(node) or isinstance(a, bool) or isinstance(b, bool):
+        raise UnsupportedOpError(str(node.target), "Subtraction, the `-` operator, with a bool tensor is not "
+                                                   "supported (eager refuses it too)")
+    dtype = out_dtype(node)
+    work = opmath(dtype)
+    a, b = in_type(cv, a, dtype), in_type(cv, b, dtype)
+    if alpha != 1:  # a - alpha * b, one fused multiply-add as in eager
+        return compute(cv, node, "fma", [b, -alpha, a], work, work)
+    return compute(cv, node, "add", [a, compute(cv, node, "neg", [b], work, work)], work, work)
 
 
 @register(aten.rsub)
@@ -128,61 +221,113 @@ def _rsub(cv, node, a, b, alpha=1):
 
 @register(aten.mul)
 def _mul(cv, node, a, b):
-    return compute(cv, node, "mul", [a, b])
+    return compute(cv, node, "mul", [a, b], exact_scalars=True)
 
 
 @register(aten.div)
 def _div(cv, node, a, b, rounding_mode=None):
     op = {None: "truediv", "trunc": "truncdiv", "floor": "floordiv"}[rounding_mode]
-    return compute(cv, node, op, [a, b])
+    if rounding_mode is not None:
+        refuse_dtypes(node, f"div_{rounding_mode}_cpu", (torch.bool,), [common_dtype(node, 0, 1)])
+    if out_dtype(node).is_low_precision and isinstance(b, GraphNode) and b.shape:
+        # eager's float16/bfloat16 kernels for two tensors round every step to the type
+        # (with a scalar divisor they compute in float32)
+        if rounding_mode == "trunc":
+            return compute(cv, node, "trunc", [compute(cv, node, "truediv", [a, b])])
+        if rounding_mode == "floor":
+            return _reduced_floordiv(cv, node, a, b)
+    return compute(cv, node, op, [a, b], exact_scalars=True)
+
+
+def _reduced_floordiv(cv, node, a, b):
+    """torch's div_floor_floating in c10::Half / c10::BFloat16 arithmetic: each step rounds
+    to the type (2680 // 3.140625 is 852 there, not 853)."""
+    def rounded(op, *args):
+        return compute(cv, node, op, list(args))
+
+    def where(cond, x, y):
+        return select(cv, node, cond, x, y)
+
+    def test(op, *args):
+        return compute(cv, node, op, list(args), out_dtype(node), DType.bool)
+
+    a, b = in_type(cv, a, out_dtype(node)), in_type(cv, b, out_dtype(node))
+    m = rounded("fmod", a, b)
+    div = rounded("truediv", rounded("add", a, rounded("neg", m)), b)
+    fix = compute(cv, node, "logical_and", [test("ne", m, 0), test("ne", test("lt", b, 0), test("lt", m, 0))],
+                  DType.bool)
+    div = where(fix, rounded("add", div, -1.0), div)
+    floor = rounded("floor", div)
+    floor = where(test("gt", rounded("add", div, rounded("neg", floor)), 0.5), rounded("add", floor, 1.0), floor)
+    quotient = rounded("truediv", a, b)
+    zero = where(test("signbit", quotient), operand(cv, -0.0, out_dtype(node), out_shape(node)),
+                 operand(cv, 0.0, out_dtype(node), out_shape(node)))
+    floor = where(test("eq", div, 0), zero, floor)
+    return where(test("eq", b, 0), quotient, floor)
 
 
 @register(aten.floor_divide)
 def _floor_divide(cv, node, a, b):
-    return compute(cv, node, "floordiv", [a, b])
+    refuse_dtypes(node, "div_floor_cpu", (torch.bool,), [common_dtype(node, 0, 1)])
+    if out_dtype(node).is_low_precision and isinstance(b, GraphNode) and b.shape:
+        return _reduced_floordiv(cv, node, a, b)
+    return compute(cv, node, "floordiv", [a, b], exact_scalars=True)
 
 
 @register(aten.remainder)
 def _remainder(cv, node, a, b):
+    refuse_dtypes(node, "remainder_cpu", (torch.bool,), [common_dtype(node, 0, 1)])
     return compute(cv, node, "rem", [a, b])
 
 
 @register(aten.fmod)
 def _fmod(cv, node, a, b):
+    refuse_dtypes(node, "fmod_cpu", (torch.bool,), [common_dtype(node, 0, 1)])
     return compute(cv, node, "fmod", [a, b])
 
 
 @register(aten.pow)
 def _pow(cv, node, base, exponent):
     dtype = out_dtype(node)
-    if isinstance(exponent, (int, float)) and not isinstance(exponent, bool):
+    refuse_dtypes(node, "pow", (torch.bool,), [common_dtype(node, 0, 1)])
+    if _is_number(exponent):
+        if not dtype.is_float:
+            return _int_pow_by_scalar(cv, node, base, int(exponent))
+        if dtype.is_low_precision:  # eager converts the exponent to the tensor's type first
+            exponent = representable(exponent, dtype)
         special = _pow_by_scalar(cv, node, base, exponent, dtype)
         if special is not None:
             return special
-        if not dtype.is_float:
-            raise UnsupportedOpError("aten.pow", f"integer power by {exponent} (only small exponents 0..4)")
-    if not dtype.is_float:
-        raise UnsupportedOpError("aten.pow", "integer tensor exponents")
-    if isinstance(base, (int, float)) and base == 2:
-        return compute(cv, node, "exp2", [exponent])
     return compute(cv, node, "pow", [base, exponent])
 
 
-def _pow_by_scalar(cv, node, base, e, dtype):
-    """The exponents eager computes exactly with multiplications or roots."""
+def _pow_by_scalar(cv, node, base, e, dtype: DType):
+    """The exponents eager computes with multiplications or roots (pow_tensor_scalar_kernel);
+    float16 has only std::pow there, whose answers differ from sqrt's at -inf and -0."""
+    x = x_of(cv, node, base)
+    if e == 0:
+        return x.wrap(1).value  # even NaN ** 0 is 1
+    table = {1: lambda: x, 2: lambda: x * x, 3: lambda: x * x * x, -1: lambda: x.op("recip"),
+             -2: lambda: (x * x).op("recip")}
+    if dtype is not DType.float16:
+        table.update({0.5: lambda: x.op("sqrt"), -0.5: lambda: x.op("rsqrt")})
+    return table[e]().value if e in table else None
+
+
+def _int_pow_by_scalar(cv, node, base, e: int):
+    if e < 0:
+        raise UnsupportedOpError("aten.pow", "Integers to negative integer powers are not allowed. (as in eager)")
     x = x_of(cv, node, base)
     if e == 0:
         return x.wrap(1).value
-    if e == int(e) and 1 <= e <= 4:
-        acc = x
-        for _ in range(int(e) - 1):
-            acc = acc * x
-        return acc.value
-    if not dtype.is_float:
-        return None
-    table = {0.5: lambda: x.op("sqrt"), -0.5: lambda: x.op("rsqrt"), -1: lambda: x.op("recip"),
-             -2: lambda: (x * x).op("recip")}
-    return table[e]().value if e in table else None
+    result, power = None, x
+    while e:  # square and multiply; integer products wrap as eager's do
+        if e & 1:
+            result = power if result is None else result * power
+        e >>= 1
+        if e:
+            power = power * power
+    return result.value
 
 
 # -- unary math -----------------------------------------------------------------------------------
@@ -193,32 +338,42 @@ def _unary(ir_op):
 
 
 for _name, _ir in {
-    "neg": "neg", "abs": "abs", "reciprocal": "recip", "sign": "sign", "sgn": "sign",
+    "neg": "neg", "reciprocal": "recip", "sign": "sign", "sgn": "sign",
     "exp": "exp", "exp2": "exp2", "expm1": "expm1", "log": "log", "log2": "log2", "log1p": "log1p",
     "sqrt": "sqrt", "rsqrt": "rsqrt", "sin": "sin", "cos": "cos", "tan": "tan", "asin": "asin", "acos": "acos",
     "atan": "atan", "sinh": "sinh", "cosh": "cosh", "tanh": "tanh", "asinh": "asinh", "acosh": "acosh",
-    "atanh": "atanh", "sigmoid": "sigmoid", "erf": "erf", "floor": "floor", "ceil": "ceil", "trunc": "trunc",
+    "atanh": "atanh", "sigmoid": "sigmoid", "erf": "erf", "erfc": "erfc",
 }.items():
     register(getattr(aten, _name))(_unary(_ir))
 
 
+def _refusing(kernel, refused, handler):
+    def checked(cv, node, *args, **kwargs):
+        refuse_dtypes(node, kernel, refused)
+        return handler(cv, node, *args, **kwargs)
+    return checked
+
+
+for _name in ("abs", "floor", "ceil", "trunc"):  # eager has no bool kernels for these (meta accepts bool)
+    register(getattr(aten, _name))(_refusing(f"{_name}_cpu", (torch.bool,), _unary(_name)))
+
+
 @register(aten.round)
 def _round(cv, node, x, decimals=0):
+    refuse_dtypes(node, "round_cpu", (torch.bool,))
     if decimals:
-        scale = 10.0 ** decimals
-        return (x_of(cv, node, x) * scale).op("round").op("truediv", scale).value
+        refuse_dtypes(node, "round_cpu", INT_TYPES)
+        # eager: nearbyint(x * 10^d) / 10^d, or nearbyint(x / 10^-d) * 10^-d for d < 0, in opmath
+        v = x_of(cv, node, x)
+        if decimals > 0:
+            return (v * 10.0 ** decimals).op("round").op("truediv", 10.0 ** decimals).value
+        return v.op("truediv", 10.0 ** -decimals).op("round").op("mul", 10.0 ** -decimals).value
     return compute(cv, node, "round", [x])
 
 
 @register(aten.log10)
 def _log10(cv, node, x):
     return (x_of(cv, node, x).op("log2") * math.log10(2.0)).value
-
-
-@register(aten.frac)
-def _frac(cv, node, x):
-    v = x_of(cv, node, x)
-    return (v - v.op("trunc")).value
 
 
 @register(aten.atan2)
@@ -238,11 +393,14 @@ def _isinf(cv, node, x):
 
 @register(aten.relu)
 def _relu(cv, node, x):
+    if node.args[0].meta["val"].dtype == torch.bool:
+        raise UnsupportedOpError("aten.relu", "Boolean inputs not supported for relu (as in eager)")
     return compute(cv, node, "max", [x, 0])
 
 
 @register(aten.gelu)
 def _gelu(cv, node, x, approximate="none"):
+    refuse_dtypes(node, "GeluKernelImpl", INT_TYPES)
     v = x_of(cv, node, x)
     if approximate == "tanh":
         inner = (v + v * v * v * 0.044715) * math.sqrt(2.0 / math.pi)
@@ -250,13 +408,27 @@ def _gelu(cv, node, x, approximate="none"):
     return (v * 0.5 * ((v * (1.0 / math.sqrt(2.0))).op("erf") + 1)).value
 
 
+# The activations below are decomposed by tjit's tracer today (torch's core decompositions),
+# so these handlers run once the tracer keeps the ops whole; they follow eager's kernels,
+# including the integer and bool inputs eager refuses and the decompositions accept.
+def _float_activation(kernel):
+    def wrap(fn):
+        def handler(cv, node, x, *args, **kwargs):
+            refuse_dtypes(node, kernel, INT_TYPES)
+            return fn(cv, node, x, *args, **kwargs)
+        return functools.wraps(fn)(handler)
+    return wrap
+
+
 @register(aten.silu)
+@_float_activation("silu_cpu")
 def _silu(cv, node, x):
     v = x_of(cv, node, x)
     return (v * v.op("sigmoid")).value
 
 
 @register(aten.softplus)
+@_float_activation("softplus_cpu")
 def _softplus(cv, node, x, beta=1, threshold=20):
     v = x_of(cv, node, x)
     scaled = v * beta
@@ -264,11 +436,90 @@ def _softplus(cv, node, x, beta=1, threshold=20):
     return (scaled > threshold).where(v, soft).value
 
 
+@register(aten.mish)
+@_float_activation("mish_cpu")
+def _mish(cv, node, x):
+    v = x_of(cv, node, x)
+    return (v * v.op("exp").op("log1p").op("tanh")).value
+
+
+@register(aten.hardsigmoid)
+@_float_activation("hardsigmoid_cpu")
+def _hardsigmoid(cv, node, x):
+    v = x_of(cv, node, x)
+    return ((v + 3.0).op("max", 0.0).op("min", 6.0) / 6.0).value
+
+
+@register(aten.hardswish)
+@_float_activation("hardswish_cpu")
+def _hardswish(cv, node, x):
+    v = x_of(cv, node, x)
+    return (v * (v + 3.0).op("max", 0.0).op("min", 6.0) / 6.0).value
+
+
+@register(aten.frac)
+@_float_activation("frac_cpu")
+def _frac(cv, node, x):
+    v = x_of(cv, node, x)
+    return (v - v.op("trunc")).value
+
+
 @register(aten.elu)
+@_float_activation("elu_cpu")
 def _elu(cv, node, x, alpha=1, scale=1, input_scale=1):
     v = x_of(cv, node, x)
     neg = (v * input_scale).op("expm1") * (alpha * scale)
     return (v > 0).where(v * scale, neg).value
+
+
+@register(aten.celu)
+@_float_activation("elu_cpu")
+def _celu(cv, node, x, alpha=1.0):
+    return _elu(cv, node, x, alpha, 1.0, 1.0 / alpha)
+
+
+@register(aten.selu)
+@_float_activation("elu_cpu")
+def _selu(cv, node, x):
+    return _elu(cv, node, x, 1.6732632423543772848170429916717, 1.0507009873554804934193349852946)
+
+
+@register(aten.lerp)
+def _lerp(cv, node, start, end, weight):
+    """eager: |weight| < 0.5 ? start + weight * (end - start) : end - (end - start) * (1 - weight)"""
+    dtypes = input_dtypes(node)
+    if any(d != dtypes[0] for d in dtypes):
+        raise UnsupportedOpError("aten.lerp", f"expected dtype {dtypes[0]} for `end` but got dtype "
+                                              f"{next(d for d in dtypes if d != dtypes[0])} (eager refuses it too)")
+    refuse_dtypes(node, "lerp_kernel_tensor" if isinstance(weight, GraphNode) else "lerp_kernel_scalar", INT_TYPES)
+    a, b, w = x_of(cv, node, start), x_of(cv, node, end), x_of(cv, node, weight)
+    diff = b - a
+    return (w.op("abs") < 0.5).where(a + w * diff, b - diff * (1.0 - w)).value
+
+
+@register(aten.addcmul)
+def _addcmul(cv, node, x, t1, t2, value=1):
+    """eager: self + value * t1 * t2 with one rounding for the last multiply-add (an fma)."""
+    refuse_dtypes(node, "addcmul_cpu_out", (torch.bool,))
+    dtype = out_dtype(node)
+    work = opmath(dtype)
+    a, b, c = (in_type(cv, v, dtype) for v in (x, t1, t2))
+    scaled = compute(cv, node, "mul", [b, value], work, work)
+    return compute(cv, node, "fma", [scaled, c, a], work, work)
+
+
+@register(aten.addcdiv)
+def _addcdiv(cv, node, x, t1, t2, value=1):
+    """eager: self + (value * t1) / t2; integer tensors are refused."""
+    if not out_dtype(node).is_float:
+        raise UnsupportedOpError("aten.addcdiv", "Integer division with addcdiv is no longer supported "
+                                                 "(eager refuses it too)")
+    dtype = out_dtype(node)
+    work = opmath(dtype)
+    a, b, c = (in_type(cv, v, dtype) for v in (x, t1, t2))
+    scaled = compute(cv, node, "mul", [b, value], work, work)
+    quotient = compute(cv, node, "truediv", [scaled, c], work, work)
+    return compute(cv, node, "add", [a, quotient], work, work)
 
 
 @register(aten.leaky_relu)
@@ -305,6 +556,42 @@ def _minimum(cv, node, a, b):
     return compute(cv, node, "min", [a, b])
 
 
+@register(aten.fmax, aten.fmin)
+def _fmax_fmin(cv, node, a, b):
+    """Like maximum/minimum, but a NaN loses to a number."""
+    op = "max" if node.target.overloadpacket is aten.fmax else "min"
+    value = compute(cv, node, op, [a, b])
+    if not out_dtype(node).is_float:
+        return value
+    x, y = x_of(cv, node, a), x_of(cv, node, b)
+    value = x_of(cv, node, value)
+    return y.op("isnan", result=DType.bool).where(x, x.op("isnan", result=DType.bool).where(y, value)).value
+
+
+@register(aten.copysign)
+def _copysign(cv, node, a, b):
+    magnitude = x_of(cv, node, a).op("abs")
+    negative = X(cv, node, compute(cv, node, "signbit", [b], _arg_dtype(node, 1), DType.bool), DType.bool)
+    return negative.where(-magnitude, magnitude).value
+
+
+@register(aten.signbit)
+def _signbit(cv, node, x):
+    return compute(cv, node, "signbit", [x], _arg_dtype(node, 0), DType.bool)
+
+
+@register(aten.hypot)
+def _hypot(cv, node, a, b):
+    """max * sqrt(1 + (min/max)^2): no overflow or underflow in the squares; inf wins over NaN."""
+    refuse_dtypes(node, "hypot_cpu", INT_TYPES, [out_dtype(node)])
+    x, y = x_of(cv, node, a).op("abs"), x_of(cv, node, b).op("abs")
+    hi, lo = x.op("max", y), x.op("min", y)
+    ratio = (hi > 0).where(lo / hi, hi.wrap(0.0))
+    r = hi * (ratio * ratio + 1.0).op("sqrt")
+    is_inf = x.op("isinf", result=DType.bool).op("logical_or", y.op("isinf", result=DType.bool), result=DType.bool)
+    return is_inf.where(hi.wrap(math.inf), r).value
+
+
 @register(aten.where)
 def _where(cv, node, cond, a, b):
     return select(cv, node, operand(cv, cond, DType.bool, out_shape(node)), a, b)
@@ -328,7 +615,10 @@ for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
 
 def _logical(ir_op):
     def handler(cv, node, *args):
-        operands = [compute(cv, node, "ne", [a, 0], _arg_dtype(node, k), DType.bool) for k, a in enumerate(args)]
+        # operands are converted to their common type first, as eager's kernels see them
+        # (an int64 0-dim INT64_MIN beside an int8 tensor wraps to 0 there: False)
+        common = common_dtype(node, *range(len(args)))
+        operands = [compute(cv, node, "ne", [a, 0], common, DType.bool) for a in args]
         return compute(cv, node, ir_op, operands, DType.bool)
     return handler
 
@@ -339,6 +629,9 @@ for _name in ("logical_and", "logical_or", "logical_xor", "logical_not"):
 
 def _bitwise(ir_op, logical_op):
     def handler(cv, node, *args):
+        if out_dtype(node).is_float:
+            refuse_dtypes(node, f"{ir_op}_cpu", FLOAT_TYPES)
+            raise UnsupportedOpError(str(node.target), f"{ir_op} of floating-point values (eager refuses it too)")
         if out_dtype(node) is DType.bool:
             return compute(cv, node, logical_op, list(args))
         return compute(cv, node, ir_op, list(args))
@@ -383,7 +676,18 @@ def _copy_(cv, node, dst, src, non_blocking=False):
 
 @register(aten.fill)
 def _fill(cv, node, dst, value):
-    return operand(cv, value, out_dtype(node), out_shape(node))
+    return operand(cv, checked_fill_value(node, value), out_dtype(node), out_shape(node))
+
+
+def checked_fill_value(node: fx.Node, value):
+    """eager refuses to fill a tensor with a value its type cannot hold (1e6 as float16,
+    300 as int8: eager checks only when it fills two or more elements); so does tjit."""
+    if _is_number(value):
+        try:
+            torch.empty((min(math.prod(out_shape(node)), 2),), dtype=out_dtype(node).torch).fill_(value)
+        except RuntimeError as e:
+            raise UnsupportedOpError(str(node.target), f"{e} (eager refuses it too)") from None
+    return value
 
 
 @register(aten.zero)
@@ -398,7 +702,7 @@ def _full(cv, node, *args, **kwargs):
     fill = {aten.full: 1, aten.full_like: 1, aten.new_full: 2, aten.scalar_tensor: 0}.get(node.target.overloadpacket)
     value = args[fill] if fill is not None else (1 if "ones" in node.target.overloadpacket.__name__ else 0)
     # Uninitialised memory (empty) is filled with zeros: any value is a correct answer for it.
-    return operand(cv, value, out_dtype(node), out_shape(node))
+    return operand(cv, checked_fill_value(node, value), out_dtype(node), out_shape(node))
 
 
 # -- views -------------------------------------------------------------------------------------

@@ -10,8 +10,8 @@ UNARY = frozenset({
     "neg", "abs", "recip", "sign", "cast",
     "exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt",
     "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh",
-    "sigmoid", "erf", "floor", "ceil", "trunc", "round",
-    "logical_not", "bitwise_not", "isnan", "isinf",
+    "sigmoid", "erf", "erfc", "floor", "ceil", "trunc", "round",
+    "logical_not", "bitwise_not", "isnan", "isinf", "signbit",
 })
 BINARY = frozenset({
     "add", "mul", "truediv", "floordiv", "truncdiv", "rem", "fmod", "pow", "atan2",
@@ -19,8 +19,8 @@ BINARY = frozenset({
     "logical_and", "logical_or", "logical_xor",
     "bitwise_and", "bitwise_or", "bitwise_xor", "shl", "shr",
 })
-TERNARY = frozenset({"where"})
-PREDICATES = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "isnan", "isinf",
+TERNARY = frozenset({"where", "fma"})
+PREDICATES = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "isnan", "isinf", "signbit",
                         "logical_and", "logical_or", "logical_xor", "logical_not"})
 ELEMENTWISE_OPS = UNARY | BINARY | TERNARY
 

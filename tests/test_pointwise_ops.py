@@ -10,10 +10,8 @@ compiled for sm_90 after the test), and every op eager rejects must make tjit ra
 TjitError rather than return an answer.
 
 Where eager's CPU kernels depart from the math (EAGER_QUIRKS: sinh overflowing early,
-vectorised gelu at +-inf, ...) tjit is compared with a float64 reference instead, and the ops
-that tjit's tracer decomposes before tjit sees them are listed with the gaps that causes
-(DECOMPOSED_WITHOUT_DTYPE_CHECK, TRACING_STRICTER); test_handlers_of_decomposed_ops holds
-tjit's own handlers for them to eager with no gaps at all.
+vectorised gelu at +-inf, ...) tjit is compared with a float64 reference instead. What
+tracing refuses while eager computes it is listed (TRACING_STRICTER).
 
 Known, documented gap: integer division by zero (eager raises ZeroDivisionError from
 inside its kernel) is not checked, so integer divisors are never zero here.
@@ -162,22 +160,6 @@ def _huge_quotient(e, x, y):
     return torch.isfinite(a) & torch.isfinite(b) & (b != 0) & ((a / b).abs() >= mantissa)
 
 
-def _decomposed(formula):
-    """Elements where eager's kernel differs from torch's decomposition of the op, which tjit's
-    tracer applies: there tjit is compared with the decomposition, run eagerly."""
-    def where(e, *args):
-        if not e.dtype.is_floating_point:
-            return torch.zeros_like(e, dtype=torch.bool)
-        rtol, atol = default_tolerances(e)
-        return ~torch.isclose(formula(*args).double(), e.double(), rtol=rtol, atol=atol, equal_nan=True)
-    return where, lambda e, *args: formula(*args)
-
-
-def _decomposition(op):
-    from torch._decomp import core_aten_decompositions
-    return core_aten_decompositions()[op]
-
-
 # Elements where eager's CPU kernel for a dtype departs from the math (and from eager's own
 # float64 answer); there tjit is compared with a float64 reference rounded to the dtype:
 # name -> (which elements, given eager's answer and the inputs; the reference, or None for
@@ -196,22 +178,11 @@ EAGER_QUIRKS = {
     "fmod": (_huge_quotient, _elementwise_libm(lambda a, b: math.fmod(a, b) if b and not math.isinf(a) else nan)),
     "remainder": (_huge_quotient, _elementwise_libm(_remainder)),
     "mod_op": (_huge_quotient, _elementwise_libm(_remainder)),
-    # addcmul: eager fuses self + value * t1 * t2 into an fma (float32) or rounds each step
-    # to the type (float16/bfloat16); the decomposition multiplies, rounds, then adds in float32
-    "addcmul": _decomposed(lambda c, x, y: _decomposition(torch.ops.aten.addcmul.default)(x, y, x, value=0.5)),
-    "addcmul_int": _decomposed(lambda c, x, y: _decomposition(torch.ops.aten.addcmul.default)(x, y, y, value=2)),
 }
 
-# Ops whose decompositions (applied by tjit's tracer before tjit sees the op) accept integer
-# and bool inputs that eager's own kernels refuse: tjit returns a value there instead of
-# raising. A known gap outside the op table, reported; every such case is listed here.
-DECOMPOSED_WITHOUT_DTYPE_CHECK = {"frac", "silu", "softplus", "softplus_beta2_thr5", "softplus_beta0.5", "celu",
-                                  "selu", "hardsigmoid", "hardswish", "mish", "lerp_scalar", "lerp_0.3", "lerp_0.7",
-                                  "lerp_t", "lerp_w", "addcdiv", "addcdiv_default"}
-# ... and the reverse: what tracing refuses (torch's meta functions or decompositions) while
-# eager computes it: tjit raises a clear TjitError there. Bool shifts (the meta function
-# wants integers) and addcmul of integers by a float value (eager truncates the value).
-TRACING_STRICTER = {"shl_2", "shr_1", "addcmul"}
+# What tracing refuses (torch's meta functions) while eager computes it: tjit raises a
+# clear TjitError there. Bool shifts: the meta function wants integers.
+TRACING_STRICTER = {"shl_2", "shr_1"}
 
 
 def eager_answer(name, fn, args, quirks=None):
@@ -264,7 +235,7 @@ def _compare(name, got, expected, args) -> list[str]:
     return []
 
 
-def _differential_chunk(ops, names, expected, args, known_gaps=True) -> list[str]:
+def _differential_chunk(ops, names, expected, args) -> list[str]:
     def group(*a):
         return tuple(ops[n](*a) for n in names)
 
@@ -281,7 +252,7 @@ def _differential_chunk(ops, names, expected, args, known_gaps=True) -> list[str
         try:
             g = tjit.compile(ops[n])(*args)
         except Exception as e:  # noqa: BLE001
-            if not (known_gaps and n in TRACING_STRICTER and isinstance(e, tjit.TjitError)
+            if not (n in TRACING_STRICTER and isinstance(e, tjit.TjitError)
                     and "tracing failed" in str(e)):
                 failures.append(f"{n}: tjit raised {type(e).__name__}: {str(e)[:300]}")
             continue
@@ -311,10 +282,9 @@ def _chunks(names: list[str], args) -> list[list[str]]:
     return chunks + [current] if current else chunks
 
 
-def differential(ops: dict, args: tuple, context: str, quirks: dict = None, known_gaps: bool = True) -> None:
+def differential(ops: dict, args: tuple, context: str, quirks: dict = None) -> None:
     """Compile every op eager accepts (all in one function) and compare outputs; every op
-    eager rejects must make tjit raise a TjitError. `known_gaps=False` holds the ops listed in
-    DECOMPOSED_WITHOUT_DTYPE_CHECK and TRACING_STRICTER to the same rule as every other."""
+    eager rejects must make tjit raise a TjitError."""
     expected, rejected = {}, {}
     for name, fn in ops.items():
         try:
@@ -323,7 +293,7 @@ def differential(ops: dict, args: tuple, context: str, quirks: dict = None, know
             rejected[name] = e
     failures: list[str] = []
     for chunk in _chunks(list(expected), args):
-        failures += _differential_chunk(ops, chunk, expected, args, known_gaps)
+        failures += _differential_chunk(ops, chunk, expected, args)
     for n, err in rejected.items():
         try:
             tjit.compile(ops[n])(*args)
@@ -332,10 +302,6 @@ def differential(ops: dict, args: tuple, context: str, quirks: dict = None, know
         except Exception as e:  # noqa: BLE001
             failures.append(f"{n}: eager raises {type(err).__name__}; tjit raised a non-tjit "
                             f"{type(e).__name__}: {str(e)[:200]}")
-            continue
-        if known_gaps and n in DECOMPOSED_WITHOUT_DTYPE_CHECK and (
-                "not implemented for" in str(err) or "expected dtype" in str(err)
-                or "Integer division with addcdiv" in str(err)):
             continue
         failures.append(f"{n}: eager raises {type(err).__name__}: {str(err)[:120]!r} but tjit returned a value")
     assert not failures, f"{context}: {len(failures)} op(s) differ from eager\n" + "\n".join(failures)
@@ -718,40 +684,3 @@ def test_random_pointwise_chains(data):
     note(f"inputs {[(tuple(t.shape), t.dtype, t.stride()) for t in inputs]}, steps {[(n, p) for n, _, p in steps]}, outputs {outputs}")
     event(f"{len(steps)} steps")
     check_against_eager(chain, *inputs)
-
-
-# -- the op table's own handlers for ops the tracer decomposes today -------------------------------------
-KEPT_WHOLE = ("silu", "softplus", "mish", "hardsigmoid", "hardswish", "frac", "celu", "selu", "lerp", "addcmul",
-              "addcdiv")
-
-
-@pytest.fixture
-def ops_kept_whole(monkeypatch):
-    """Trace with these ops left undecomposed, as the tracer should (DECOMPOSED_WITHOUT_DTYPE_CHECK):
-    the handlers in tjit/frontend/aten_ops.py then see them, with eager's dtype checks."""
-    from tjit.frontend import trace as tracing
-    packets = {getattr(torch.ops.aten, n) for n in KEPT_WHOLE}
-    table = {op: fn for op, fn in tracing.decomposition_table().items()
-             if getattr(op, "overloadpacket", None) not in packets}
-    monkeypatch.setattr(tracing, "decomposition_table", lambda: table)
-
-
-@pytest.mark.parametrize("case", [(torch.float32, torch.float32), (torch.float16, torch.float16),
-                                  (torch.bfloat16, torch.bfloat16), (torch.float64, torch.float64),
-                                  (torch.int32, torch.int32), (torch.bool, torch.bool), (torch.uint8, torch.uint8),
-                                  (torch.float16, torch.float32), (torch.int64, torch.float32)],
-                         ids=lambda c: _pair_id(c + (0,)))
-def test_handlers_of_decomposed_ops(case, ops_kept_whole):
-    """With the ops kept whole, tjit matches eager and refuses what eager refuses, no gaps."""
-    dx, dy = case
-    g, seed = new_generator()
-    x, y = pair_values(dx, dy, g, (12, 32), (12, 32))
-    c = torch.randint(0, 2, (32,), generator=g).bool()
-    context = f"{_pair_id(case + (0,))} seed={seed}"
-    quirks = {k: v for k, v in EAGER_QUIRKS.items() if not k.startswith("addcmul")}
-    unary = {k: f for k, f in UNARY.items() if k.split("_")[0] in KEPT_WHOLE or k.startswith("lerp")}
-    differential(unary, (x,), context, quirks, known_gaps=False)
-    binary = {k: f for k, f in BINARY.items() if k.startswith("lerp")}
-    differential(binary, (x, y), context, quirks, known_gaps=False)
-    ternary = {k: f for k, f in TERNARY.items() if k.split("_")[0] in KEPT_WHOLE}
-    differential(ternary, (c, x, y), context, quirks, known_gaps=False)

@@ -500,7 +500,7 @@ def _lerp(cv, node, start, end, weight):
 @register(aten.addcmul)
 def _addcmul(cv, node, x, t1, t2, value=1):
     """eager: self + value * t1 * t2 with one rounding for the last multiply-add (an fma)."""
-    refuse_dtypes(node, "addcmul_cpu_out", (torch.bool,))
+    refuse_dtypes(node, "addcmul_cpu_out", (torch.bool,), [out_dtype(node)])  # dispatched on the result type
     dtype = out_dtype(node)
     work = opmath(dtype)
     a, b, c = (in_type(cv, v, dtype) for v in (x, t1, t2))

@@ -22,11 +22,18 @@ from .convert import Conversion, Converter
 def decomposition_table():
     from torch._decomp import core_aten_decompositions
     table = dict(core_aten_decompositions())
-    # tjit translates these directly, with fewer and more exact IR ops than their decompositions
-    for op in (torch.ops.aten.clamp_min, torch.ops.aten.clamp_max):
+    # tjit translates these directly: with fewer and more exact IR ops than their
+    # decompositions, and with eager's dtype checks, which the decompositions skip (silu of
+    # an int tensor must raise as eager does, not return a value)
+    for op in KEPT_WHOLE:
         for overload in op.overloads():
             table.pop(getattr(op, overload), None)
     return table
+
+
+aten = torch.ops.aten
+KEPT_WHOLE = (aten.clamp_min, aten.clamp_max, aten.silu, aten.softplus, aten.mish, aten.hardsigmoid, aten.hardswish,
+              aten.frac, aten.celu, aten.selu, aten.lerp, aten.addcmul, aten.addcdiv)
 
 
 def fake_trace(fn: Callable, tensors: list) -> torch.fx.GraphModule:

@@ -17,7 +17,7 @@ import torch
 
 from ..ir import AxisStrategy, Const, DType, Elementwise, GraphNode, Input, View, ViewOp, toposort
 from .elementwise import literal, render, tl_dtype
-from .fusion import BufferTarget, KernelGroup, OutputTarget, buffer_of, expression_leaves, is_kernel_input
+from .fusion import BufferTarget, InputTarget, KernelGroup, OutputTarget, buffer_of, expression_leaves, is_kernel_input
 from .schedule import IterationSpace, LoopDim, schedule
 
 INT32_LIMIT = 2**31 - 1
@@ -85,7 +85,9 @@ class _Emitter:
         self.buffers: dict[tuple, BufferRef] = {}
         self.leaf_access: dict[int, int] = {}
         self._collect(output_strides)
-        self.space = schedule(self.shape, [a.view.strides for a in self.accesses], forced, self.store_access[0])
+        self.widest = max(n.dtype.itemsize for s in group.stores for n in toposort([s.value], stop=is_kernel_input))
+        self.space = schedule(self.shape, [a.view.strides for a in self.accesses], forced, self.store_access[0],
+                              self.widest)
         self.lines: list[str] = []
         self.params: list[str] = [b.param for b in self.buffers.values()]
         self.scalar_args: list[int] = []
@@ -148,7 +150,7 @@ class _Emitter:
                          -(-math.prod(self.space.sizes[a] for a in d.axes) // d.width)
                          for d in self.space.loop_dims if d.kind == "group")
         return KernelPlan(name, source, list(self.buffers.values()), self.scalar_args, constexprs, (grid,),
-                          self.shape, self.space, self.accesses, self.params, num_warps(self.space))
+                          self.shape, self.space, self.accesses, self.params, num_warps(self.space, self.widest))
 
     def _scalar(self, name: str, value: int) -> str:
         self.params.append(name)
@@ -222,37 +224,47 @@ class _Emitter:
         return f"{access.buffer.param} + " + (" + ".join(terms) if terms else "0")
 
     def _values(self) -> list[str]:
+        """Compute each store's value and store it as soon as it is ready, so outputs do not
+        all stay live in registers to the end. Writes into inputs come last: every load of
+        an input in this kernel must see its old contents."""
         lines, names = [], {}
-        roots = [s.value for s in self.group.stores]
-        for node in toposort(roots, stop=is_kernel_input):
+        pending = list(zip(self.group.stores, self.store_access))
+        for node in toposort([s.value for s in self.group.stores], stop=is_kernel_input):
             var = f"v{len(names)}"
             names[id(node)] = var
-            if id(node) in self.leaf_access:
-                n = self.leaf_access[id(node)]
-                # a load that no index reaches (a broadcast scalar) is one unmasked scalar load
-                masked = ", mask=mask" if any(self.space.strides[n]) else ""
-                lines.append(f"{var} = tl.load({self._address(n)}{masked})")
-            elif isinstance(node.op, Const) or (isinstance(node.op, ViewOp) and isinstance(node.src[0].op, Const)):
-                const = node if isinstance(node.op, Const) else node.src[0]
-                lines.append(f"{var} = {literal(const.op.value, const.dtype)}")
-            elif isinstance(node.op, Elementwise):
-                lines.append(f"{var} = {render(node, [names[id(s)] for s in node.src])}")
-            else:
-                raise NotImplementedError(f"cannot fuse {node.op} into a pointwise kernel")
-        for store, n in zip(self.group.stores, self.store_access):
-            value = names[id(store.value)]
-            dtype = self.accesses[n].buffer.dtype
-            if store.value.dtype != dtype:
-                value = f"{value}.to({tl_dtype(dtype)})"
-            lines.append(f"tl.store({self._address(n)}, {value}, mask=mask)")
-        return lines
+            lines.append(f"{var} = {self._value(node, names)}")
+            ready = [(s, n) for s, n in pending if s.value is node and not isinstance(s.target, InputTarget)]
+            lines += [self._store(s, n, names) for s, n in ready]
+            pending = [p for p in pending if p not in ready]
+        return lines + [self._store(s, n, names) for s, n in pending]
+
+    def _value(self, node: GraphNode, names: dict[int, str]) -> str:
+        if id(node) in self.leaf_access:
+            n = self.leaf_access[id(node)]
+            # a load that no index reaches (a broadcast scalar) is one unmasked scalar load
+            masked = ", mask=mask" if any(self.space.strides[n]) else ""
+            return f"tl.load({self._address(n)}{masked})"
+        if isinstance(node.op, Const) or (isinstance(node.op, ViewOp) and isinstance(node.src[0].op, Const)):
+            const = node if isinstance(node.op, Const) else node.src[0]
+            return literal(const.op.value, const.dtype)
+        if isinstance(node.op, Elementwise):
+            return render(node, [names[id(s)] for s in node.src])
+        raise NotImplementedError(f"cannot fuse {node.op} into a pointwise kernel")
+
+    def _store(self, store, n: int, names: dict[int, str]) -> str:
+        value = names[id(store.value)]
+        dtype = self.accesses[n].buffer.dtype
+        if store.value.dtype != dtype:
+            value = f"{value}.to({tl_dtype(dtype)})"
+        return f"tl.store({self._address(n)}, {value}, mask=mask)"
 
 
-def num_warps(space: IterationSpace) -> int:
-    """4 elements per thread at most: long fused chains of fp32 math then fit in registers
-    (8 per thread spills on sm_90), and each access is still one 128-bit load."""
+def num_warps(space: IterationSpace, widest_itemsize: int) -> int:
+    """One 128-bit vector of the widest type per thread and access (4 fp32, 2 fp64): long
+    fused chains then fit in registers (8 fp32 per thread spilled on sm_90)."""
+    per_thread = max(1, min(4, 16 // widest_itemsize))
     block = math.prod(d.width for d in space.loop_dims)
-    return max(1, min(8, block // 128))
+    return max(1, min(8, block // (32 * per_thread)))
 
 
 EXACT_COUNT_LIMIT = 1 << 24

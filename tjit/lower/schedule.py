@@ -15,6 +15,7 @@ from ..errors import TjitError
 from ..ir import Auto, AxisStrategy, Sequential, Thread, ThreadGroup
 
 AUTO_BLOCK = 1024  # lanes of an Auto pointwise program: 4 per thread at 8 warps, one 128-bit load
+AUTO_BLOCK_64BIT = 512  # with 64-bit values: 2 per thread, still one 128-bit load, half the registers
 TILE = 32  # the side of an Auto 2-d tile (a transposed access)
 MAX_BLOCK_NUMEL = 1 << 20  # Triton's limit on the elements of one block
 
@@ -66,8 +67,10 @@ def memory_order(strides: Sequence[int]) -> list[int]:
 
 
 def schedule(shape: Sequence[int], access_strides: Sequence[Sequence[int]],
-             forced: Optional[Sequence[AxisStrategy]] = None, primary: int = -1) -> IterationSpace:
-    """`primary` is the access whose memory order Auto follows (the first store)."""
+             forced: Optional[Sequence[AxisStrategy]] = None, primary: int = -1,
+             widest_itemsize: int = 4) -> IterationSpace:
+    """`primary` is the access whose memory order Auto follows (the first store);
+    `widest_itemsize` the widest element the kernel computes with (sizes Auto's block)."""
     if forced is not None and len(forced) != len(shape):
         raise TjitError(f"axis strategies {list(forced)} do not match the kernel's {len(shape)}-d shape {list(shape)}")
     if forced is None or all(isinstance(s, Auto) for s in forced):
@@ -75,7 +78,8 @@ def schedule(shape: Sequence[int], access_strides: Sequence[Sequence[int]],
         shape = [shape[d] for d in order]
         access_strides = [[st[d] for d in order] for st in access_strides]
         sizes, strides, _ = simplify(shape, access_strides, merge=True)
-        return IterationSpace(sizes, strides, auto_dims(sizes, strides))
+        block = AUTO_BLOCK_64BIT if widest_itemsize >= 8 else AUTO_BLOCK
+        return IterationSpace(sizes, strides, auto_dims(sizes, strides, block))
     sizes, strides, origin = simplify(shape, access_strides, merge=False)
     dims = tuple(_forced_dim(k, forced[origin[k][0]], sizes[k]) for k in range(len(sizes)))
     block = math.prod(d.width for d in dims)
@@ -85,7 +89,7 @@ def schedule(shape: Sequence[int], access_strides: Sequence[Sequence[int]],
     return IterationSpace(sizes, strides, dims)
 
 
-def auto_dims(sizes: Sequence[int], strides: Sequence[Sequence[int]]) -> tuple[LoopDim, ...]:
+def auto_dims(sizes: Sequence[int], strides: Sequence[Sequence[int]], block: int = AUTO_BLOCK) -> tuple[LoopDim, ...]:
     """One flat group of AUTO_BLOCK lanes, unless an access is contiguous along another axis
     than the output: then a TILE x TILE tile over those two axes, so both sides load and
     store whole contiguous runs (Triton moves the tile through shared memory)."""
@@ -94,7 +98,7 @@ def auto_dims(sizes: Sequence[int], strides: Sequence[Sequence[int]]) -> tuple[L
     inner = len(sizes) - 1
     crossing = _crossing_axis(sizes, strides, inner)
     if crossing is None:
-        return (LoopDim(tuple(range(len(sizes))), "group", AUTO_BLOCK,
+        return (LoopDim(tuple(range(len(sizes))), "group", block,
                         reason="Auto: pointwise, all axes flattened over programs"),)
     rest = tuple(a for a in range(len(sizes)) if a not in (crossing, inner))
     dims = [LoopDim(rest, "group", 1, reason="Auto: outer axes, one index per program")] if rest else []

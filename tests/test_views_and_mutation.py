@@ -67,6 +67,14 @@ def test_reshape_that_cannot_stay_a_view_materialises():
     check_against_eager(f, torch.randn(7, 5).t())
 
 
+def test_an_output_that_views_a_materialised_value_is_written_once():
+    def f(x):
+        return x.reshape(-1), (x + 1).reshape(5, 7)[1:]
+    x = torch.randn(5, 7).t()   # no single strided view of x has x's elements in row-major order
+    compiled = check_against_eager(f, x)
+    assert kernels_per_call(compiled, x) == 1
+
+
 def test_outputs_that_are_views_of_inputs_share_their_storage():
     def f(x):
         return x.t(), x[1:, ::2], x, x.view(-1)

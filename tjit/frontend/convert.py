@@ -42,6 +42,10 @@ class OutputSpec:
     stride: tuple = ()
     offset: int = 0  # storage offset relative to the aliased tensor's
     value: Any = None  # constant outputs
+    # computed outputs returned as a view of what the kernel writes (shape, stride, offset),
+    # when the value is a view of a materialised buffer: the kernel writes the buffer's
+    # dense layout straight into the output's memory instead of a second copy kernel
+    view: Optional[tuple] = None
 
 
 @dataclass
@@ -220,8 +224,8 @@ class Converter:
         if not isinstance(node.op, (Input, Const, Contiguous)):
             node = self.materialize(node)
         new = apply_view_desc(node.view, desc)
-        if new is None:  # an input whose layout cannot be reshaped as a view
-            node = self.materialize(self.b.node(Elementwise("cast"), node.dtype, (node,), View.contiguous(node.shape)))
+        if new is None:  # an input whose layout cannot be reshaped as a view: copy it dense
+            node = self.b.node(Contiguous(), node.dtype, (node,), View.contiguous(node.shape))
             new = apply_view_desc(node.view, desc)
         return node if new == node.view else self.b.node(ViewOp(), node.dtype, (node,), new)
 
@@ -305,7 +309,14 @@ class Converter:
                 specs.append(OutputSpec("output_alias", index=j, offset=val.storage_offset(), **layout))
             else:
                 name = f"out{k}"
-                outputs[name] = self.value(item)
+                value = self.value(item)
+                if _is_dense_view_of_buffer(value, val):
+                    base = value.src[0]
+                    outputs[name] = base.src[0]
+                    specs.append(OutputSpec("computed", name=name, shape=base.shape, stride=base.view.strides,
+                                            view=(layout["shape"], layout["stride"], value.view.offset)))
+                    continue
+                outputs[name] = value
                 if _covers_storage(val):  # later outputs in the same storage become views of it
                     computed_storage[key] = k
                 specs.append(OutputSpec("computed", name=name, **layout))
@@ -338,6 +349,13 @@ def count_eager_kernels(gm: fx.GraphModule) -> int:
             storage_key(val) == storage_key(src) and not inplace
         count += not is_view
     return count
+
+
+def _is_dense_view_of_buffer(value: GraphNode, val: torch.Tensor) -> bool:
+    """A view of a Contiguous buffer with eager's strides for this output (so the buffer's
+    memory, viewed, is exactly the tensor eager returns)."""
+    return (isinstance(value.op, ViewOp) and isinstance(value.src[0].op, Contiguous) and val.numel() > 0
+            and value.view.strides == tuple(val.stride()))
 
 
 def _covers_storage(val: torch.Tensor) -> bool:

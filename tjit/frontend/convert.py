@@ -61,18 +61,6 @@ def storage_key(t: torch.Tensor):
     return StorageWeakRef(t.untyped_storage()).cdata
 
 
-def where_called(node: fx.Node) -> str:
-    """The user's source line that produced an FX node (the innermost frame outside
-    torch and tjit in the stack the tracer recorded)."""
-    lines = (node.meta.get("stack_trace") or "").strip().splitlines()
-    for k in range(len(lines) - 1, -1, -1):
-        line = lines[k].strip()
-        if line.startswith("File ") and "/torch/" not in line and "/tjit/" not in line:
-            code = lines[k + 1].strip() if k + 1 < len(lines) else ""
-            return f"{line[5:]}: {code}"
-    return ""
-
-
 class Converter:
     def __init__(self, gm: fx.GraphModule, input_names: list[str]):
         from .aten_ops import HANDLERS  # the op table imports Converter's helpers
@@ -136,8 +124,8 @@ class Converter:
         try:
             return handler(self, node, *args, **kwargs)
         except UnsupportedOpError as e:
-            if not e.where:
-                raise UnsupportedOpError(e.op, e.reason, where_called(node), node.target) from None
+            if e.target is None:  # tag the aten op, so trace() can find the user's line
+                raise UnsupportedOpError(e.op, e.reason, e.where, node.target) from None
             raise
 
     def handler_for(self, node: fx.Node):
@@ -152,7 +140,7 @@ class Converter:
             def in_place(cv, node, *args, **kwargs):
                 return cv.assign(node.args[0], self.handlers[functional](cv, node, *args, **kwargs))
             return in_place
-        raise UnsupportedOpError(str(node.target), "no IR translation for this op", where_called(node), node.target)
+        raise UnsupportedOpError(str(node.target), "no IR translation for this op", target=node.target)
 
     # -- values ----------------------------------------------------------------------
     def meta(self, node: fx.Node) -> torch.Tensor:

@@ -63,7 +63,6 @@ class Cumulative:
 
 
 GraphOp = Union[Input, Const, ViewOp, Contiguous, Elementwise, Reduce, Cumulative]
-COMPUTING_OPS = (Contiguous, Elementwise, Reduce, Cumulative)
 
 
 @dataclass(frozen=True, eq=False)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 from typing import Callable
 
 import torch
@@ -759,3 +760,12 @@ def _squeeze(cv, node, x, dims=None):
 @register(aten.flip)
 def _flip(cv, node, x, dims):
     return cv.view(x, ("flip", tuple(dims)))
+
+
+# -- multi-output ops --------------------------------------------------------------------------
+@register(operator.getitem)
+def _getitem(cv, node, values, index):
+    return values[index]
+
+
+from . import reduce_ops  # noqa: E402,F401  (registers the reduction handlers)

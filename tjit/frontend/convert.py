@@ -21,7 +21,7 @@ import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..errors import UnsupportedOpError
-from ..ir import (Const, Contiguous, DType, Elementwise, GraphBuilder, GraphNode, Input, Mutation, View,
+from ..ir import (Const, Contiguous, DType, Elementwise, GraphBuilder, GraphNode, Input, Mutation, Reduce, View,
                   ViewOp, Graph)
 
 ViewFn = tuple  # ("permute", dims) etc.: a hashable description of a movement op
@@ -184,6 +184,17 @@ class Converter:
             return self.const(node.op.value, dtype)
         return self.elementwise("cast", [node], dtype)
 
+    def reduce(self, op: str, value: GraphNode, axes, dtype: Optional[DType] = None) -> GraphNode:
+        """`op` over `axes` of value, keeping them as size-1 axes. Reducing only size-1 axes
+        is the identity (argmax: index 0), so a Reduce node never has the shape of its input."""
+        rank = len(value.shape)
+        axes = tuple(sorted({a % rank for a in axes})) if rank else ()
+        dtype = dtype or value.dtype
+        if all(value.shape[a] == 1 for a in axes):
+            return self.const(0, dtype) if op in ("argmax", "argmin") else self.cast(value, dtype)
+        shape = tuple(1 if d in axes else s for d, s in enumerate(value.shape))
+        return self.b.node(Reduce(op, axes), dtype, (value,), View.contiguous(shape))
+
     def materialize(self, node: GraphNode) -> GraphNode:
         if isinstance(node.op, (Contiguous, Input, Const)):
             return node
@@ -207,9 +218,11 @@ class Converter:
         if isinstance(node.op, ViewOp):
             new = apply_view_desc(node.view, desc)
             if new is not None:
-                return self.b.node(ViewOp(), node.dtype, node.src, new)
+                base = node.src[0]
+                return base if new == base.view and isinstance(base.op, Reduce) else \
+                    self.b.node(ViewOp(), node.dtype, node.src, new)
             node = self.materialize(node)
-        if not isinstance(node.op, (Input, Const, Contiguous)):
+        if not isinstance(node.op, (Input, Const, Contiguous, Reduce)):
             node = self.materialize(node)
         new = apply_view_desc(node.view, desc)
         if new is None:  # an input whose layout cannot be reshaped as a view: copy it dense
@@ -218,7 +231,7 @@ class Converter:
         return node if new == node.view else self.b.node(ViewOp(), node.dtype, (node,), new)
 
     def _try_view(self, node: GraphNode, desc: ViewFn) -> Optional[GraphNode]:
-        if isinstance(node.op, (ViewOp, Input, Const, Contiguous)):
+        if isinstance(node.op, (ViewOp, Input, Const, Contiguous, Reduce)):
             return None if apply_view_desc(node.view, desc) is None else self.view(node, desc)
         return self.view(node, desc)
 

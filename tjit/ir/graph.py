@@ -50,6 +50,9 @@ class Elementwise:
 
 @dataclass(frozen=True)
 class Reduce:
+    """Reduces src over `axes`; the result keeps them as size-1 axes (keepdim), so it
+    broadcasts back over src's shape with a plain expand view. `op` is one of
+    REDUCE_OPS; max/min propagate NaN, argmax/argmin give int64 indices (first wins)."""
     op: str
     axes: tuple[int, ...]
     axis_strategies: Strategies = None
@@ -78,8 +81,11 @@ class GraphNode:
 
     @property
     def is_leaf(self) -> bool:
-        """Leaves are read from memory (or are literals) inside a kernel."""
-        return isinstance(self.op, (Input, Const, ViewOp))
+        """Leaves are read from memory (or are literals) inside a kernel. A view of a
+        reduction's result is not: the kernel that reduces may hold it in registers."""
+        if isinstance(self.op, ViewOp):
+            return not isinstance(self.src[0].op, (Reduce, Cumulative))
+        return isinstance(self.op, (Input, Const))
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,9 @@ TERNARY = frozenset({"where", "fma"})
 PREDICATES = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "isnan", "isinf", "signbit",
                         "logical_and", "logical_or", "logical_xor", "logical_not"})
 ELEMENTWISE_OPS = UNARY | BINARY | TERNARY
+# Reductions: max/min propagate NaN as torch does; argmax/argmin pick the first extreme
+# (NaN counts as the largest), as torch does.
+REDUCE_OPS = frozenset({"add", "mul", "max", "min", "argmax", "argmin"})
 
 
 def arity(op: str) -> int:

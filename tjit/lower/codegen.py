@@ -15,9 +15,11 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..ir import AxisStrategy, Const, DType, Elementwise, GraphNode, Input, View, ViewOp, toposort
-from .elementwise import literal, render, tl_dtype
+from ..ir import AxisStrategy, Const, DType, Elementwise, GraphNode, Input, Reduce, View, ViewOp, toposort
+from .domains import is_reduce_ref
+from .elementwise import _cast, from_f32, literal, render, tl_dtype
 from .fusion import BufferTarget, InputTarget, KernelGroup, OutputTarget, buffer_of, expression_leaves, is_kernel_input
+from .reduction import LoopContext, accumulator_for, block_reduce, identity, work_dtype
 from .schedule import IterationSpace, LoopDim, schedule
 
 INT32_LIMIT = 2**31 - 1
@@ -57,6 +59,7 @@ class KernelPlan:
     accesses: list[Access]
     param_names: list[str] = field(default_factory=list)
     num_warps: int = 4
+    load_passes: dict[int, int] = field(default_factory=dict)  # access -> times a looped kernel reads it
 
     @property
     def numel(self) -> int:
@@ -66,7 +69,8 @@ class KernelPlan:
     def bytes_read(self) -> int:
         """Bytes of distinct elements loaded: an element read through two views (x and
         x.flip(0)) or broadcast over many lanes counts once, as it comes from cache."""
-        return _distinct_bytes([a for a in self.accesses if not a.store])
+        loads = [(a, self.load_passes.get(n, 1)) for n, a in enumerate(self.accesses) if not a.store]
+        return _distinct_bytes([a for a, _ in loads], [p for _, p in loads])
 
     @functools.cached_property
     def bytes_written(self) -> int:
@@ -80,18 +84,36 @@ def plan_kernel(group: KernelGroup, output_strides: dict[str, tuple[int, ...]],
 
 class _Emitter:
     def __init__(self, group: KernelGroup, output_strides, forced):
-        self.group, self.shape = group, group.shape
+        self.group, self.shape, self.domain = group, group.shape, group.domain
         self.accesses: list[Access] = []
         self.buffers: dict[tuple, BufferRef] = {}
         self.leaf_access: dict[int, int] = {}
         self._collect(output_strides)
         self.widest = max(n.dtype.itemsize for s in group.stores for n in toposort([s.value], stop=is_kernel_input))
-        self.space = schedule(self.shape, [a.view.strides for a in self.accesses], forced, self.store_access[0],
-                              self.widest)
+        strides = [a.view.strides for a in self.accesses]
+        self.space = schedule(self.shape, strides, forced, self.store_access[0], self.widest, self.domain.axes,
+                              self._reduction_input(strides))
+        self.red_dims = [k for k, d in enumerate(self.space.loop_dims) if d.reduce]
+        self.red_axes = [a for k in self.red_dims for a in self.space.loop_dims[k].axes]
         self.lines: list[str] = []
         self.params: list[str] = [b.param for b in self.buffers.values()]
         self.scalar_args: list[int] = []
         self.int64 = self._needs_int64()
+        self.load_passes: dict[int, int] = {}
+        self._counter = 0
+        self._varies: dict[int, bool] = {}
+        self._addresses: dict[int, str] = {}
+
+    def _reduction_input(self, strides) -> int:
+        """The access whose memory order orders the reduced axes: the first that walks them."""
+        for n, st in enumerate(strides):
+            if not self.accesses[n].store and any(st[a] for a in self.domain.axes):
+                return n
+        return 0
+
+    def _fresh(self) -> str:
+        self._counter += 1
+        return f"r{self._counter}"
 
     # -- what the kernel touches --------------------------------------------------------
     def _buffer(self, kind: str, name: str, dtype: DType, node=None) -> BufferRef:
@@ -115,20 +137,20 @@ class _Emitter:
                     continue
                 view = leaf.view if isinstance(leaf.op, ViewOp) or isinstance(leaf.op, Input) else View.contiguous(leaf.shape)
                 self.leaf_access[id(leaf)] = len(self.accesses)
-                self.accesses.append(Access(self._buffer_for_node(base), view, False))
+                self.accesses.append(Access(self._buffer_for_node(base), self.domain.to_domain(view), False))
         self.store_access = []
         for store in self.group.stores:
             t = store.target
             if isinstance(t, OutputTarget):
                 ref = self._buffer("output", t.name, store.value.dtype)
-                view = View(self.shape, output_strides[t.name])
+                view = View(store.shape, output_strides[t.name])
             elif isinstance(t, BufferTarget):
-                ref, view = self._buffer_for_node(t.node), View.contiguous(self.shape)
+                ref, view = self._buffer_for_node(t.node), View.contiguous(store.shape)
             else:
                 m = t.mutation
                 ref, view = self._buffer("input", m.name, m.value.dtype), m.view
             self.store_access.append(len(self.accesses))
-            self.accesses.append(Access(ref, view, True))
+            self.accesses.append(Access(ref, self.domain.to_domain(view), True))
 
     def _needs_int64(self) -> bool:
         for a in self.accesses:
@@ -144,13 +166,14 @@ class _Emitter:
         params = self.params + [f"{name}: tl.constexpr" for name in constexprs]
         source = "\n".join(["@triton.jit", f"def KERNEL({', '.join(params)}):"] + ["    " + ln for ln in body])
         digest = hashlib.sha1(source.encode()).hexdigest()[:12]
-        name = f"tjit_pointwise_{digest}"
+        name = f"tjit_{'reduce' if self.red_dims else 'pointwise'}_{digest}"
         source = source.replace("def KERNEL(", f"def {name}(", 1)
         grid = math.prod(-(-self.space.sizes[d.axes[0]] // d.width) if len(d.axes) == 1 else
                          -(-math.prod(self.space.sizes[a] for a in d.axes) // d.width)
                          for d in self.space.loop_dims if d.kind == "group")
         return KernelPlan(name, source, list(self.buffers.values()), self.scalar_args, constexprs, (grid,),
-                          self.shape, self.space, self.accesses, self.params, num_warps(self.space, self.widest))
+                          self.shape, self.space, self.accesses, self.params, num_warps(self.space, self.widest),
+                          self.load_passes)
 
     def _scalar(self, name: str, value: int) -> str:
         self.params.append(name)
@@ -161,6 +184,8 @@ class _Emitter:
         sizes = [self._scalar(f"size{k}", s) for k, s in enumerate(self.space.sizes)]
         lines = ["pid = tl.program_id(0)" + (".to(tl.int64)" if self.int64 else "")]
         lines += self._grid_decomposition(sizes)
+        if self.red_dims:
+            return lines + self._reduction_body(sizes)
         loops, indent = [], ""
         for k, d in enumerate(self.space.loop_dims):
             if d.kind == "loop":
@@ -188,30 +213,181 @@ class _Emitter:
         return lines
 
     def _indices(self, sizes) -> list[str]:
-        dims = self.space.loop_dims
         lines, masks = [], []
-        for k, d in enumerate(dims):
-            shape = ", ".join(":" if j == k else "None" for j in range(len(dims)))
-            base = {"group": f"tile{k} * BLOCK_{k} + ", "loop": f"step{k} * BLOCK_{k} + ", "thread": ""}[d.kind]
-            arange = f"tl.arange(0, BLOCK_{k})" + (".to(tl.int64)" if self.int64 else "")
-            lines.append(f"lin{k} = {base}{arange}")
-            if d.simd:  # groups of `simd` lanes start at multiples of simd: the width is a multiple of it
-                lines.append(f"lin{k} = tl.max_contiguous(tl.multiple_of(lin{k}, {d.simd}), {d.simd})")
-            if len(dims) > 1:
-                lines.append(f"lin{k} = lin{k}[{shape}]")
-            masks.append(f"(lin{k} < {self._extent(d, sizes)})")
-            rest = f"lin{k}"
-            for j, a in enumerate(reversed(d.axes)):
-                if j == len(d.axes) - 1:
-                    lines.append(f"i{a} = {rest}")
-                else:
-                    lines.append(f"i{a} = {rest} % {sizes[a]}")
-                    lines.append(f"rest{k} = {rest} // {sizes[a]}")
-                    rest = f"rest{k}"
+        for k in range(len(self.space.loop_dims)):
+            masks.append(self._dim_indices(k, sizes, lines))
         lines.append("mask = " + (" & ".join(masks) if masks else "True"))
         return lines
 
+    def _dim_indices(self, k: int, sizes, lines: list[str]) -> str:
+        """Index lines of loop dim k (its lanes, then each axis it covers); returns its mask."""
+        dims = self.space.loop_dims
+        d = dims[k]
+        shape = ", ".join(":" if j == k else "None" for j in range(len(dims)))
+        base = {"group": f"tile{k} * BLOCK_{k} + ", "loop": f"step{k} * BLOCK_{k} + ", "thread": ""}[d.kind]
+        arange = f"tl.arange(0, BLOCK_{k})" + (".to(tl.int64)" if self.int64 else "")
+        lines.append(f"lin{k} = {base}{arange}")
+        if d.simd:  # groups of `simd` lanes start at multiples of simd: the width is a multiple of it
+            lines.append(f"lin{k} = tl.max_contiguous(tl.multiple_of(lin{k}, {d.simd}), {d.simd})")
+        if len(dims) > 1:
+            lines.append(f"lin{k} = lin{k}[{shape}]")
+        rest = f"lin{k}"
+        for j, a in enumerate(reversed(d.axes)):
+            if j == len(d.axes) - 1:
+                lines.append(f"i{a} = {rest}")
+            else:
+                lines.append(f"i{a} = {rest} % {sizes[a]}")
+                lines.append(f"rest{k} = {rest} // {sizes[a]}")
+                rest = f"rest{k}"
+        return f"(lin{k} < {self._extent(d, sizes)})"
+
+    # -- reduction kernels -----------------------------------------------------------------
+    def _reduction_body(self, sizes) -> list[str]:
+        """Rows (the kept axes) first, masked by row_mask; the reduced axes either in the
+        block (persistent: straight-line code) or walked by loops, one pass per level of
+        reductions that read other reductions, and a last pass for the full-shape stores."""
+        dims = self.space.loop_dims
+        lines, row_masks = [], []
+        for k in range(len(dims)):
+            if k not in self.red_dims:
+                row_masks.append(self._dim_indices(k, sizes, lines))
+        lines.append("row_mask = " + (" & ".join(row_masks) if row_masks else "True"))
+        inner, red_masks = [], []
+        for k in self.red_dims:
+            red_masks.append(self._dim_indices(k, sizes, inner))
+        inner.append("mask = row_mask & " + " & ".join(red_masks))
+        if all(dims[k].kind == "thread" for k in self.red_dims):
+            return lines + inner + self._values()
+        return lines + self._looped_values(inner, sizes)
+
+    def _row_shape(self) -> str:
+        return "[" + ", ".join("1" if d.reduce else f"BLOCK_{k}" for k, d in enumerate(self.space.loop_dims)) + "]"
+
+    def _loop(self, body: list[str], sizes) -> list[str]:
+        header, indent = [], ""
+        for k in self.red_dims:
+            d = self.space.loop_dims[k]
+            if d.kind == "loop":
+                header.append(f"{indent}for step{k} in range(0, tl.cdiv({self._extent(d, sizes)}, BLOCK_{k})):")
+                indent += "    "
+        return header + [indent + ln for ln in body]
+
+    def _varies_along_reduction(self, node: GraphNode) -> bool:
+        if id(node) not in self._varies:
+            if id(node) in self.leaf_access:
+                found = any(self.space.strides[self.leaf_access[id(node)]][a] for a in self.red_axes)
+            elif isinstance(node.op, Elementwise):
+                found = any(self._varies_along_reduction(s) for s in node.src)
+            else:  # literals, reductions and their broadcasts
+                found = False
+            self._varies[id(node)] = found
+        return self._varies[id(node)]
+
+    def _reduces_read(self, node: GraphNode) -> list[GraphNode]:
+        stop = lambda n: is_kernel_input(n) or isinstance(n.op, Reduce)  # noqa: E731
+        return [n for n in toposort([node], stop=stop) if isinstance(n.op, Reduce)]
+
+    def _looped_values(self, inner: list[str], sizes) -> list[str]:
+        stores = list(zip(self.group.stores, self.store_access))
+        reduces = [n for n in toposort([s.value for s in self.group.stores], stop=is_kernel_input)
+                   if isinstance(n.op, Reduce)]
+        red_loop = [k for k in self.red_dims if self.space.loop_dims[k].kind == "loop"]
+        start = f"step{red_loop[0]} * BLOCK_{red_loop[0]}" if len(self.red_dims) == 1 and red_loop else "0"
+        ctx = LoopContext(self._row_shape(), list(self.red_dims), "mask", self._fresh, start)
+        is_row_value = lambda n: not self._varies_along_reduction(n) and bool(self._reduces_read(n))  # noqa: E731
+        accs = {id(r): accumulator_for(r, ctx, is_row_value) for r in reduces}
+        depth: dict[int, int] = {}
+
+        def level(r: GraphNode) -> int:
+            if id(r) not in depth:
+                acc = accs[id(r)]
+                reads = max((level(x) for n in acc.inputs for x in self._reduces_read(n)), default=0)
+                after = max((level(x) for n in acc.after for x in self._reduces_read(n)), default=0)
+                depth[id(r)] = max(reads + 1, after)
+            return depth[id(r)]
+
+        lines: list[str] = []
+        row: dict[int, str] = {}
+        for p in sorted({level(r) for r in reduces}):
+            these = [r for r in reduces if depth[id(r)] == p]
+            body, full = [], {}
+            for r in these:
+                acc = accs[id(r)]
+                lines += acc.init()
+                values = [_cast(self._full(n, body, full, lines, row), n.dtype, acc.dtype) for n in acc.inputs]
+                body += acc.update(values)
+            lines += self._loop(inner + body, sizes)
+            for r in these:
+                fin, var = accs[id(r)].finalize([self._row(n, lines, row) for n in accs[id(r)].after])
+                lines += fin
+                row[id(r)] = self._reduce_result(r, var, lines)
+        full_stores = [(s, n) for s, n in stores if not self._is_row_access(n)]
+        full_stores.sort(key=lambda p: isinstance(p[0].target, InputTarget))  # input writes last
+        if full_stores:
+            body, full = [], {}
+            for s, n in full_stores:
+                body.append(self._store_var(s, n, self._full(s.value, body, full, lines, row)))
+            lines += self._loop(inner + body, sizes)
+        for s, n in stores:
+            if self._is_row_access(n):
+                lines.append(self._store_var(s, n, self._row(s.value, lines, row)))
+        return lines
+
+    def _full(self, node, body, names, pre, row) -> str:
+        """A value inside the loop body (row values are computed before the loop, in `pre`)."""
+        if not self._varies_along_reduction(node):
+            return self._row(node, pre, row)
+        if id(node) not in names:
+            args = [self._full(s, body, names, pre, row) for s in node.src] if isinstance(node.op, Elementwise) else []
+            if id(node) in self.leaf_access:
+                n = self.leaf_access[id(node)]
+                self.load_passes[n] = self.load_passes.get(n, 0) + 1
+            var = self._fresh()
+            body.append(f"{var} = {self._expr(node, args)}")
+            names[id(node)] = var
+        return names[id(node)]
+
+    def _row(self, node, lines, row) -> str:
+        """A value that does not vary along the reduced axes, computed once per row."""
+        if is_reduce_ref(node):
+            node = node.src[0]
+        if id(node) not in row:
+            assert not isinstance(node.op, Reduce), "a reduction is read before the pass that computes it"
+            args = [self._row(s, lines, row) for s in node.src] if isinstance(node.op, Elementwise) else []
+            var = self._fresh()
+            lines.append(f"{var} = {self._expr(node, args)}")
+            row[id(node)] = var
+        return row[id(node)]
+
+    def _expr(self, node: GraphNode, args: list[str]) -> str:
+        """A leaf's load or literal, or an elementwise op over argument variables."""
+        if isinstance(node.op, Elementwise):
+            return render(node, args)
+        return self._value(node, {})
+
+    def _reduce_result(self, node: GraphNode, var: str, lines: list[str]) -> str:
+        """The accumulator's value in the node's type (bools and 16-bit floats were widened)."""
+        work = work_dtype(node.dtype) if not node.op.op.startswith("arg") else node.dtype
+        if work == node.dtype:
+            return var
+        out = self._fresh()
+        lines.append(f"{out} = {_cast(var, work, node.dtype)}")
+        return out
+
+    def _is_row_access(self, n: int) -> bool:
+        return bool(self.red_axes) and not any(self.space.strides[n][a] for a in self.red_axes)
+
+    def _mask_for(self, n: int) -> str:
+        return "row_mask" if self._is_row_access(n) else "mask"
+
     def _address(self, n: int) -> str:
+        """The pointer expression of access n (its offset and stride arguments are made once,
+        however often a looped kernel reads it)."""
+        if n not in self._addresses:
+            self._addresses[n] = self._new_address(n)
+        return self._addresses[n]
+
+    def _new_address(self, n: int) -> str:
         access = self.accesses[n]
         terms = []
         if access.view.offset:
@@ -230,19 +406,32 @@ class _Emitter:
         lines, names = [], {}
         pending = list(zip(self.group.stores, self.store_access))
         for node in toposort([s.value for s in self.group.stores], stop=is_kernel_input):
-            var = f"v{len(names)}"
-            names[id(node)] = var
-            lines.append(f"{var} = {self._value(node, names)}")
+            if is_reduce_ref(node):  # the reduced value broadcasts over the block by itself
+                names[id(node)] = names[id(node.src[0])]
+            elif isinstance(node.op, Reduce):
+                names[id(node)] = self._block_reduce(node, names[id(node.src[0])], lines)
+            else:
+                var = f"v{len(names)}"
+                names[id(node)] = var
+                lines.append(f"{var} = {self._value(node, names)}")
             ready = [(s, n) for s, n in pending if s.value is node and not isinstance(s.target, InputTarget)]
             lines += [self._store(s, n, names) for s, n in ready]
             pending = [p for p in pending if p not in ready]
         return lines + [self._store(s, n, names) for s, n in pending]
 
+    def _block_reduce(self, node: GraphNode, src: str, lines: list[str]) -> str:
+        """A reduction over the whole reduced extent, held in the block (persistent)."""
+        op = node.op.op
+        work = work_dtype(node.src[0].dtype)
+        masked = self._fresh()
+        lines.append(f"{masked} = tl.where(mask, {_cast(src, node.src[0].dtype, work)}, {identity(op, work)})")
+        return self._reduce_result(node, block_reduce(op, masked, work, self.red_dims, self._fresh, lines), lines)
+
     def _value(self, node: GraphNode, names: dict[int, str]) -> str:
         if id(node) in self.leaf_access:
             n = self.leaf_access[id(node)]
             # a load that no index reaches (a broadcast scalar) is one unmasked scalar load
-            masked = ", mask=mask" if any(self.space.strides[n]) else ""
+            masked = f", mask={self._mask_for(n)}" if any(self.space.strides[n]) else ""
             return f"tl.load({self._address(n)}{masked})"
         if isinstance(node.op, Const) or (isinstance(node.op, ViewOp) and isinstance(node.src[0].op, Const)):
             const = node if isinstance(node.op, Const) else node.src[0]
@@ -252,11 +441,16 @@ class _Emitter:
         raise NotImplementedError(f"cannot fuse {node.op} into a pointwise kernel")
 
     def _store(self, store, n: int, names: dict[int, str]) -> str:
-        value = names[id(store.value)]
+        return self._store_var(store, n, names[id(store.value)])
+
+    def _store_var(self, store, n: int, value: str) -> str:
         dtype = self.accesses[n].buffer.dtype
         if store.value.dtype != dtype:
             value = f"{value}.to({tl_dtype(dtype)})"
-        return f"tl.store({self._address(n)}, {value}, mask=mask)"
+        address = self._address(n)
+        if self.red_dims and not any(self.space.strides[n]):  # one value per program: a 1-element block
+            address += f" + tl.zeros({self._row_shape()}, tl.int32)"
+        return f"tl.store({address}, {value}, mask={self._mask_for(n)})"
 
 
 def num_warps(space: IterationSpace, widest_itemsize: int) -> int:
@@ -270,15 +464,18 @@ def num_warps(space: IterationSpace, widest_itemsize: int) -> int:
 EXACT_COUNT_LIMIT = 1 << 24
 
 
-def _distinct_bytes(accesses: list[Access]) -> int:
-    """Per buffer, the number of distinct addresses its accesses reach, times the item size.
-    Counted exactly (the addresses are enumerated) up to EXACT_COUNT_LIMIT elements."""
+def _distinct_bytes(accesses: list[Access], passes: Optional[list[int]] = None) -> int:
+    """Per buffer, the number of distinct addresses its accesses reach, times the item size
+    and the number of passes a looped kernel makes over it. Counted exactly (the addresses
+    are enumerated) up to EXACT_COUNT_LIMIT elements."""
     by_buffer: dict[int, list[Access]] = {}
-    for a in accesses:
+    repeats: dict[int, int] = {}
+    for k, a in enumerate(accesses):
         by_buffer.setdefault(id(a.buffer), []).append(a)
+        repeats[id(a.buffer)] = max(repeats.get(id(a.buffer), 1), passes[k] if passes else 1)
     total = 0
-    for group in by_buffer.values():
-        itemsize = group[0].buffer.dtype.itemsize
+    for key, group in by_buffer.items():
+        itemsize = group[0].buffer.dtype.itemsize * repeats[key]
         if sum(math.prod(a.view.shape) for a in group) > EXACT_COUNT_LIMIT:
             total += itemsize * max(_touched(a.view) for a in group)  # estimate: the largest access
             continue

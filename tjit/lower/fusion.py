@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Union
 
 from ..ir import Contiguous, Graph, GraphNode, Input, Mutation, ViewOp, toposort
+from .domains import Domain, is_kernel_input, materialize_foreign_reductions, store_domain
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ Target = Union[OutputTarget, BufferTarget, InputTarget]
 class Store:
     target: Target
     value: GraphNode
+    domain: Domain = None
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -44,15 +46,13 @@ class Store:
 
 @dataclass(eq=False)
 class KernelGroup:
-    shape: tuple[int, ...]
+    domain: Domain
     stores: list[Store] = field(default_factory=list)
     level: int = 0
 
-
-def is_kernel_input(node: GraphNode) -> bool:
-    """What a fused expression reads from memory or takes as a literal: leaves and
-    materialised buffers (Contiguous nodes are written by an earlier kernel)."""
-    return node.is_leaf or isinstance(node.op, Contiguous)
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.domain.shape
 
 
 def expression_leaves(value: GraphNode) -> list[GraphNode]:
@@ -76,13 +76,22 @@ def collect_stores(graph: Graph) -> list[Store]:
     return stores
 
 
+def stored_values(graph: Graph) -> list[GraphNode]:
+    return [s.value for s in collect_stores(graph)]
+
+
 def group_kernels(graph: Graph) -> list[KernelGroup]:
+    """Stores with the same domain and level share a kernel. Reductions whose results are
+    used outside their own domain are materialised first (see domains.py)."""
+    graph = materialize_foreign_reductions(graph, stored_values)
     stores = collect_stores(graph)
+    for store in stores:
+        store.domain = store_domain(store.value)[0]
     levels = _levels(stores)
     groups: dict[tuple, KernelGroup] = {}
     for store in stores:
-        key = (levels[id(store)], store.shape)
-        groups.setdefault(key, KernelGroup(store.shape, level=key[0])).stores.append(store)
+        key = (levels[id(store)], store.domain)
+        groups.setdefault(key, KernelGroup(store.domain, level=key[0])).stores.append(store)
     for group in groups.values():
         group.stores = without_overwritten_stores(group.stores)
     return sorted(groups.values(), key=lambda g: g.level)
@@ -148,7 +157,7 @@ def _write_after_read(store: Store, stores: list[Store], reads):
         for leaf, base in reads[id(other)]:
             if base is not None and isinstance(base.op, Input) and base.op.name == mutation.name \
                     and base.op.version < mutation.version:
-                yield other, not (other.shape == store.shape and leaf.view == mutation.view)
+                yield other, not (other.domain == store.domain and leaf.view == mutation.view)
         if isinstance(other.target, InputTarget) and other.target.mutation.name == mutation.name \
                 and other.target.mutation.version < mutation.version:
-            yield other, not (other.shape == store.shape and other.target.mutation.view == mutation.view)
+            yield other, not (other.domain == store.domain and other.target.mutation.view == mutation.view)

@@ -27,11 +27,13 @@ class LoopDim:
     width: int  # block width of this dim: lanes per program (group/loop) or next pow2 (thread)
     simd: Optional[int] = None
     reason: str = ""
+    reduce: bool = False  # the axes are reduced
 
     def describe(self) -> str:
         name = {"group": "ThreadGroup", "thread": "Thread", "loop": "Sequential"}[self.kind]
         simd = f", simd={self.simd}" if self.simd else ""
-        return f"axes {list(self.axes)} -> {name}(width={self.width}{simd}){': ' + self.reason if self.reason else ''}"
+        what = "reduced axes" if self.reduce else "axes"
+        return f"{what} {list(self.axes)} -> {name}(width={self.width}{simd}){': ' + self.reason if self.reason else ''}"
 
 
 @dataclass(frozen=True)
@@ -41,9 +43,11 @@ class IterationSpace:
     loop_dims: tuple[LoopDim, ...]
 
 
-def simplify(shape: Sequence[int], access_strides: Sequence[Sequence[int]], merge: bool):
-    """Drop size-1 axes and (when `merge`) merge axes every access walks contiguously.
-    Returns (sizes, strides per access, original axes of each kept axis)."""
+def simplify(shape: Sequence[int], access_strides: Sequence[Sequence[int]], merge: bool,
+             reduced: Sequence[int] = ()):
+    """Drop size-1 axes and (when `merge`) merge axes every access walks contiguously (a
+    reduced axis only with another reduced axis). Returns (sizes, strides per access,
+    original axes of each kept axis)."""
     keep = [d for d, s in enumerate(shape) if s != 1]
     sizes = [shape[d] for d in keep]
     strides = [[st[d] for d in keep] for st in access_strides]
@@ -51,7 +55,8 @@ def simplify(shape: Sequence[int], access_strides: Sequence[Sequence[int]], merg
     if merge:
         d = len(sizes) - 2
         while d >= 0:
-            if all(st[d] == st[d + 1] * sizes[d + 1] for st in strides):
+            same_kind = (origin[d][0] in reduced) == (origin[d + 1][0] in reduced)
+            if same_kind and all(st[d] == st[d + 1] * sizes[d + 1] for st in strides):
                 sizes[d:d + 2] = [sizes[d] * sizes[d + 1]]
                 for st in strides:
                     st[d:d + 2] = [st[d + 1]]
@@ -68,11 +73,16 @@ def memory_order(strides: Sequence[int]) -> list[int]:
 
 def schedule(shape: Sequence[int], access_strides: Sequence[Sequence[int]],
              forced: Optional[Sequence[AxisStrategy]] = None, primary: int = -1,
-             widest_itemsize: int = 4) -> IterationSpace:
+             widest_itemsize: int = 4, reduced: Sequence[int] = (), reduced_primary: int = -1) -> IterationSpace:
     """`primary` is the access whose memory order Auto follows (the first store);
-    `widest_itemsize` the widest element the kernel computes with (sizes Auto's block)."""
+    `widest_itemsize` the widest element the kernel computes with (sizes Auto's block).
+    `reduced` are the axes the kernel reduces (they come last, innermost, in the order the
+    access `reduced_primary`, the reduction's main input, walks memory)."""
     if forced is not None and len(forced) != len(shape):
         raise TjitError(f"axis strategies {list(forced)} do not match the kernel's {len(shape)}-d shape {list(shape)}")
+    if reduced:
+        return _schedule_reduction(shape, access_strides, forced, primary, widest_itemsize, reduced,
+                                   reduced_primary)
     if forced is None or all(isinstance(s, Auto) for s in forced):
         order = memory_order(access_strides[primary]) if access_strides else list(range(len(shape)))
         shape = [shape[d] for d in order]
@@ -127,3 +137,90 @@ def _forced_dim(axis: int, strategy: AxisStrategy, size: int) -> LoopDim:
         return LoopDim((axis,), "loop", simd or 1, simd, "forced")
     # ThreadGroup, and Auto next to forced axes: split across programs
     return LoopDim((axis,), "group", simd or 1, simd, "forced" if isinstance(strategy, ThreadGroup) else "Auto")
+
+
+# -- reduction kernels ------------------------------------------------------------------------
+PERSISTENT_LIMIT = 4096  # a reduced extent up to this is held whole in registers (4-byte values)
+REDUCTION_BLOCK = 2048  # elements of one program's block in a reduction kernel (4-byte values)
+LOOP_CHUNK = 1024  # elements per step of a looped reduction over a contiguous axis
+
+
+def _schedule_reduction(shape, access_strides, forced, primary, widest, reduced, reduced_primary):
+    kept = [d for d in range(len(shape)) if d not in reduced]
+    kept_order = sorted(kept, key=lambda d: -abs(access_strides[primary][d])) if access_strides else kept
+    red_order = sorted(reduced, key=lambda d: -abs(access_strides[reduced_primary][d]))
+    order = kept_order + red_order
+    if forced is not None and not all(isinstance(s, Auto) for s in forced):
+        order = kept + list(reduced)
+    shape = [shape[d] for d in order]
+    access_strides = [[st[d] for d in order] for st in access_strides]
+    is_reduced = [k for k, d in enumerate(order) if d in reduced]
+    if forced is not None and not all(isinstance(s, Auto) for s in forced):
+        forced = [forced[d] for d in order]
+        sizes, strides, origin = simplify(shape, access_strides, merge=False)
+        dims = tuple(_forced_reduction_dim(k, forced[origin[k][0]], sizes[k], origin[k][0] in is_reduced)
+                     for k in range(len(sizes)))
+        _check_block(dims, forced, shape)
+        return IterationSpace(sizes, strides, dims)
+    sizes, strides, origin = simplify(shape, access_strides, merge=True, reduced=is_reduced)
+    return IterationSpace(sizes, strides, _auto_reduction_dims(sizes, strides, origin, is_reduced, widest,
+                                                               reduced_primary))
+
+
+def _auto_reduction_dims(sizes, strides, origin, is_reduced, widest, reduced_primary) -> tuple[LoopDim, ...]:
+    """Rows over programs, the reduced axes in registers (persistent) when they fit, else
+    walked by a loop. When the reduction's input is contiguous along a kept axis (a column
+    reduction), a program takes many rows and few reduced elements per step."""
+    scale = 2 if widest >= 8 else 1
+    red = [k for k in range(len(sizes)) if origin[k][0] in is_reduced]
+    kept = [k for k in range(len(sizes)) if k not in red]
+    red_numel = math.prod(sizes[k] for k in red)
+    kept_numel = math.prod(sizes[k] for k in kept)
+    across_rows = any(strides[reduced_primary][k] in (1, -1) for k in kept)
+    persistent = math.prod(_pow2(sizes[k]) for k in red) <= PERSISTENT_LIMIT // scale
+    dims = []
+    if kept:
+        if across_rows:
+            rows = min(_pow2(kept_numel), 128 // scale)
+        elif persistent:
+            rows = max(1, min(_pow2(kept_numel), REDUCTION_BLOCK // scale // _pow2(red_numel)))
+        else:
+            rows = 1
+        dims.append(LoopDim(tuple(kept), "group", rows, reason="Auto: rows over programs"))
+    for n, k in enumerate(red):
+        if persistent:
+            dims.append(LoopDim((k,), "thread", _pow2(sizes[k]), reduce=True,
+                                reason="Auto: persistent reduction, the whole extent in registers"))
+        else:
+            inner = n == len(red) - 1
+            chunk = (REDUCTION_BLOCK // scale // dims[0].width if across_rows and kept else LOOP_CHUNK // scale)
+            width = min(_pow2(sizes[k]), chunk) if inner else 1
+            dims.append(LoopDim((k,), "loop", width, reduce=True,
+                                reason=f"Auto: looped reduction, {width} elements per step"))
+    return tuple(dims)
+
+
+def _forced_reduction_dim(axis: int, strategy: AxisStrategy, size: int, reduce: bool) -> LoopDim:
+    if isinstance(strategy, Sequential) and not reduce:
+        raise TjitError("Sequential on a kept axis of a reduction kernel is not supported; "
+                        "use ThreadGroup or Thread")
+    if isinstance(strategy, ThreadGroup) and reduce:
+        raise TjitError("ThreadGroup on a reduced axis (a split reduction) is not supported yet; "
+                        "use Thread or Sequential")
+    if isinstance(strategy, Auto) and reduce:
+        strategy = Thread() if _pow2(size) <= PERSISTENT_LIMIT else Sequential()
+    if isinstance(strategy, Sequential) and strategy.simd is None:
+        return LoopDim((axis,), "loop", min(_pow2(size), LOOP_CHUNK), None, "forced", reduce)
+    dim = _forced_dim(axis, strategy, size)
+    return LoopDim(dim.axes, dim.kind, dim.width, dim.simd, dim.reason, reduce)
+
+
+def _check_block(dims, forced, shape) -> None:
+    block = math.prod(d.width for d in dims)
+    if block > MAX_BLOCK_NUMEL:
+        raise TjitError(f"axis strategies {list(forced)} on shape {list(shape)} need a block of {block} elements; "
+                        f"Triton allows {MAX_BLOCK_NUMEL}")
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()

@@ -398,3 +398,9 @@ def float_max(a, b):
 def float_min(a, b):
     a, b = tl.broadcast(a, b)
     return tl.where((a < b) | (a != a), a, b)
+
+
+@triton.jit
+def mul_combine(a, b):
+    """The combine function of a product reduction (tl.reduce)."""
+    return a * b

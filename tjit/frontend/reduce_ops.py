@@ -1,0 +1,247 @@
+"""aten reductions and normalisations -> IR Reduce nodes (and the math around them).
+
+Each reduction is built keepdim (tjit.ir.Reduce keeps the reduced axes as size 1) and
+then viewed to torch's result shape, so the value broadcasts back over its input with a
+plain expand view, which is what lets the lowering keep it in registers. float16/bfloat16
+inputs are accumulated in float32 and integer sums in int64, as eager does; the result
+types always come from torch's own meta functions (node.meta["val"]).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..errors import UnsupportedOpError
+from ..ir import DType, GraphNode
+from .aten_ops import X, opmath, out_dtype, register
+
+aten = torch.ops.aten
+
+
+# -- helpers ---------------------------------------------------------------------------------
+def reduced_axes(x: GraphNode, dim) -> tuple[int, ...]:
+    """torch's `dim` argument (None, [], an int or a list) as axes of x; None/[] is all."""
+    rank = len(x.shape)
+    if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
+        return tuple(range(rank))
+    dims = (dim,) if isinstance(dim, int) else tuple(dim)
+    return tuple(sorted({d % rank for d in dims})) if rank else ()
+
+
+def as_result(cv, node, value: GraphNode, index: int = None) -> GraphNode:
+    """A keepdim value viewed (and cast) to torch's result shape and type."""
+    val = node.meta["val"] if index is None else node.meta["val"][index]
+    value = cv.cast(value, DType.from_torch(val.dtype))
+    shape = tuple(val.shape)
+    if value.shape == shape:
+        return value
+    if not value.shape:  # a literal standing for an identity reduction (argmax over a size-1 axis)
+        return cv.expand_to(value, shape)
+    return cv.view(value, ("reshape", shape))  # keepdim and torch's shape differ by size-1 axes only
+
+
+def count(x: GraphNode, axes) -> int:
+    return math.prod(x.shape[a] for a in axes)
+
+
+def accumulate_type(node, x: GraphNode, dtype=None) -> DType:
+    """The type eager accumulates in: the result type, float32 for 16-bit floats."""
+    return opmath(out_dtype(node) if dtype is None else DType.from_torch(dtype))
+
+
+def keepdim_view(cv, value: GraphNode, shape) -> GraphNode:
+    """A keepdim row value broadcast back over the reduced input's shape."""
+    return cv.expand_to(value, tuple(shape))
+
+
+# -- plain reductions ------------------------------------------------------------------------
+@register(aten.sum)
+def _sum(cv, node, x, dim=None, keepdim=False, dtype=None):
+    acc = accumulate_type(node, x)
+    return as_result(cv, node, cv.reduce("add", cv.cast(x, acc), reduced_axes(x, dim)))
+
+
+@register(aten.prod)
+def _prod(cv, node, x, dim=None, keepdim=False, dtype=None):
+    acc = accumulate_type(node, x)
+    return as_result(cv, node, cv.reduce("mul", cv.cast(x, acc), reduced_axes(x, dim)))
+
+
+@register(aten.mean)
+def _mean(cv, node, x, dim=None, keepdim=False, dtype=None):
+    axes = reduced_axes(x, dim)
+    acc = accumulate_type(node, x)
+    total = X(cv, node, cv.reduce("add", cv.cast(x, acc), axes), acc)
+    return as_result(cv, node, _scaled(cv, total, 1.0 / count(x, axes) if count(x, axes) else math.nan))
+
+
+def _scaled(cv, value: X, factor: float) -> GraphNode:
+    """value * factor on a keepdim value (X's broadcasting is to the node's output shape,
+    which a keepdim value need not have, so this builds the op directly)."""
+    return cv.elementwise("mul", [value.value, cv.expand_to(cv.const(factor, value.dtype), value.value.shape)],
+                          value.dtype)
+
+
+@register(aten.amax, aten.amin)
+def _amax(cv, node, x, dim=(), keepdim=False):
+    op = "max" if node.target.overloadpacket is aten.amax else "min"
+    _refuse_empty(node, x, reduced_axes(x, dim), op)
+    return as_result(cv, node, cv.reduce(op, x, reduced_axes(x, dim)))
+
+
+@register(aten.max, aten.min)
+def _max(cv, node, x, dim=None, keepdim=False):
+    op = "max" if node.target.overloadpacket is aten.max else "min"
+    if isinstance(dim, GraphNode) or not isinstance(node.meta["val"], (tuple, list)) and dim is not None:
+        raise UnsupportedOpError(str(node.target), "elementwise max/min of two tensors goes through maximum")
+    axes = reduced_axes(x, dim)
+    _refuse_empty(node, x, axes, op)
+    values = cv.reduce(op, x, axes)
+    if not isinstance(node.meta["val"], (tuple, list)):
+        return as_result(cv, node, values)
+    indices = cv.reduce("arg" + op, _arg_operand(cv, x), axes, DType.int64)
+    return as_result(cv, node, values, 0), as_result(cv, node, indices, 1)
+
+
+@register(aten.argmax, aten.argmin)
+def _argmax(cv, node, x, dim=None, keepdim=False):
+    op = "argmax" if node.target.overloadpacket is aten.argmax else "argmin"
+    if dim is None and len(x.shape) > 1:  # over the flattened tensor
+        x = cv.view(x, ("reshape", (math.prod(x.shape),)))
+    axes = reduced_axes(x, dim)
+    _refuse_empty(node, x, axes, op)
+    return as_result(cv, node, cv.reduce(op, _arg_operand(cv, x), axes, DType.int64))
+
+
+def _arg_operand(cv, x: GraphNode) -> GraphNode:
+    return cv.cast(x, DType.int8) if x.dtype is DType.bool else x
+
+
+def _refuse_empty(node, x: GraphNode, axes, op: str) -> None:
+    if any(x.shape[a] == 0 for a in axes) or (not axes and 0 in x.shape):
+        raise UnsupportedOpError(str(node.target), f"{op} of an empty tensor has no identity "
+                                                   f"(eager raises too); input shape {list(x.shape)}")
+
+
+@register(aten.any, aten.all)
+def _any(cv, node, x, dim=None, keepdim=False):
+    op = "max" if node.target.overloadpacket is aten.any else "min"
+    truth = cv.cast(x, DType.bool)
+    return as_result(cv, node, cv.reduce(op, truth, reduced_axes(x, dim)))
+
+
+# -- moments ---------------------------------------------------------------------------------
+def moments(cv, node, x: GraphNode, axes, acc: DType):
+    """(mean, sum of squared deviations) as keepdim values. Written as two reductions whose
+    second reads the first; the lowering computes them in one pass (Welford) when it loops."""
+    n = count(x, axes)
+    xs = cv.cast(x, acc)
+    mean = _scaled(cv, X(cv, node, cv.reduce("add", xs, axes), acc), 1.0 / n if n else math.nan)
+    centered = cv.elementwise("add", [xs, cv.elementwise("neg", [keepdim_view(cv, mean, xs.shape)], acc)], acc)
+    m2 = cv.reduce("add", cv.elementwise("mul", [centered, centered], acc), axes)
+    return mean, m2
+
+
+def variance(cv, node, x, axes, correction, acc):
+    mean, m2 = moments(cv, node, x, axes, acc)
+    divisor = max(count(x, axes) - (1 if correction is None else correction), 0)
+    var = _scaled(cv, X(cv, node, m2, acc), 1.0 / divisor if divisor else math.inf)
+    if divisor == 0:  # eager divides by zero: 0/0 = nan, x/0 = inf
+        var = cv.elementwise("truediv", [m2, cv.expand_to(cv.const(0.0, acc), m2.shape)], acc)
+    return mean, var
+
+
+def _moment_dtype(node, x: GraphNode, what: str) -> DType:
+    if not x.dtype.is_float:
+        raise UnsupportedOpError(str(node.target), f"{what} of a {x.dtype!r} tensor (eager needs floats too)")
+    return opmath(x.dtype)
+
+
+@register(aten.var)
+def _var(cv, node, x, dim=None, *, correction=None, keepdim=False):
+    acc = _moment_dtype(node, x, "var")
+    return as_result(cv, node, variance(cv, node, x, reduced_axes(x, dim), correction, acc)[1])
+
+
+@register(aten.var_mean)
+def _var_mean(cv, node, x, dim=None, *, correction=None, keepdim=False):
+    acc = _moment_dtype(node, x, "var_mean")
+    mean, var = variance(cv, node, x, reduced_axes(x, dim), correction, acc)
+    return as_result(cv, node, var, 0), as_result(cv, node, mean, 1)
+
+
+@register(aten.linalg_vector_norm)
+def _vector_norm(cv, node, x, ord=2, dim=None, keepdim=False, *, dtype=None):
+    acc = accumulate_type(node, x, dtype)
+    if not acc.is_float:
+        raise UnsupportedOpError(str(node.target), f"vector_norm of a {x.dtype!r} tensor (eager needs floats too)")
+    axes = reduced_axes(x, dim)
+    mag = cv.elementwise("abs", [cv.cast(x, acc)], acc)
+    ord = float(ord)
+    if ord == math.inf or ord == -math.inf:
+        _refuse_empty(node, x, axes, "vector_norm(ord=inf)")
+        return as_result(cv, node, cv.reduce("max" if ord > 0 else "min", mag, axes))
+    if ord == 0:
+        nonzero = cv.cast(cv.elementwise("ne", [mag, cv.expand_to(cv.const(0.0, acc), mag.shape)], DType.bool), acc)
+        return as_result(cv, node, cv.reduce("add", nonzero, axes))
+    if ord == 1:
+        return as_result(cv, node, cv.reduce("add", mag, axes))
+    if ord == 2:
+        total = cv.reduce("add", cv.elementwise("mul", [mag, mag], acc), axes)
+        return as_result(cv, node, cv.elementwise("sqrt", [total], acc))
+    p = cv.expand_to(cv.const(ord, acc), mag.shape)
+    total = cv.reduce("add", cv.elementwise("pow", [mag, p], acc), axes)
+    inv = cv.expand_to(cv.const(1.0 / ord, acc), total.shape)
+    return as_result(cv, node, cv.elementwise("pow", [total, inv], acc))
+
+
+# -- normalisations --------------------------------------------------------------------------
+def _shifted_exp(cv, x: GraphNode, dim: int, acc: DType):
+    """(x - max, exp(x - max), sum of it) over `dim`, all in `acc`, keepdim. The lowering
+    recognises sum(exp(a - c)) and computes it online (one read) when it loops."""
+    xs = cv.cast(x, acc)
+    m = cv.reduce("max", xs, (dim,))
+    shifted = cv.elementwise("add", [xs, cv.elementwise("neg", [keepdim_view(cv, m, xs.shape)], acc)], acc)
+    e = cv.elementwise("exp", [shifted], acc)
+    return shifted, e, cv.reduce("add", e, (dim,))
+
+
+@register(aten._softmax)
+def _softmax(cv, node, x, dim, half_to_float=False):
+    acc = opmath(out_dtype(node))
+    if not x.shape:
+        return cv.expand_to(cv.const(1.0, out_dtype(node)), ())
+    _, e, s = _shifted_exp(cv, x, dim, acc)
+    return cv.elementwise("truediv", [e, keepdim_view(cv, s, e.shape)], acc)
+
+
+@register(aten._log_softmax)
+def _log_softmax(cv, node, x, dim, half_to_float=False):
+    acc = opmath(out_dtype(node))
+    if not x.shape:
+        return cv.expand_to(cv.const(0.0, out_dtype(node)), ())
+    shifted, _, s = _shifted_exp(cv, x, dim, acc)
+    log_s = cv.elementwise("log", [s], acc)
+    return cv.elementwise("add", [shifted, cv.elementwise("neg", [keepdim_view(cv, log_s, shifted.shape)], acc)],
+                          acc)
+
+
+@register(aten.native_layer_norm)
+def _layer_norm(cv, node, x, normalized_shape, weight, bias, eps):
+    acc = opmath(x.dtype)
+    axes = tuple(range(len(x.shape) - len(normalized_shape), len(x.shape)))
+    mean, m2 = moments(cv, node, x, axes, acc)
+    n = count(x, axes)
+    var = _scaled(cv, X(cv, node, m2, acc), 1.0 / n if n else math.nan)
+    rstd = cv.elementwise("rsqrt", [cv.elementwise("add", [var, cv.expand_to(cv.const(eps, acc), var.shape)], acc)],
+                          acc)
+    xs = cv.cast(x, acc)
+    y = cv.elementwise("add", [xs, cv.elementwise("neg", [keepdim_view(cv, mean, xs.shape)], acc)], acc)
+    y = cv.elementwise("mul", [y, keepdim_view(cv, rstd, xs.shape)], acc)
+    for param, op in ((weight, "mul"), (bias, "add")):
+        if param is not None:
+            y = cv.elementwise(op, [y, cv.expand_to(cv.cast(param, acc), xs.shape)], acc)
+    val = node.meta["val"]
+    return (cv.cast(y, DType.from_torch(val[0].dtype)), as_result(cv, node, mean, 1), as_result(cv, node, rstd, 2))
+

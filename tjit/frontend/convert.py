@@ -21,8 +21,8 @@ import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..errors import UnsupportedOpError
-from ..ir import (Const, Contiguous, DType, Elementwise, GraphBuilder, GraphNode, Input, Mutation, Reduce, View,
-                  ViewOp, Graph)
+from ..ir import (Const, Contiguous, Cumulative, DType, Elementwise, GraphBuilder, GraphNode, Input, Mutation, Reduce,
+                  View, ViewOp, Graph)
 
 ViewFn = tuple  # ("permute", dims) etc.: a hashable description of a movement op
 
@@ -194,6 +194,16 @@ class Converter:
             return self.const(0, dtype) if op in ("argmax", "argmin") else self.cast(value, dtype)
         shape = tuple(1 if d in axes else s for d, s in enumerate(value.shape))
         return self.b.node(Reduce(op, axes), dtype, (value,), View.contiguous(shape))
+
+    def scan(self, op: str, value: GraphNode, axis: int, dtype: Optional[DType] = None) -> GraphNode:
+        """The running `op` of value along `axis` (same shape). Along a size-1 axis it is the
+        identity (argmax: index 0)."""
+        dtype = dtype or value.dtype
+        if not value.shape or value.shape[axis % len(value.shape)] == 1:
+            if op in ("argmax", "argmin"):
+                return self.expand_to(self.const(0, dtype), value.shape)
+            return self.cast(value, dtype)
+        return self.b.node(Cumulative(op, axis % len(value.shape)), dtype, (value,), View.contiguous(value.shape))
 
     def materialize(self, node: GraphNode) -> GraphNode:
         if isinstance(node.op, (Contiguous, Input, Const)):

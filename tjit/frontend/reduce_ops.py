@@ -245,3 +245,26 @@ def _layer_norm(cv, node, x, normalized_shape, weight, bias, eps):
     val = node.meta["val"]
     return (cv.cast(y, DType.from_torch(val[0].dtype)), as_result(cv, node, mean, 1), as_result(cv, node, rstd, 2))
 
+
+# -- scans -----------------------------------------------------------------------------------
+@register(aten.cumsum, aten.cumprod)
+def _cumsum(cv, node, x, dim, *, dtype=None):
+    op = "add" if node.target.overloadpacket is aten.cumsum else "mul"
+    acc = opmath(out_dtype(node))
+    return cv.scan(op, cv.cast(x, acc), dim)
+
+
+@register(aten.cummax, aten.cummin)
+def _cummax(cv, node, x, dim):
+    op = "max" if node.target.overloadpacket is aten.cummax else "min"
+    x = _arg_operand(cv, x)
+    return (as_result(cv, node, cv.scan(op, x, dim), 0),
+            as_result(cv, node, cv.scan("arg" + op, x, dim, DType.int64), 1))
+
+
+@register(aten.logcumsumexp)
+def _logcumsumexp(cv, node, x, dim):
+    acc = opmath(out_dtype(node))
+    if not acc.is_float:
+        raise UnsupportedOpError(str(node.target), f"logcumsumexp of a {x.dtype!r} tensor (eager needs floats too)")
+    return cv.scan("logaddexp", cv.cast(x, acc), dim)

@@ -26,6 +26,9 @@ ELEMENTWISE_OPS = UNARY | BINARY | TERNARY
 # Reductions: max/min propagate NaN as torch does; argmax/argmin pick the first extreme
 # (NaN counts as the largest), as torch does.
 REDUCE_OPS = frozenset({"add", "mul", "max", "min", "argmax", "argmin"})
+# Scans: argmax/argmin give the running extreme's index (ties and NaN as torch.cummax),
+# logaddexp is logcumsumexp's log(exp(a) + exp(b)).
+SCAN_OPS = frozenset({"add", "mul", "max", "min", "argmax", "argmin", "logaddexp"})
 
 
 def arity(op: str) -> int:

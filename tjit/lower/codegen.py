@@ -15,11 +15,12 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..ir import AxisStrategy, Const, DType, Elementwise, GraphNode, Input, Reduce, View, ViewOp, toposort
+from ..ir import AxisStrategy, Const, Cumulative, DType, Elementwise, GraphNode, Input, Reduce, View, ViewOp, toposort
 from .domains import is_reduce_ref
 from .elementwise import _cast, from_f32, literal, render, tl_dtype
 from .fusion import BufferTarget, InputTarget, KernelGroup, OutputTarget, buffer_of, expression_leaves, is_kernel_input
-from .reduction import LoopContext, accumulator_for, block_reduce, identity, work_dtype
+from .reduction import (LoopContext, accumulator_for, block_reduce, identity, scan_carry_init, scan_identity,
+                        scan_lines, work_dtype)
 from .schedule import IterationSpace, LoopDim, schedule
 
 INT32_LIMIT = 2**31 - 1
@@ -278,8 +279,8 @@ class _Emitter:
                 found = any(self.space.strides[self.leaf_access[id(node)]][a] for a in self.red_axes)
             elif isinstance(node.op, Elementwise):
                 found = any(self._varies_along_reduction(s) for s in node.src)
-            else:  # literals, reductions and their broadcasts
-                found = False
+            else:  # literals, reductions and their broadcasts; scans vary
+                found = isinstance(node.op, Cumulative)
             self._varies[id(node)] = found
         return self._varies[id(node)]
 
@@ -337,6 +338,8 @@ class _Emitter:
         """A value inside the loop body (row values are computed before the loop, in `pre`)."""
         if not self._varies_along_reduction(node):
             return self._row(node, pre, row)
+        if id(node) not in names and isinstance(node.op, Cumulative):
+            names[id(node)] = self._scan(node, self._full(node.src[0], body, names, pre, row), body, pre)
         if id(node) not in names:
             args = [self._full(s, body, names, pre, row) for s in node.src] if isinstance(node.op, Elementwise) else []
             if id(node) in self.leaf_access:
@@ -410,6 +413,8 @@ class _Emitter:
                 names[id(node)] = names[id(node.src[0])]
             elif isinstance(node.op, Reduce):
                 names[id(node)] = self._block_reduce(node, names[id(node.src[0])], lines)
+            elif isinstance(node.op, Cumulative):
+                names[id(node)] = self._scan(node, names[id(node.src[0])], lines)
             else:
                 var = f"v{len(names)}"
                 names[id(node)] = var
@@ -426,6 +431,20 @@ class _Emitter:
         masked = self._fresh()
         lines.append(f"{masked} = tl.where(mask, {_cast(src, node.src[0].dtype, work)}, {identity(op, work)})")
         return self._reduce_result(node, block_reduce(op, masked, work, self.red_dims, self._fresh, lines), lines)
+
+    def _scan(self, node: GraphNode, src: str, lines: list[str], pre: Optional[list[str]] = None) -> str:
+        """A scan along the kernel's scanned axis; in a looped kernel (`pre` given: the lines
+        before the loop) continued from a carry across loop steps."""
+        op, k = node.op.op, self.red_dims[0]
+        work = work_dtype(node.src[0].dtype)
+        carry = None
+        if pre is not None:
+            init, carry = scan_carry_init(op, work, self._row_shape(), self._fresh)
+            pre += init
+        masked = self._fresh()
+        lines.append(f"{masked} = tl.where(mask, {_cast(src, node.src[0].dtype, work)}, {scan_identity(op, work)})")
+        result = scan_lines(op, masked, work, k, f"lin{k}", carry, self._fresh, lines)
+        return self._reduce_result(node, result, lines)
 
     def _value(self, node: GraphNode, names: dict[int, str]) -> str:
         if id(node) in self.leaf_access:

@@ -1,7 +1,7 @@
 """Which reductions a kernel keeps in registers, and the iteration domain of each store.
 
-A kernel iterates over a Domain: a full shape D and the axes R it reduces (none for a
-pointwise kernel). Its values live in one of three spaces: full (shape D), row (D with R
+A kernel iterates over a Domain: a full shape D and the axes R it reduces or scans
+(none for a pointwise kernel). Its values live in one of three spaces: full (shape D), row (D with R
 as size-1 axes: a Reduce node's own keepdim shape) and squeezed (D without R: torch's
 shape for a reduction without keepdim). A Reduce node stays in registers when every use
 of it is in its own domain: directly in row space, or through a view that is exactly its
@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from ..ir import Contiguous, Graph, GraphNode, Mutation, Reduce, View, ViewOp, toposort
+from ..ir import Contiguous, Cumulative, Graph, GraphNode, Mutation, Reduce, View, ViewOp, toposort
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,9 @@ class Domain:
 
 
 def domain_of_reduce(node: GraphNode) -> Domain:
+    """A reduction's domain is its input's shape and its axes; a scan's, its shape and axis."""
+    if isinstance(node.op, Cumulative):
+        return Domain(node.shape, (node.op.axis,))
     return Domain(node.src[0].shape, node.op.axes)
 
 
@@ -91,9 +94,9 @@ def is_kernel_input(node: GraphNode) -> bool:
 
 
 def reduces_in(value: GraphNode) -> list[GraphNode]:
-    """Reduce nodes a store's fused expression computes, nearest the store first."""
+    """Reductions and scans a store's fused expression computes, nearest the store first."""
     nodes = toposort([value], stop=is_kernel_input)
-    return [n for n in reversed(nodes) if isinstance(n.op, Reduce)]
+    return [n for n in reversed(nodes) if isinstance(n.op, (Reduce, Cumulative))]
 
 
 def store_domain(value: GraphNode) -> tuple[Domain, list[GraphNode]]:

@@ -258,3 +258,62 @@ def accumulator_for(node: GraphNode, ctx: LoopContext, is_row_value) -> Accumula
     if op in ("argmax", "argmin"):
         return Arg(node, ctx)
     return Plain(node, ctx)
+
+
+# -- scans ----------------------------------------------------------------------------------------
+def scan_identity(op: str, dtype: DType) -> str:
+    if op == "logaddexp":
+        return NEG_INF
+    return identity({"argmax": "max", "argmin": "min"}.get(op, op), dtype)
+
+
+def _combine_fn(op: str, dtype: DType) -> str:
+    if op in ("argmax", "argmin"):
+        return f"tm.cum{op[3:]}_combine"
+    if op == "mul":
+        return "tm.mul_combine"
+    if op in ("max", "min") and not dtype.is_float:
+        return f"tm.int_{op}_combine"
+    return f"tm.{op}_combine"
+
+
+def scan_lines(op: str, masked: str, dtype: DType, axis: int, index: str, carry: Optional[list[str]],
+               fresh, lines: list[str]) -> str:
+    """The running `op` of `masked` along block axis `axis`; with `carry` (variables holding
+    the running value of earlier loop steps, updated here), continued from it. `index` is
+    the position along the axis (for argmax/argmin)."""
+    out = fresh()
+    if op in ("add", "mul"):
+        lines.append(f"{out} = tl.{'cumsum' if op == 'add' else 'cumprod'}({masked}, {axis})")
+        if carry:
+            total = f"tl.sum({masked}, {axis}, keep_dims=True)" if op == "add" else \
+                f"tl.reduce({masked}, {axis}, tm.mul_combine, keep_dims=True)"
+            sign = "+" if op == "add" else "*"
+            lines += [f"{out} = {out} {sign} {carry[0]}", f"{carry[0]} = {carry[0]} {sign} {total}"]
+        return out
+    fn = _combine_fn(op, dtype)
+    if op in ("argmax", "argmin"):
+        value = fresh()
+        positions = f"tl.zeros({masked}.shape, tl.int64) + {index}"
+        lines.append(f"{value}, {out} = tl.associative_scan(({masked}, {positions}), {axis}, {fn})")
+        if carry:
+            last_v, last_i = fresh(), fresh()
+            lines += [f"{value}, {out} = {fn}({carry[0]}, {carry[1]}, {value}, {out})",
+                      f"{last_v}, {last_i} = tl.reduce(({masked}, {positions}), {axis}, {fn}, keep_dims=True)",
+                      f"{carry[0]}, {carry[1]} = {fn}({carry[0]}, {carry[1]}, {last_v}, {last_i})"]
+        return out
+    lines.append(f"{out} = tl.associative_scan({masked}, {axis}, {fn})")
+    if carry:
+        lines += [f"{out} = {fn}({carry[0]}, {out})",
+                  f"{carry[0]} = {fn}({carry[0]}, tl.reduce({masked}, {axis}, {fn}, keep_dims=True))"]
+    return out
+
+
+def scan_carry_init(op: str, dtype: DType, row_shape: str, fresh) -> tuple[list[str], list[str]]:
+    """(init lines, carry variables) for a scan continued across loop steps."""
+    value = fresh()
+    lines = [f"{value} = tl.full({row_shape}, {scan_identity(op, dtype)}, {tl_dtype(dtype)})"]
+    if op not in ("argmax", "argmin"):
+        return lines, [value]
+    index = fresh()
+    return lines + [f"{index} = tl.full({row_shape}, 0, tl.int64)"], [value, index]

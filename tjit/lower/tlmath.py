@@ -404,3 +404,47 @@ def float_min(a, b):
 def mul_combine(a, b):
     """The combine function of a product reduction (tl.reduce)."""
     return a * b
+
+
+# -- combine functions of scans (tl.associative_scan) and their carries (tl.reduce) ---------------
+@triton.jit
+def max_combine(a, b):
+    return float_max(a, b)
+
+
+@triton.jit
+def min_combine(a, b):
+    return float_min(a, b)
+
+
+@triton.jit
+def int_max_combine(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def int_min_combine(a, b):
+    return tl.minimum(a, b)
+
+
+@triton.jit
+def logaddexp_combine(a, b):
+    """log(exp(a) + exp(b)) without overflow; -inf is the identity, inf + inf is inf."""
+    hi = float_max(a, b)
+    lo = float_min(a, b)
+    both = hi + 0.6931471805599453
+    return tl.where(lo == -float("inf"), hi, tl.where(lo == hi, both, hi + log1p(tl.exp(lo - hi))))
+
+
+@triton.jit
+def cummax_combine(v1, i1, v2, i2):
+    """(value, index) of a running max, (v2, i2) the later: NaN wins, ties go to the later
+    index, as torch.cummax."""
+    take = (v2 != v2) | ((v1 == v1) & (v2 >= v1))
+    return tl.where(take, v2, v1), tl.where(take, i2, i1)
+
+
+@triton.jit
+def cummin_combine(v1, i1, v2, i2):
+    take = (v2 != v2) | ((v1 == v1) & (v2 <= v1))
+    return tl.where(take, v2, v1), tl.where(take, i2, i1)

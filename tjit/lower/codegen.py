@@ -17,7 +17,7 @@ import torch
 
 from ..ir import AxisStrategy, Const, Cumulative, DType, Elementwise, GraphNode, Input, Reduce, View, ViewOp, toposort
 from .domains import is_reduce_ref
-from .elementwise import _cast, from_f32, literal, render, tl_dtype
+from .elementwise import _cast, literal, render, tl_dtype
 from .fusion import BufferTarget, InputTarget, KernelGroup, OutputTarget, buffer_of, expression_leaves, is_kernel_input
 from .reduction import (LoopContext, accumulator_for, block_reduce, identity, scan_carry_init, scan_identity,
                         scan_lines, work_dtype)

@@ -53,6 +53,19 @@ def view_output(x):
     return x.t(), x * 2
 
 
+def layer_norm_gelu(x, w, b):
+    return torch.nn.functional.gelu(torch.nn.functional.layer_norm(x, x.shape[-1:], w, b))
+
+
+def softmax_long_rows(x):
+    return torch.softmax(x * 0.5, dim=-1)
+
+
+def log_cumulative_probs(logits):
+    """log of the running probability mass: a reduction, a scan and their neighbours."""
+    return torch.logcumsumexp(logits.log_softmax(-1), -1).exp()
+
+
 def rand(*shape):
     return torch.randn(*shape, device=DEVICE)
 
@@ -64,6 +77,12 @@ EXAMPLES = [
     ("a chain of 20 pointwise ops over 3 inputs, 2 outputs", chain20, lambda: (rand(M, N), rand(M, N), rand(M, N))),
     ("in-place update of an input: x.mul_(a).add_(b)", inplace_update, lambda: (rand(M, N), rand(M, N), rand(M, N))),
     ("a view output: return x.t(), x * 2", view_output, lambda: (rand(M, N),)),
+    ("layer_norm(x, w, b) then gelu: a persistent reduction with prologue and epilogue",
+     layer_norm_gelu, lambda: (rand(M, N), rand(N), rand(N))),
+    ("softmax over rows of 8192 (looped: online max and sum, then the output pass)",
+     softmax_long_rows, lambda: (rand(2, 8192),)),
+    ("exp(logcumsumexp(log_softmax(x))): a reduction, a scan and elementwise work", log_cumulative_probs,
+     lambda: (rand(8, N),)),
 ]
 
 

@@ -769,3 +769,4 @@ def _getitem(cv, node, values, index):
 
 
 from . import reduce_ops  # noqa: E402,F401  (registers the reduction handlers)
+from . import index_ops  # noqa: E402,F401  (registers the indexed reads)

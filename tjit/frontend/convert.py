@@ -21,7 +21,7 @@ import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..errors import UnsupportedOpError
-from ..ir import (Const, Contiguous, Cumulative, DType, Elementwise, GraphBuilder, GraphNode, Input, Mutation, Reduce,
+from ..ir import (Const, Contiguous, Cumulative, DType, Elementwise, Gather, GraphBuilder, GraphNode, Input, Mutation, Reduce,
                   View, ViewOp, Graph)
 
 ViewFn = tuple  # ("permute", dims) etc.: a hashable description of a movement op
@@ -205,6 +205,35 @@ class Converter:
             return self.cast(value, dtype)
         return self.b.node(Cumulative(op, axis % len(value.shape)), dtype, (value,), View.contiguous(value.shape))
 
+    def gather(self, node: GraphNode, axis: int, index: GraphNode, wrap_negative: bool = False,
+               what: str = "gather") -> GraphNode:
+        """node[i with coordinate `axis` replaced by index[i]], shaped like index (whose other
+        sizes are at most node's). Pushed through elementwise ops, like views, so the read
+        lands on the leaves: a gathered log_softmax gathers its input and reuses the row
+        values (cross-entropy stays one kernel)."""
+        key = (id(node), "gather", axis, id(index), wrap_negative)
+        found = self._view_memo.get(key)
+        if found is None:
+            found = self._view_memo[key] = self._gather_uncached(node, axis, index, wrap_negative, what)
+        return found
+
+    def _gather_uncached(self, node, axis, index, wrap_negative, what) -> GraphNode:
+        shape = index.shape
+        if isinstance(node.op, Elementwise):
+            src = [self.gather(s, axis, index, wrap_negative, what) for s in node.src]
+            return self.b.node(node.op, node.dtype, tuple(src), View.contiguous(shape))
+        if isinstance(node.op, ViewOp) and node.view.strides[axis] == 0:
+            # constant along the axis: any in-range index reads the same element (bounds are
+            # still checked where some other operand reads memory)
+            view = View(shape, node.view.strides, node.view.offset)
+            base = node.src[0]
+            if view == base.view and isinstance(base.op, Reduce):
+                return base
+            return self.b.node(ViewOp(), node.dtype, (base,), view)
+        if not (node.is_leaf and not isinstance(node.op, Const)) and not isinstance(node.op, Contiguous):
+            node = self.materialize(node)
+        return self.b.node(Gather(axis, wrap_negative, what), node.dtype, (node, index), View.contiguous(shape))
+
     def materialize(self, node: GraphNode) -> GraphNode:
         if isinstance(node.op, (Contiguous, Input, Const)):
             return node
@@ -229,9 +258,12 @@ class Converter:
             new = apply_view_desc(node.view, desc)
             if new is not None:
                 base = node.src[0]
-                return base if new == base.view and isinstance(base.op, Reduce) else \
+                return base if new == base.view and isinstance(base.op, (Reduce, Gather)) else \
                     self.b.node(ViewOp(), node.dtype, node.src, new)
             node = self.materialize(node)
+        if isinstance(node.op, Gather) and _only_unit_axes_change(node.shape, desc):
+            # a gathered value squeezed or unsqueezed stays in registers (cross-entropy's row)
+            return self.b.node(ViewOp(), node.dtype, (node,), apply_view_desc(node.view, desc))
         if not isinstance(node.op, (Input, Const, Contiguous, Reduce)):
             node = self.materialize(node)
         new = apply_view_desc(node.view, desc)
@@ -333,6 +365,13 @@ class Converter:
                 specs.append(OutputSpec("computed", name=name, **layout))
         graph = self.b.finish(self.input_names, outputs, self.mutations)
         return Conversion(graph, specs, tree, self.constants, count_eager_kernels(self.gm))
+
+
+def _only_unit_axes_change(shape, desc: ViewFn) -> bool:
+    """The movement op only inserts or removes size-1 axes."""
+    view = apply_view_desc(View.contiguous(tuple(shape)), desc)
+    return view is not None and [s for s in view.shape if s != 1] == [s for s in shape if s != 1] \
+        and view.offset == 0
 
 
 def _reads_input(value: GraphNode, name: str) -> bool:

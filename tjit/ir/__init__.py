@@ -1,6 +1,6 @@
 """tjit's graph IR (after seed 003): types, views, axis strategies, ops, nodes, graphs."""
 from .dtype import DType
-from .graph import (Const, Contiguous, Cumulative, Elementwise, Graph, GraphBuilder, GraphNode,
+from .graph import (Const, Contiguous, Cumulative, Elementwise, Gather, Graph, GraphBuilder, GraphNode,
                     GraphOp, Input, Mutation, Reduce, ViewOp, format_graph, toposort)
 from .ops import ELEMENTWISE_OPS, arity
 from .strategy import Auto, AxisStrategy, Sequential, Thread, ThreadGroup
@@ -8,6 +8,6 @@ from .view import View, contiguous_strides
 
 __all__ = [
     "DType", "View", "contiguous_strides", "AxisStrategy", "Auto", "Sequential", "Thread", "ThreadGroup",
-    "GraphOp", "Input", "Const", "ViewOp", "Contiguous", "Elementwise", "Reduce", "Cumulative",
+    "GraphOp", "Input", "Const", "ViewOp", "Contiguous", "Elementwise", "Reduce", "Cumulative", "Gather",
     "GraphNode", "Graph", "GraphBuilder", "Mutation", "toposort", "format_graph", "ELEMENTWISE_OPS", "arity",
 ]

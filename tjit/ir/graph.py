@@ -65,7 +65,19 @@ class Cumulative:
     axis_strategies: Strategies = None
 
 
-GraphOp = Union[Input, Const, ViewOp, Contiguous, Elementwise, Reduce, Cumulative]
+@dataclass(frozen=True)
+class Gather:
+    """out[i] = table[i with coordinate `axis` replaced by index[i]]: the one data-dependent
+    read of the IR (gather, embedding, index_select, x[idx]). src = (table, index): the table
+    is a leaf read from memory whose shape equals out's except along `axis`; index has out's
+    shape. An index outside [0, table size) (or [-size, size) with `wrap_negative`) is an
+    error the kernel reports, and is never used as an address."""
+    axis: int
+    wrap_negative: bool = False
+    what: str = "gather"  # the user's op, for the error message
+
+
+GraphOp = Union[Input, Const, ViewOp, Contiguous, Elementwise, Reduce, Cumulative, Gather]
 
 
 @dataclass(frozen=True, eq=False)
@@ -84,7 +96,7 @@ class GraphNode:
         """Leaves are read from memory (or are literals) inside a kernel. A view of a
         reduction's result is not: the kernel that reduces may hold it in registers."""
         if isinstance(self.op, ViewOp):
-            return not isinstance(self.src[0].op, (Reduce, Cumulative))
+            return not isinstance(self.src[0].op, (Reduce, Cumulative, Gather))
         return isinstance(self.op, (Input, Const))
 
 
@@ -183,6 +195,8 @@ def describe_op(node: GraphNode) -> str:
         return f"reduce.{op.op} axes={list(op.axes)}"
     if isinstance(op, Cumulative):
         return f"cumulative.{op.op} axis={op.axis}"
+    if isinstance(op, Gather):
+        return f"gather axis={op.axis}"
     return op.op
 
 

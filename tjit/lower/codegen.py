@@ -15,8 +15,9 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..ir import AxisStrategy, Const, Cumulative, DType, Elementwise, GraphNode, Input, Reduce, View, ViewOp, toposort
-from .domains import is_reduce_ref
+from ..ir import (AxisStrategy, Const, Cumulative, DType, Elementwise, Gather, GraphNode, Input, Reduce, View, ViewOp,
+                  toposort)
+from .domains import is_value_ref
 from .elementwise import _cast, literal, render, tl_dtype
 from .fusion import BufferTarget, InputTarget, KernelGroup, OutputTarget, buffer_of, expression_leaves, is_kernel_input
 from .reduction import (LoopContext, accumulator_for, block_reduce, identity, scan_carry_init, scan_identity,
@@ -36,7 +37,7 @@ class BufferRef:
 
     @property
     def param(self) -> str:
-        prefix = {"input": "in_", "output": "", "buffer": ""}[self.kind]
+        prefix = {"input": "in_", "output": "", "buffer": "", "status": ""}[self.kind]
         return prefix + "".join(c if c.isalnum() else "_" for c in self.name) + "_ptr"
 
 
@@ -45,6 +46,10 @@ class Access:
     buffer: BufferRef
     view: View  # over the kernel's logical shape
     store: bool
+    gather: Optional[tuple[int, int]] = None  # (stride, size) of a gathered axis: its index is data
+
+
+STATUS = BufferRef("status", "status", DType.int32)  # where kernels report a failed check (1 + its number)
 
 
 @dataclass
@@ -61,6 +66,7 @@ class KernelPlan:
     param_names: list[str] = field(default_factory=list)
     num_warps: int = 4
     load_passes: dict[int, int] = field(default_factory=dict)  # access -> times a looped kernel reads it
+    checks: list[str] = field(default_factory=list)  # messages of the checks reported through STATUS
 
     @property
     def numel(self) -> int:
@@ -71,7 +77,9 @@ class KernelPlan:
         """Bytes of distinct elements loaded: an element read through two views (x and
         x.flip(0)) or broadcast over many lanes counts once, as it comes from cache."""
         loads = [(a, self.load_passes.get(n, 1)) for n, a in enumerate(self.accesses) if not a.store]
-        return _distinct_bytes([a for a, _ in loads], [p for _, p in loads])
+        direct = [(a, p) for a, p in loads if not a.gather]
+        gathered = sum(math.prod(a.view.shape) * a.buffer.dtype.itemsize * p for a, p in loads if a.gather)
+        return _distinct_bytes([a for a, _ in direct], [p for _, p in direct]) + gathered
 
     @functools.cached_property
     def bytes_written(self) -> int:
@@ -104,6 +112,10 @@ class _Emitter:
         self._counter = 0
         self._varies: dict[int, bool] = {}
         self._addresses: dict[int, str] = {}
+        self.checks: list[str] = []
+        if self.gather_access:
+            self.buffers[("status",)] = STATUS
+            self.params.append(STATUS.param)
 
     def _reduction_input(self, strides) -> int:
         """The access whose memory order orders the reduced axes: the first that walks them."""
@@ -131,10 +143,18 @@ class _Emitter:
         return self._buffer("buffer", "", base.dtype, base)
 
     def _collect(self, output_strides):
+        self.gather_access: dict[int, int] = {}
+        tables = set()
+        for store in self.group.stores:
+            for node in toposort([store.value], stop=is_kernel_input):
+                if isinstance(node.op, Gather) and id(node) not in self.gather_access:
+                    self._collect_gather(node)
+                    tables.add(id(node.src[0]))
         for store in self.group.stores:
             for leaf in expression_leaves(store.value):
                 base = buffer_of(leaf)
-                if base is None or id(leaf) in self.leaf_access:
+                if base is None or id(leaf) in self.leaf_access or (id(leaf) in tables and not
+                                                                    self._read_directly(leaf)):
                     continue
                 view = leaf.view if isinstance(leaf.op, ViewOp) or isinstance(leaf.op, Input) else View.contiguous(leaf.shape)
                 self.leaf_access[id(leaf)] = len(self.accesses)
@@ -153,9 +173,31 @@ class _Emitter:
             self.store_access.append(len(self.accesses))
             self.accesses.append(Access(ref, self.domain.to_domain(view), True))
 
+    def _collect_gather(self, node: GraphNode) -> None:
+        """The table of a Gather is read at the node's own index on every axis but the gathered
+        one, whose coordinate is data: its stride is left out of the view and added per load."""
+        table, axis = node.src[0], node.op.axis
+        view = table.view if isinstance(table.op, (ViewOp, Input)) else View.contiguous(table.shape)
+        strides = tuple(0 if d == axis else st for d, st in enumerate(view.strides))
+        self.gather_access[id(node)] = len(self.accesses)
+        self.accesses.append(Access(self._buffer_for_node(buffer_of(table)),
+                                    self.domain.to_domain(View(node.shape, strides, view.offset)), False,
+                                    (view.strides[axis], table.shape[axis])))
+
+    def _read_directly(self, leaf: GraphNode) -> bool:
+        """The leaf is an operand of something other than a Gather's table slot."""
+        for store in self.group.stores:
+            for node in toposort([store.value], stop=is_kernel_input):
+                if any(s is leaf for k, s in enumerate(node.src) if not (isinstance(node.op, Gather) and k == 0)):
+                    return True
+                if store.value is leaf:
+                    return True
+        return False
+
     def _needs_int64(self) -> bool:
         for a in self.accesses:
             reach = abs(a.view.offset) + sum((s - 1) * abs(st) for s, st in zip(a.view.shape, a.view.strides))
+            reach += (a.gather[1] - 1) * abs(a.gather[0]) if a.gather else 0
             if reach > INT32_LIMIT:
                 return True
         return math.prod(self.shape) > INT32_LIMIT
@@ -174,7 +216,7 @@ class _Emitter:
                          for d in self.space.loop_dims if d.kind == "group")
         return KernelPlan(name, source, list(self.buffers.values()), self.scalar_args, constexprs, (grid,),
                           self.shape, self.space, self.accesses, self.params, num_warps(self.space, self.widest),
-                          self.load_passes)
+                          self.load_passes, self.checks)
 
     def _scalar(self, name: str, value: int) -> str:
         self.params.append(name)
@@ -277,6 +319,11 @@ class _Emitter:
         if id(node) not in self._varies:
             if id(node) in self.leaf_access:
                 found = any(self.space.strides[self.leaf_access[id(node)]][a] for a in self.red_axes)
+            elif isinstance(node.op, Gather):
+                found = self._varies_along_reduction(node.src[1]) or \
+                    any(self.space.strides[self.gather_access[id(node)]][a] for a in self.red_axes)
+            elif is_value_ref(node):
+                found = self._varies_along_reduction(node.src[0])
             elif isinstance(node.op, Elementwise):
                 found = any(self._varies_along_reduction(s) for s in node.src)
             else:  # literals, reductions and their broadcasts; scans vary
@@ -340,6 +387,12 @@ class _Emitter:
             return self._row(node, pre, row)
         if id(node) not in names and isinstance(node.op, Cumulative):
             names[id(node)] = self._scan(node, self._full(node.src[0], body, names, pre, row), body, pre)
+        if id(node) not in names and isinstance(node.op, Gather):
+            n = self.gather_access[id(node)]
+            self.load_passes[n] = self.load_passes.get(n, 0) + 1
+            names[id(node)] = self._gather(node, self._full(node.src[1], body, names, pre, row), body)
+        if id(node) not in names and is_value_ref(node):
+            names[id(node)] = self._full(node.src[0], body, names, pre, row)
         if id(node) not in names:
             args = [self._full(s, body, names, pre, row) for s in node.src] if isinstance(node.op, Elementwise) else []
             if id(node) in self.leaf_access:
@@ -352,8 +405,10 @@ class _Emitter:
 
     def _row(self, node, lines, row) -> str:
         """A value that does not vary along the reduced axes, computed once per row."""
-        if is_reduce_ref(node):
+        if is_value_ref(node):
             node = node.src[0]
+        if id(node) not in row and isinstance(node.op, Gather):
+            row[id(node)] = self._gather(node, self._row(node.src[1], lines, row), lines)
         if id(node) not in row:
             assert not isinstance(node.op, Reduce), "a reduction is read before the pass that computes it"
             args = [self._row(s, lines, row) for s in node.src] if isinstance(node.op, Elementwise) else []
@@ -409,12 +464,16 @@ class _Emitter:
         lines, names = [], {}
         pending = list(zip(self.group.stores, self.store_access))
         for node in toposort([s.value for s in self.group.stores], stop=is_kernel_input):
-            if is_reduce_ref(node):  # the reduced value broadcasts over the block by itself
+            if is_kernel_input(node) and buffer_of(node) is not None and id(node) not in self.leaf_access:
+                continue  # a table only a Gather reads, at its own addresses
+            if is_value_ref(node):  # the reduced value broadcasts over the block by itself
                 names[id(node)] = names[id(node.src[0])]
             elif isinstance(node.op, Reduce):
                 names[id(node)] = self._block_reduce(node, names[id(node.src[0])], lines)
             elif isinstance(node.op, Cumulative):
                 names[id(node)] = self._scan(node, names[id(node.src[0])], lines)
+            elif isinstance(node.op, Gather):
+                names[id(node)] = self._gather(node, names[id(node.src[1])], lines)
             else:
                 var = f"v{len(names)}"
                 names[id(node)] = var
@@ -431,6 +490,27 @@ class _Emitter:
         masked = self._fresh()
         lines.append(f"{masked} = tl.where(mask, {_cast(src, node.src[0].dtype, work)}, {identity(op, work)})")
         return self._reduce_result(node, block_reduce(op, masked, work, self.red_dims, self._fresh, lines), lines)
+
+    def _gather(self, node: GraphNode, index: str, lines: list[str]) -> str:
+        """Load the table at a data-dependent coordinate. An index out of range is reported
+        through the status buffer (the runtime raises) and replaced by 0, so it is never
+        used as an address."""
+        n = self.gather_access[id(node)]
+        stride, size = self.accesses[n].gather
+        size_arg = self._scalar(f"a{n}_gather_size", size)
+        op = node.op
+        low = -size if op.wrap_negative else 0
+        self.checks.append(f"{op.what}: an index is out of bounds (valid: {low} to {size - 1})")
+        idx, ok, out = self._fresh(), self._fresh(), self._fresh()
+        lines.append(f"{idx} = {index}.to(tl.int64)")
+        if op.wrap_negative:
+            lines.append(f"{idx} = tl.where({idx} < 0, {idx} + {size_arg}, {idx})")
+        lines.append(f"{ok} = ({idx} >= 0) & ({idx} < {size_arg})")
+        mask = self._mask_for(n)
+        lines.append(f"tl.store({STATUS.param} + {idx} * 0, {len(self.checks)}, mask={mask} & ~{ok})")
+        step = f"{idx} * {self._scalar(f'a{n}_gather_stride', stride)}" if stride != 1 else idx
+        lines.append(f"{out} = tl.load({self._address(n)} + tl.where({ok}, {step}, 0), mask={mask})")
+        return out
 
     def _scan(self, node: GraphNode, src: str, lines: list[str], pre: Optional[list[str]] = None) -> str:
         """A scan along the kernel's scanned axis; in a looped kernel (`pre` given: the lines

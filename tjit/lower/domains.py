@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from ..ir import Contiguous, Cumulative, Graph, GraphNode, Mutation, Reduce, View, ViewOp, toposort
+from ..ir import Contiguous, Cumulative, Gather, GraphNode, Reduce, View, ViewOp, toposort
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,18 @@ def is_reduce_ref(node: GraphNode) -> bool:
     return isinstance(node.op, ViewOp) and isinstance(node.src[0].op, Reduce)
 
 
+def is_value_ref(node: GraphNode) -> bool:
+    """A view of a value the kernel computes (a reduction or a gather), not of memory."""
+    return isinstance(node.op, ViewOp) and isinstance(node.src[0].op, (Reduce, Gather))
+
+
+def _is_row_alias(ref: GraphNode, domain: Domain) -> bool:
+    """A gathered row value squeezed or unsqueezed: the same registers in row and squeezed
+    space (the frontend only makes such views of a Gather)."""
+    spaces = (domain.space_of(ref.src[0].shape), domain.space_of(ref.shape))
+    return bool(domain.axes) and all(s in ("row", "squeezed") for s in spaces)
+
+
 def is_kernel_input(node: GraphNode) -> bool:
     """What a fused expression reads from memory or takes as a literal: leaves and
     materialised buffers (Contiguous nodes are written by an earlier kernel)."""
@@ -104,7 +116,8 @@ def store_domain(value: GraphNode) -> tuple[Domain, list[GraphNode]]:
     registers in that domain (they must be materialised first)."""
     reduces = reduces_in(value)
     if not reduces:
-        return Domain(value.shape), []
+        refs = [n for n in toposort([value], stop=is_kernel_input) if is_value_ref(n)]
+        return Domain(value.shape), [r.src[0] for r in refs]
     domain = domain_of_reduce(reduces[0])
     if domain.space_of(value.shape) is None:
         return domain, [reduces[0]]
@@ -112,34 +125,20 @@ def store_domain(value: GraphNode) -> tuple[Domain, list[GraphNode]]:
     for node in toposort([value], stop=is_kernel_input):
         if is_reduce_ref(node) and node.src[0] not in foreign and reference_space(node) is None:
             foreign.append(node.src[0])
+        if is_value_ref(node) and isinstance(node.src[0].op, Gather) and not _is_row_alias(node, domain):
+            foreign.append(node.src[0])
     return domain, foreign
 
 
-def materialize_foreign_reductions(graph: Graph, roots_of_stores) -> Graph:
-    """Rewrite `graph` until every store's reductions are in its own domain, by turning the
-    offending Reduce nodes into buffers (Contiguous). `roots_of_stores(graph)` lists the
-    values stored."""
-    while True:
-        foreign = {}
-        for value in roots_of_stores(graph):
-            for r in store_domain(value)[1]:
-                foreign[id(r)] = r
-        if not foreign:
-            return graph
-        graph = _with_buffers(graph, foreign)
-
-
-def _with_buffers(graph: Graph, reduces: dict[int, GraphNode]) -> Graph:
-    """A copy of the graph in which each of `reduces` is read from a buffer."""
+def read_from_buffers(value: GraphNode, buffers: dict[int, GraphNode]) -> GraphNode:
+    """A copy of value's expression in which each node with an entry in `buffers` (its id ->
+    a Contiguous node of it) is read from that buffer instead of computed."""
     new: dict[int, GraphNode] = {}
-    for node in graph.nodes():
-        src = tuple(new[id(s)] for s in node.src)
-        copy = node if src == node.src else GraphNode(node.op, node.dtype, src, node.view)
-        if id(node) in reduces:
-            copy = GraphNode(Contiguous(), node.dtype, (copy,), node.view)
-        new[id(node)] = copy
-    outputs = {name: new[id(v)] for name, v in graph.outputs.items()}
-    mutations = tuple(Mutation(m.name, m.view, new[id(m.value)], m.version) for m in graph.mutations)
-    copy = Graph(graph.input_names, outputs, mutations)
-    copy._inputs = graph._inputs
-    return copy
+    for node in toposort([value], stop=is_kernel_input):
+        if id(node) in buffers:
+            new[id(node)] = buffers[id(node)]
+            continue
+        src = tuple(new.get(id(s), s) for s in node.src)
+        same = all(a is b for a, b in zip(src, node.src))
+        new[id(node)] = node if same else GraphNode(node.op, node.dtype, src, node.view)
+    return new[id(value)]

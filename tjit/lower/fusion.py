@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Union
 
 from ..ir import Contiguous, Graph, GraphNode, Input, Mutation, ViewOp, toposort
-from .domains import Domain, is_kernel_input, materialize_foreign_reductions, store_domain
+from .domains import Domain, is_kernel_input, read_from_buffers, store_domain
 
 
 @dataclass(frozen=True)
@@ -76,17 +76,33 @@ def collect_stores(graph: Graph) -> list[Store]:
     return stores
 
 
-def stored_values(graph: Graph) -> list[GraphNode]:
-    return [s.value for s in collect_stores(graph)]
+def place_in_domains(stores: list[Store]) -> list[Store]:
+    """Give every store its domain. A reduction (or gather) a store cannot keep in registers
+    in its domain is written to a buffer by a store of its own, and that store reads the
+    buffer; stores that can keep it in registers still do (softmax's max stays fused with
+    its sum even when another kernel also needs it)."""
+    buffers: dict[int, GraphNode] = {}
+    pending, placed = list(stores), []
+    while pending:
+        store = pending.pop(0)
+        domain, foreign = store_domain(store.value)
+        if not foreign:
+            store.domain = domain
+            placed.append(store)
+            continue
+        for node in foreign:
+            if id(node) not in buffers:
+                buffers[id(node)] = GraphNode(Contiguous(), node.dtype, (node,), node.view)
+                pending.append(Store(BufferTarget(buffers[id(node)]), node))
+        store.value = read_from_buffers(store.value, buffers)
+        pending.append(store)
+    order = {id(s): k for k, s in enumerate(stores)}
+    return sorted(placed, key=lambda s: order.get(id(s), len(order)))
 
 
 def group_kernels(graph: Graph) -> list[KernelGroup]:
-    """Stores with the same domain and level share a kernel. Reductions whose results are
-    used outside their own domain are materialised first (see domains.py)."""
-    graph = materialize_foreign_reductions(graph, stored_values)
-    stores = collect_stores(graph)
-    for store in stores:
-        store.domain = store_domain(store.value)[0]
+    """Stores with the same domain and level share a kernel."""
+    stores = place_in_domains(collect_stores(graph))
     levels = _levels(stores)
     groups: dict[tuple, KernelGroup] = {}
     for store in stores:

@@ -33,15 +33,36 @@ class Executable:
         self._constant_copies: dict[torch.device, dict[str, torch.Tensor]] = {}
         self.launches = [Launch(p, load_kernel(p), list(p.buffers) + list(p.scalar_args))
                          for p in lowered.kernels if p.numel > 0]
+        self._checked = any(launch.plan.checks for launch in self.launches)
+        self._status: dict[torch.device, torch.Tensor] = {}
 
     def __call__(self, tensors: dict[str, torch.Tensor]):
         device = next(iter(tensors.values())).device if tensors else torch.device("cpu")
         memory = dict(tensors)
         memory.update(self._constants_on(device))
         memory.update(self._allocate(device))
-        for launch in self.launches:
-            self._launch(launch, memory)
+        if self._checked:
+            memory["status"] = self._status_on(device)
+        for k, launch in enumerate(self.launches):
+            self._launch(launch, memory, k)
+        if self._checked:
+            self._raise_failed_checks(memory["status"])
         return self._outputs(memory)
+
+    def _status_on(self, device) -> torch.Tensor:
+        """One int32 per launch where a kernel reports a failed check (index out of range);
+        zero while all is well, so it is allocated once and kept."""
+        status = self._status.get(device)
+        if status is None:
+            status = self._status[device] = torch.zeros(len(self.launches), dtype=torch.int32, device=device)
+        return status
+
+    def _raise_failed_checks(self, status: torch.Tensor) -> None:
+        codes = status.tolist()  # one sync, as eager's checked indexing needs
+        for launch, code in zip(self.launches, codes):
+            if code:
+                status.zero_()
+                raise IndexError(launch.plan.checks[code - 1])
 
     def _constants_on(self, device) -> dict[str, torch.Tensor]:
         """Tensors the function created from Python data (torch.tensor([...])) live on the
@@ -65,8 +86,8 @@ class Executable:
                 debug.poison(t)
         return out
 
-    def _launch(self, launch: Launch, memory) -> None:
-        args = [self._bind(a, memory) if isinstance(a, BufferRef) else a for a in launch.args_template]
+    def _launch(self, launch: Launch, memory, k: int) -> None:
+        args = [self._bind(a, memory, k) if isinstance(a, BufferRef) else a for a in launch.args_template]
         note_launch_config(launch.plan, args)
         start = time.perf_counter() if debug.level() >= 4 else 0.0
         launch.fn[launch.plan.grid](*args, num_warps=launch.plan.num_warps, **launch.plan.constexprs)
@@ -75,7 +96,9 @@ class Executable:
             debug.log_launch(launch.plan, time.perf_counter() - start)
 
     @staticmethod
-    def _bind(ref: BufferRef, memory) -> torch.Tensor:
+    def _bind(ref: BufferRef, memory, k: int) -> torch.Tensor:
+        if ref.kind == "status":
+            return memory["status"][k:]
         if ref.kind == "input":
             return memory[ref.name]
         if ref.kind == "output":

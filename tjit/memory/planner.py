@@ -21,6 +21,7 @@ end steps renumbered 0..T), so the slab in units times the alignment is the slab
 from __future__ import annotations
 
 import bisect
+import functools
 import heapq
 import random
 import time
@@ -34,9 +35,9 @@ Interval = tuple[int, int, int]  # (size_bytes, first_step, end_step), end exclu
 DEFAULT_ALIGNMENT = 64
 DEFAULT_TIME_BUDGET_S = 0.2
 # Ordered fits (greedy_by_size and its variants) look at every pair of buffers live at a
-# common step. Above this many pairs plan_offsets leaves them out: in pure Python they would
-# blow the time budget (the 100,000-buffer synthetic trace has ~10^7 such pairs).
-MAX_PAIRS_FOR_ORDERED_FITS = 3_000_000
+# common step, at about 1 us a pair. Above this many pairs plan_offsets leaves them out (the
+# 100,000-buffer synthetic trace has ~10^7 such pairs: greedy-by-size alone takes ~15 s).
+MAX_PAIRS_FOR_ORDERED_FITS = 1_000_000
 
 
 # ---------------------------------------------------------------------------------------------
@@ -143,12 +144,13 @@ def check_plan(intervals: Sequence[Interval], offsets: Sequence[int], slab_size:
 
     if len(offsets) != len(arr):
         raise ValueError(f"{len(offsets)} offsets for {len(arr)} buffers")
+    occupying = [i for i in range(len(arr)) if arr[i, 0] > 0 and arr[i, 2] > arr[i, 1]]
     for i, o in enumerate(offsets):
         if o < 0 or o % alignment:
             raise ValueError(f"{name(i)}: offset is not a non-negative multiple of {alignment}")
-        if o + arr[i, 0] > slab_size:
-            raise ValueError(f"{name(i)}: ends at {o + int(arr[i, 0])}, past the slab of {slab_size} bytes")
-    occupying = [i for i in range(len(arr)) if arr[i, 0] > 0 and arr[i, 2] > arr[i, 1]]
+    for i in occupying:
+        if offsets[i] + arr[i, 0] > slab_size:
+            raise ValueError(f"{name(i)}: ends at {offsets[i] + int(arr[i, 0])}, past the slab of {slab_size} bytes")
     # Events at one step: ends before starts (end is exclusive).
     events = sorted([(int(arr[i, 2]), 0, i) for i in occupying] + [(int(arr[i, 1]), 1, i) for i in occupying])
     live: list[tuple[int, int]] = []  # (offset, buffer) of the live buffers, sorted
@@ -168,74 +170,55 @@ def check_plan(intervals: Sequence[Interval], offsets: Sequence[int], slab_size:
 
 # ---------------------------------------------------------------------------------------------
 # Engines. Each takes a _Problem and returns (unit offsets of its m buffers, slab in units), or
-# None as soon as the slab would exceed `limit` (a better plan is already known).
+# None once it is beaten: its slab exceeds the bound's limit (a better plan is known) or the
+# clock passes the bound's deadline.
 # ---------------------------------------------------------------------------------------------
 
 _Result = tuple[list[int], int] | None
 _INF = float("inf")
+_CLOCK_EVERY = 256  # engines look at the clock once per this many steps
 
 
-def _sweep_first_fit(p: _Problem, limit: float = _INF, fixed: Sequence[int] | None = None) -> _Result:
+@dataclass(frozen=True)
+class _Bound:
+    """When an engine gives up: past `limit` slab units, or past `deadline` (perf_counter)."""
+    limit: float = _INF
+    deadline: float = _INF
+
+    def late(self, step: int) -> bool:
+        return step % _CLOCK_EVERY == 0 and time.perf_counter() > self.deadline
+
+
+_UNBOUNDED = _Bound()
+
+
+def _sweep_first_fit(p: _Problem, bound: _Bound = _UNBOUNDED) -> _Result:
     """The seed's allocator: in order of start step, free the buffers that died, then take the
     lowest free offset where the new buffer fits. Free space is a sorted list of gaps, the last
-    one open-ended, so an allocation looks at gaps rather than at every live buffer.
-
-    fixed: offsets already decided for some buffers (-1 for the others), which the sweep takes
-    as they start; a buffer it places also keeps clear of the fixed ones that start while it
-    is live."""
-    size, start, end = p.size, p.start, p.end
-    offsets = list(fixed) if fixed is not None else [-1] * p.m
-    ahead = _FixedAhead(p, offsets)
-    # At one step, fixed buffers first: the others must keep clear of them.
-    order = sorted(range(p.m), key=lambda i: (start[i], offsets[i] < 0, i))
+    one open-ended, so an allocation looks at gaps rather than at every live buffer. Never
+    late: it is the fallback every other engine is measured against."""
+    size, end = p.size, p.end
+    offsets = [0] * p.m
     gap_lo, gap_hi = [0], [_INF]  # free gaps [lo, hi), sorted, disjoint, never adjacent
     dying: list[tuple[int, int]] = []  # heap of (end step, buffer)
     top = 0
-    for i in order:
-        while dying and dying[0][0] <= start[i]:
+    for i in sorted(range(p.m), key=lambda i: (p.start[i], i)):
+        while dying and dying[0][0] <= p.start[i]:
             j = heapq.heappop(dying)[1]
             _free(gap_lo, gap_hi, offsets[j], offsets[j] + size[j])
-        if offsets[i] >= 0:
-            k = bisect.bisect_right(gap_lo, offsets[i]) - 1
+        k = 0
+        while gap_hi[k] - gap_lo[k] < size[i]:
+            k += 1
+        o = offsets[i] = gap_lo[k]
+        if gap_hi[k] - o == size[i]:
+            del gap_lo[k], gap_hi[k]
         else:
-            k, offsets[i] = _lowest_fit(gap_lo, gap_hi, size[i], ahead.within(start[i], end[i]) if ahead else ())
-        _take(gap_lo, gap_hi, k, offsets[i], offsets[i] + size[i])
-        top = max(top, offsets[i] + size[i])
-        if top > limit:
+            gap_lo[k] = o + size[i]
+        top = max(top, o + size[i])
+        if top > bound.limit:
             return None
         heapq.heappush(dying, (end[i], i))
     return offsets, top
-
-
-def _lowest_fit(gap_lo: list, gap_hi: list, need: int, obstacles) -> tuple[int, int]:
-    """(gap, offset): the lowest offset where `need` units fit in a free gap and clear the
-    obstacles, address ranges (sorted) that will be taken while the buffer is live."""
-    k = 0
-    while True:
-        lo, hi = gap_lo[k], gap_hi[k]
-        if hi - lo >= need:
-            for o_lo, o_hi in obstacles:
-                if o_lo >= lo + need:
-                    break
-                lo = max(lo, o_hi)
-            if lo + need <= hi:
-                return k, lo
-        k += 1
-
-
-def _take(gap_lo: list, gap_hi: list, k: int, lo: int, hi: int) -> None:
-    """Mark [lo, hi), which lies inside free gap k, as used."""
-    g_lo, g_hi = gap_lo[k], gap_hi[k]
-    if g_lo == lo and g_hi == hi:
-        del gap_lo[k], gap_hi[k]
-    elif g_lo == lo:
-        gap_lo[k] = hi
-    elif g_hi == hi:
-        gap_hi[k] = lo
-    else:
-        gap_hi[k] = lo
-        gap_lo.insert(k + 1, hi)
-        gap_hi.insert(k + 1, g_hi)
 
 
 def _free(gap_lo: list, gap_hi: list, lo: int, hi: int) -> None:
@@ -253,25 +236,6 @@ def _free(gap_lo: list, gap_hi: list, lo: int, hi: int) -> None:
     else:
         gap_lo.insert(k, lo)
         gap_hi.insert(k, hi)
-
-
-class _FixedAhead:
-    """The buffers with fixed offsets, by start step: which will start while another is live.
-    False when there are none."""
-
-    def __init__(self, p: _Problem, offsets: Sequence[int]):
-        fixed = sorted((p.start[i], offsets[i], offsets[i] + p.size[i]) for i in range(p.m) if offsets[i] >= 0)
-        self.starts = [s for s, _, _ in fixed]
-        self.ranges = [(lo, hi) for _, lo, hi in fixed]
-
-    def __bool__(self) -> bool:
-        return bool(self.starts)
-
-    def within(self, first: int, end: int) -> list[tuple[int, int]]:
-        """Address ranges of the fixed buffers starting in (first, end), sorted."""
-        lo = bisect.bisect_right(self.starts, first)
-        hi = bisect.bisect_left(self.starts, end, lo)
-        return sorted(self.ranges[lo:hi]) if hi > lo else []
 
 
 def _overlap_pairs(p: _Problem) -> tuple[np.ndarray, np.ndarray]:
@@ -310,19 +274,19 @@ def _neighbours(p: _Problem) -> list[list[int]]:
 
 
 def _ordered_fit(p: _Problem, order: Sequence[int], neighbours: list[list[int]], best_fit: bool,
-                 limit: float = _INF) -> _Result:
+                 bound: _Bound = _UNBOUNDED) -> _Result:
     """Place buffers one by one in `order`, each among the already placed buffers it meets in
     time: into the smallest gap that holds it (best_fit, as TFLite's GreedyBySize) or the
     lowest one (first fit); above all of them when no gap does."""
     size = p.size
     offsets, tops = [-1] * p.m, [0] * p.m  # -1: not placed yet
     slab = 0
-    for i in order:
+    for step, i in enumerate(order):
         occupied = sorted([(offsets[j], tops[j]) for j in neighbours[i] if offsets[j] >= 0])
         o = _best_gap(occupied, size[i]) if best_fit else _lowest_gap(occupied, size[i])
         offsets[i], tops[i] = o, o + size[i]
         slab = max(slab, tops[i])
-        if slab > limit:
+        if slab > bound.limit or bound.late(step):
             return None
     return offsets, slab
 
@@ -347,7 +311,7 @@ def _lowest_gap(occupied: list[tuple[int, int]], need: int) -> int:
     return prev
 
 
-def _skyline(p: _Problem, priority: Sequence[int], limit: float = _INF) -> _Result:
+def _skyline(p: _Problem, priority: Sequence[int], bound: _Bound = _UNBOUNDED) -> _Result:
     """Fill the slab from the bottom up, keeping only the skyline: the height of the highest
     placed buffer at each step, as maximal segments of equal height.
 
@@ -383,7 +347,7 @@ def _skyline(p: _Problem, priority: Sequence[int], limit: float = _INF) -> _Resu
         left -= 1
         offsets[i] = h
         slab = max(slab, h + size[i])
-        if slab > limit:
+        if slab > bound.limit or bound.late(left):
             return None
         stack.extend(sky.raise_part(a, start[i], end[i], h + size[i]))
     return offsets, slab
@@ -452,29 +416,25 @@ class _Candidates:
     """The unplaced buffers, for the skyline's choice on a segment [a, b): of those with
     a <= start and end <= b, the one touching most of a and b, then of highest priority.
 
-    Buffers touching an end are few: lists by start and by end step, best first. The others
-    are found in arrays sorted by start (a Python scan when few start inside the segment, one
-    numpy pass when many); placed buffers are dropped from the arrays whenever they make up
-    half of them."""
+    Arrays sorted by (start, -priority) hold them: the buffers starting at a come first and
+    best first, the ones strictly inside follow (a Python scan when few, one numpy pass when
+    many). Placed buffers are dropped from the arrays whenever they make up half of them. A
+    second order, by (end, -priority), finds the ones ending at b."""
 
     NARROW = 32  # below this many buffers starting inside a segment, a Python loop is faster
 
     def __init__(self, p: _Problem, priority: Sequence[int]):
-        self.m, self.T, self.start_of, self.end_of = p.m, p.T, p.start, p.end
-        self.priority_of = priority
+        self.m, self.T, self.start_of, self.priority_of = p.m, p.T, p.start, priority
         self.placed = bytearray(p.m)
-        self.by_start: dict[int, list[int]] = {}  # step -> buffers starting there, best last
-        self.by_end: dict[int, list[int]] = {}
-        for i in sorted(range(p.m), key=priority.__getitem__):
-            self.by_start.setdefault(p.start[i], []).append(i)
-            self.by_end.setdefault(p.end[i], []).append(i)
-        start = np.asarray(p.start)
-        by_start = np.argsort(start, kind="stable")
-        self._keep(by_start, start[by_start], np.asarray(p.end)[by_start],
-                   np.asarray(priority, dtype=np.int64)[by_start])
+        start, end, rank = np.asarray(p.start), np.asarray(p.end), np.asarray(priority, dtype=np.int64)
+        by_start = np.lexsort((-rank, start))
+        self._keep(by_start, start[by_start], end[by_start], rank[by_start])
+        by_end = np.lexsort((-rank, end))
+        self.ending = by_end.tolist()
+        self.first_ending_at = np.searchsorted(end[by_end], np.arange(p.T + 2)).tolist()
 
     def _keep(self, ids, start, end, priority) -> None:
-        """Hold these buffers (sorted by start) in the arrays and nothing else."""
+        """Hold these buffers (sorted) in the arrays and nothing else."""
         self.ids, self.start, self.end, self.priority = ids, start, end, priority
         self.ids_l, self.end_l, self.priority_l = ids.tolist(), end.tolist(), priority.tolist()
         self.first_at = np.searchsorted(start, np.arange(self.T + 1)).tolist()  # first k: start >= t
@@ -496,24 +456,19 @@ class _Candidates:
 
     def _touching(self, a: int, b: int) -> int:
         """The best buffer within [a, b) that starts at a or ends at b, or -1."""
-        placed, end_of, start_of = self.placed, self.end_of, self.start_of
+        placed, ids, end = self.placed, self.ids_l, self.end_l
         left = right = -1
-        starting = self.by_start.get(a, ())
-        while starting and placed[starting[-1]]:
-            starting.pop()
-        for k in range(len(starting) - 1, -1, -1):
-            i = starting[k]
-            if not placed[i] and end_of[i] <= b:
-                if end_of[i] == b:
+        for k in range(self.first_at[a], self.first_at[a + 1]):  # starting at a, best first
+            i = ids[k]
+            if end[k] <= b and not placed[i]:
+                if end[k] == b:
                     return i  # touches both ends
                 if left < 0:
                     left = i
-        ending = self.by_end.get(b, ())
-        while ending and placed[ending[-1]]:
-            ending.pop()
-        for k in range(len(ending) - 1, -1, -1):
+        ending, start_of = self.ending, self.start_of
+        for k in range(self.first_ending_at[b], self.first_ending_at[b + 1]):  # ending at b
             i = ending[k]
-            if not placed[i] and start_of[i] >= a:
+            if start_of[i] >= a and not placed[i]:
                 right = i
                 break
         if left < 0 or right < 0:
@@ -522,9 +477,10 @@ class _Candidates:
 
     def _inside(self, a: int, b: int) -> int:
         """The best buffer with a < start and end <= b, or -1."""
-        lo, hi = self.first_at[a + 1] if a < self.T else self.first_at[a], self.first_at[b]
+        lo, hi = self.first_at[a + 1], self.first_at[b]
         if hi - lo <= self.NARROW:
-            best, best_priority, placed, end, priority, ids = -1, -1, self.placed, self.end_l, self.priority_l, self.ids_l
+            best, best_priority, placed = -1, -1, self.placed
+            ids, end, priority = self.ids_l, self.end_l, self.priority_l
             for k in range(lo, hi):
                 if end[k] <= b and priority[k] > best_priority and not placed[ids[k]]:
                     best, best_priority = ids[k], priority[k]
@@ -563,26 +519,47 @@ def plan_offsets(intervals: Sequence[Interval], *, alignment: int = DEFAULT_ALIG
 
     Returns (offsets, slab_size): offsets aligned to `alignment`, buffers live at a common step
     never overlap (check_plan holds), and the slab is never larger than first_fit_by_start's,
-    nor than greedy_by_size's whenever that is computed (below MAX_PAIRS_FOR_ORDERED_FITS pairs
-    of buffers that meet in time: every compiled graph of up to tens of thousands of buffers).
+    nor than greedy_by_size's when at most MAX_PAIRS_FOR_ORDERED_FITS pairs of buffers meet
+    in time (any graph of a few thousand buffers): both always run.
 
-    Tries a portfolio (skyline fills, the two baselines, ordered fits), stops early when a plan
-    reaches the lower bound, and spends what is left of `time_budget_s` on a randomised search
-    over skyline priorities (seeded: the same inputs, budget and machine give the same plan).
-    The portfolio itself runs to the end even past the budget; on 10^5 buffers it takes well
-    under a second.
+    Then, while `time_budget_s` lasts (counted from the call), a portfolio: skyline fills and
+    ordered fits under several priorities, then a randomised search over skyline priorities
+    (seeded: the same inputs, budget and machine give the same plan). A heuristic still running
+    at the deadline is abandoned; the search stops early when a plan reaches the lower bound.
+    So the budget bounds the call except for the baselines: about 3 us per buffer for first
+    fit, plus about 1 us per pair of buffers that meet in time for greedy-by-size.
     """
     p = _problem(intervals, alignment)
     search = _Search(p, time.perf_counter() + time_budget_s)
-    for name, engine, always in _portfolio(p):
-        if search.done() or (not always and search.out_of_time()):
-            continue
+    search.consider("first-fit", lambda bound: _sweep_first_fit(p))
+    neighbours = _neighbours(p) if _pair_count(p) <= MAX_PAIRS_FOR_ORDERED_FITS else None
+    if neighbours is not None:
+        search.consider("greedy-by-size", lambda bound: _ordered_fit(p, _order(p, "size"), neighbours, True))
+    for name, engine in _portfolio(p, neighbours):
+        if search.done() or search.out_of_time():
+            break
         search.consider(name, engine)
     rng = random.Random(seed)
-    while not search.done() and not search.out_of_time():
+    while not (search.done() or search.out_of_time()):
         priority = _random_priority(p, rng)
-        search.consider("skyline-random", lambda limit, priority=priority: _skyline(p, priority, limit))
+        search.consider("skyline-random", lambda bound, priority=priority: _skyline(p, priority, bound))
     return p.to_bytes(search.offsets)
+
+
+def _portfolio(p: _Problem, neighbours: list[list[int]] | None):
+    """(name, engine) in the order tried; an engine maps a _Bound to a _Result. The skyline
+    fills are strongest on fragmented instances, the ordered fits on model graphs."""
+    yield "skyline-area", lambda bound: _skyline(p, _priority(p, "area"), bound)
+    if neighbours is not None:
+        yield "size-first-fit", lambda bound: _ordered_fit(p, _order(p, "size"), neighbours, False, bound)
+    for key in ("size", "steps"):
+        yield f"skyline-{key}", lambda bound, key=key: _skyline(p, _priority(p, key), bound)
+    if neighbours is not None:
+        for key in ("area", "steps"):
+            for best_fit in (True, False):
+                yield (f"{key}-{'best' if best_fit else 'first'}-fit",
+                       lambda bound, key=key, best_fit=best_fit: _ordered_fit(p, _order(p, key), neighbours,
+                                                                              best_fit, bound))
 
 
 def _order(p: _Problem, key: str) -> list[int]:
@@ -611,39 +588,19 @@ def _random_priority(p: _Problem, rng: random.Random) -> list[int]:
     return rank
 
 
-def _portfolio(p: _Problem):
-    """(name, engine, always) in the order tried; an engine maps a slab limit to a _Result.
-    The baselines are always run (they bound the result); the rest while time remains."""
-    yield "skyline-area", lambda limit: _skyline(p, _priority(p, "area"), limit), True
-    yield "first-fit", lambda limit: _sweep_first_fit(p, limit), True
-    if _pair_count(p) > MAX_PAIRS_FOR_ORDERED_FITS:
-        yield from ((f"skyline-{key}", lambda limit, key=key: _skyline(p, _priority(p, key), limit), False)
-                    for key in ("size", "steps"))
-        return
-    neighbours = _neighbours(p)
-    yield "greedy-by-size", lambda limit: _ordered_fit(p, _order(p, "size"), neighbours, True, limit), True
-    yield "size-first-fit", lambda limit: _ordered_fit(p, _order(p, "size"), neighbours, False, limit), False
-    for key in ("size", "steps"):
-        yield f"skyline-{key}", lambda limit, key=key: _skyline(p, _priority(p, key), limit), False
-    for key in ("area", "steps"):
-        for best_fit in (True, False):
-            yield (f"{key}-{'best' if best_fit else 'first'}-fit",
-                   lambda limit, key=key, best_fit=best_fit: _ordered_fit(p, _order(p, key), neighbours, best_fit, limit),
-                   False)
-
-
 class _Search:
     """The best plan found so far, the lower bound it is measured against, and the clock."""
 
     def __init__(self, p: _Problem, deadline: float):
-        self.p, self.deadline = p, deadline
+        self.deadline = deadline
         self.offsets: list[int] = [0] * p.m
         self.slab: float = _INF
         self.bound = _unit_lower_bound(p)
-        self.winner = ""
+        self.winner = ""  # which engine found the plan kept: for debugging and the benchmark
 
     def consider(self, name: str, engine) -> None:
-        result = engine(self.slab - 1 if self.slab < _INF else _INF)
+        """Run an engine bounded by the best slab so far and the deadline; keep a better plan."""
+        result = engine(_Bound(limit=self.slab - 1, deadline=self.deadline))
         if result is not None and result[1] < self.slab:
             self.offsets, self.slab = result
             self.winner = name
@@ -664,23 +621,61 @@ def _unit_lower_bound(p: _Problem) -> int:
     return int(np.cumsum(delta[np.lexsort((delta, steps))]).max())
 
 
-def _subproblem(p: _Problem, keep: Sequence[int]) -> _Problem:
-    """The buffers `keep` of p alone (ids index into p), on p's compressed time."""
-    return _Problem(n=p.m, alignment=p.alignment, ids=list(keep), nbytes=[p.nbytes[i] for i in keep],
-                    size=[p.size[i] for i in keep], start=[p.start[i] for i in keep],
-                    end=[p.end[i] for i in keep], T=p.T, steps=[p.steps[i] for i in keep])
+# ---------------------------------------------------------------------------------------------
+# A plan with its context
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Buffers (size_bytes, first_step, end_step), their byte offsets in one slab, and the slab.
+
+    names label the buffers in the text form and the picture (the compiler passes the values'
+    names). Build one with make_plan, or around any offsets, e.g. a baseline's:
+    MemoryPlan(intervals, *first_fit_by_start(intervals))."""
+    intervals: tuple[Interval, ...]
+    offsets: tuple[int, ...]
+    slab_size: int
+    names: tuple[str, ...] | None = None
+    alignment: int = DEFAULT_ALIGNMENT
+
+    def __post_init__(self):
+        object.__setattr__(self, "intervals", tuple(tuple(int(x) for x in iv) for iv in self.intervals))
+        object.__setattr__(self, "offsets", tuple(int(o) for o in self.offsets))
+        if self.names is not None:
+            object.__setattr__(self, "names", tuple(str(n) for n in self.names))
+            if len(self.names) != len(self.intervals):
+                raise ValueError(f"{len(self.names)} names for {len(self.intervals)} buffers")
+
+    @functools.cached_property
+    def lower_bound(self) -> int:
+        """The largest total of bytes live at one step."""
+        return lower_bound(self.intervals)
+
+    @property
+    def ratio(self) -> float:
+        """slab_size / lower_bound (1.0 for an empty plan)."""
+        return self.slab_size / self.lower_bound if self.lower_bound else 1.0
+
+    def check(self) -> None:
+        """Raise ValueError unless the plan is valid (see check_plan)."""
+        check_plan(self.intervals, self.offsets, self.slab_size, self.alignment, self.names)
+
+    def format(self) -> str:
+        """The text form: the slab against the lower bound, then one line per buffer."""
+        from .plot import format_plan
+        return format_plan(self.intervals, self.offsets, self.slab_size, self.names)
+
+    def plot(self, path, *, title: str | None = None) -> None:
+        """Draw the plan into an image file (needs matplotlib; see tjit.memory.plot)."""
+        from .plot import plot
+        plot(self, path, title=title)
+
+    def __str__(self) -> str:
+        return self.format()
 
 
-def _heavy_then_sweep(p: _Problem, heavy: int, limit: float = _INF) -> _Result:
-    """For many buffers: the `heavy` ones with the largest size x lifetime, which make up most
-    of the bytes live at any step, go through the skyline; the rest, short-lived or small,
-    are swept into the space left around them by first fit."""
-    keep = _order(p, "area")[:heavy]
-    sub = _subproblem(p, keep)
-    result = _skyline(sub, _priority(sub, "area"), limit)
-    if result is None:
-        return None
-    fixed = [-1] * p.m
-    for k, o in zip(keep, result[0]):
-        fixed[k] = o
-    return _sweep_first_fit(p, limit, fixed)
+def make_plan(intervals: Sequence[Interval], names: Sequence[str] | None = None, *,
+              alignment: int = DEFAULT_ALIGNMENT, time_budget_s: float = DEFAULT_TIME_BUDGET_S) -> MemoryPlan:
+    """plan_offsets, wrapped in a MemoryPlan."""
+    offsets, slab = plan_offsets(intervals, alignment=alignment, time_budget_s=time_budget_s)
+    return MemoryPlan(tuple(intervals), tuple(offsets), slab, None if names is None else tuple(names), alignment)

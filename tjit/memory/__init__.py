@@ -1,0 +1,30 @@
+"""tjit.memory: static memory planning, every intermediate in one slab.
+
+plan_offsets packs buffers given as (size_bytes, first_step, end_step) into one slab;
+first_fit_by_start (the seed's) and greedy_by_size (TFLite's) are the baselines it is measured
+against, lower_bound the floor no plan can beat, check_plan the checker every plan must pass.
+MemoryPlan (from make_plan) keeps a plan with its text form (format_plan) and picture (plot,
+which needs matplotlib).
+"""
+from .planner import (
+    MemoryPlan,
+    check_plan,
+    first_fit_by_start,
+    greedy_by_size,
+    lower_bound,
+    make_plan,
+    plan_offsets,
+)
+from .plot import format_plan, plot
+
+__all__ = [
+    "MemoryPlan",
+    "check_plan",
+    "first_fit_by_start",
+    "format_plan",
+    "greedy_by_size",
+    "lower_bound",
+    "make_plan",
+    "plan_offsets",
+    "plot",
+]

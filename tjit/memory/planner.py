@@ -417,15 +417,18 @@ class _Candidates:
     a <= start and end <= b, the one touching most of a and b, then of highest priority.
 
     Arrays sorted by (start, -priority) hold them: the buffers starting at a come first and
-    best first, the ones strictly inside follow (a Python scan when few, one numpy pass when
-    many). Placed buffers are dropped from the arrays whenever they make up half of them. A
-    second order, by (end, -priority), finds the ones ending at b."""
+    best first, the ones strictly inside follow. A second order, by (end, -priority), finds the
+    ones ending at b. Most segments have nothing inside that fits: the smallest end among the
+    buffers starting inside, kept per block of positions, says so without a scan. Placed
+    buffers get an end past every segment and are dropped whenever they make up half."""
 
     NARROW = 32  # below this many buffers starting inside a segment, a Python loop is faster
+    BLOCK = 64  # positions per block of the smallest-end summary
 
     def __init__(self, p: _Problem, priority: Sequence[int]):
         self.m, self.T, self.start_of, self.priority_of = p.m, p.T, p.start, priority
         self.placed = bytearray(p.m)
+        self.position = [0] * p.m  # buffer -> its index in the arrays
         start, end, rank = np.asarray(p.start), np.asarray(p.end), np.asarray(priority, dtype=np.int64)
         by_start = np.lexsort((-rank, start))
         self._keep(by_start, start[by_start], end[by_start], rank[by_start])
@@ -434,10 +437,13 @@ class _Candidates:
         self.first_ending_at = np.searchsorted(end[by_end], np.arange(p.T + 2)).tolist()
 
     def _keep(self, ids, start, end, priority) -> None:
-        """Hold these buffers (sorted) in the arrays and nothing else."""
-        self.ids, self.start, self.end, self.priority = ids, start, end, priority
+        """Hold these unplaced buffers (sorted) in the arrays and nothing else."""
+        self.ids, self.start, self.end, self.priority = ids, start, end.copy(), priority
         self.ids_l, self.end_l, self.priority_l = ids.tolist(), end.tolist(), priority.tolist()
+        for k, i in enumerate(self.ids_l):
+            self.position[i] = k
         self.first_at = np.searchsorted(start, np.arange(self.T + 1)).tolist()  # first k: start >= t
+        self.block_min = [min(self.end_l[k:k + self.BLOCK]) for k in range(0, len(self.end_l), self.BLOCK)]
         self.dropped = 0
 
     def pick(self, a: int, b: int) -> int:
@@ -447,25 +453,31 @@ class _Candidates:
             i = self._inside(a, b)
             if i < 0:
                 return -1
+        self._drop(i)
+        return i
+
+    def _drop(self, i: int) -> None:
         self.placed[i] = 1
+        k = self.position[i]
+        self.end[k] = self.end_l[k] = self.T + 1  # fits no segment
+        first = k - k % self.BLOCK
+        self.block_min[k // self.BLOCK] = min(self.end_l[first:first + self.BLOCK])
         self.dropped += 1
         if 2 * self.dropped > len(self.ids):
-            alive = np.frombuffer(self.placed, dtype=np.uint8)[self.ids] == 0
+            alive = self.end <= self.T
             self._keep(self.ids[alive], self.start[alive], self.end[alive], self.priority[alive])
-        return i
 
     def _touching(self, a: int, b: int) -> int:
         """The best buffer within [a, b) that starts at a or ends at b, or -1."""
-        placed, ids, end = self.placed, self.ids_l, self.end_l
+        ids, end = self.ids_l, self.end_l
         left = right = -1
         for k in range(self.first_at[a], self.first_at[a + 1]):  # starting at a, best first
-            i = ids[k]
-            if end[k] <= b and not placed[i]:
+            if end[k] <= b:
                 if end[k] == b:
-                    return i  # touches both ends
+                    return ids[k]  # touches both ends
                 if left < 0:
-                    left = i
-        ending, start_of = self.ending, self.start_of
+                    left = ids[k]
+        ending, start_of, placed = self.ending, self.start_of, self.placed
         for k in range(self.first_ending_at[b], self.first_ending_at[b + 1]):  # ending at b
             i = ending[k]
             if start_of[i] >= a and not placed[i]:
@@ -479,16 +491,25 @@ class _Candidates:
         """The best buffer with a < start and end <= b, or -1."""
         lo, hi = self.first_at[a + 1], self.first_at[b]
         if hi - lo <= self.NARROW:
-            best, best_priority, placed = -1, -1, self.placed
-            ids, end, priority = self.ids_l, self.end_l, self.priority_l
+            best, best_priority, ids, end, priority = -1, -1, self.ids_l, self.end_l, self.priority_l
             for k in range(lo, hi):
-                if end[k] <= b and priority[k] > best_priority and not placed[ids[k]]:
+                if end[k] <= b and priority[k] > best_priority:
                     best, best_priority = ids[k], priority[k]
             return best
-        alive = np.frombuffer(self.placed, dtype=np.uint8)[self.ids[lo:hi]] == 0
-        key = np.where((self.end[lo:hi] <= b) & alive, self.priority[lo:hi], -1)
+        if self._smallest_end(lo, hi) > b:
+            return -1
+        key = np.where(self.end[lo:hi] <= b, self.priority[lo:hi], -1)
         k = int(key.argmax())
-        return int(self.ids[lo + k]) if key[k] >= 0 else -1
+        return int(self.ids[lo + k])
+
+    def _smallest_end(self, lo: int, hi: int) -> int:
+        """min(end_l[lo:hi]) from whole blocks' summaries and the partial blocks at the ends."""
+        end, B = self.end_l, self.BLOCK
+        first_block, last_block = lo // B + 1, hi // B  # whole blocks in between
+        if first_block >= last_block:
+            return min(end[lo:hi])
+        return min(min(end[lo:first_block * B]), min(self.block_min[first_block:last_block]),
+                   min(end[last_block * B:hi], default=self.T + 1))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -33,11 +33,15 @@ import numpy as np
 Interval = tuple[int, int, int]  # (size_bytes, first_step, end_step), end exclusive
 
 DEFAULT_ALIGNMENT = 64
+# plan_offsets' default time budget: 0.2 s, plus 25 us per buffer up to 0.5 s more, so that a
+# skyline fill still fits for graphs of ~20,000 buffers (on 10^5 none fits in a second).
 DEFAULT_TIME_BUDGET_S = 0.2
+EXTRA_BUDGET_PER_BUFFER_S, MAX_EXTRA_BUDGET_S = 25e-6, 0.5
 # Ordered fits (greedy_by_size and its variants) look at every pair of buffers live at a
-# common step, at about 1 us a pair. Above this many pairs plan_offsets leaves them out (the
-# 100,000-buffer synthetic trace has ~10^7 such pairs: greedy-by-size alone takes ~15 s).
-MAX_PAIRS_FOR_ORDERED_FITS = 1_000_000
+# common step, at about 1 us a pair. Above this many pairs (~5,000 buffers with 100 live at
+# once) plan_offsets leaves them out: the 100,000-buffer synthetic trace has ~10^7 pairs, and
+# greedy-by-size alone takes ~15 s there.
+MAX_PAIRS_FOR_ORDERED_FITS = 500_000
 # A skyline fill takes about this many times as long as the first-fit sweep on the same buffers
 # (measured: 4-6x); plan_offsets times the sweep and skips a skyline that cannot end in time.
 SKYLINE_VS_SWEEP = 4.0
@@ -439,7 +443,7 @@ class _Candidates:
 
     def _keep(self, ids, start, end, priority) -> None:
         """Hold these unplaced buffers (sorted) in the arrays and nothing else."""
-        self.ids, self.start, self.end, self.priority = ids, start, end.copy(), priority
+        self.ids, self.start, self.end, self.priority = ids, start, end, priority
         self.ids_l, self.end_l, self.priority_l = ids.tolist(), end.tolist(), priority.tolist()
         for k, i in enumerate(self.ids_l):
             self.position[i] = k
@@ -536,32 +540,40 @@ def greedy_by_size(intervals: Sequence[Interval], alignment: int = DEFAULT_ALIGN
 
 
 def plan_offsets(intervals: Sequence[Interval], *, alignment: int = DEFAULT_ALIGNMENT,
-                 time_budget_s: float = DEFAULT_TIME_BUDGET_S, seed: int = 0) -> tuple[list[int], int]:
+                 time_budget_s: float | None = None, seed: int = 0) -> tuple[list[int], int]:
     """Plan byte offsets in one slab for buffers given as (size_bytes, first_step, end_step).
 
     Returns (offsets, slab_size): offsets aligned to `alignment`, buffers live at a common step
     never overlap (check_plan holds), and the slab is never larger than first_fit_by_start's,
     nor than greedy_by_size's when at most MAX_PAIRS_FOR_ORDERED_FITS pairs of buffers meet
-    in time (any graph of a few thousand buffers): both always run.
+    in time (graphs of a few thousand buffers): both always run (greedy-by-size only until it
+    falls behind the best plan so far).
 
-    Then, while `time_budget_s` lasts (counted from the call), a portfolio: skyline fills and
-    ordered fits under several priorities, then a randomised search over skyline priorities
-    (seeded: the same inputs, budget and machine give the same plan). A heuristic still running
-    at the deadline is abandoned, and a skyline fill (~15 us per buffer) is not started when
-    it cannot end in time; the search stops early when a plan reaches the lower bound. So the
-    budget bounds the call except for the baselines: about 3 us per buffer for first fit, plus
-    about 1 us per pair of buffers meeting in time for greedy-by-size. On 10^5 buffers the
-    default budget leaves first fit's plan; a budget of a few seconds lets the skyline run.
+    Then, while `time_budget_s` lasts (counted from the call; by default 0.2 s plus 25 us per
+    buffer, at most 0.7 s): skyline fills and ordered fits under several priorities, then a
+    randomised search over skyline priorities (seeded: the same inputs, budget and machine give
+    the same plan). A heuristic still running at the deadline is abandoned, a skyline fill
+    (~15 us per buffer) is not started when it cannot end in time, and the search stops when a
+    plan reaches the lower bound. So the budget bounds the call but for the baselines: about
+    3 us per buffer for first fit, about 1 us per pair of buffers meeting in time for
+    greedy-by-size. On 10^5 buffers the default budget leaves first fit's plan (~0.5 s); a
+    budget of a few seconds lets the skyline run (~2 s).
     """
-    p = _problem(intervals, alignment)
-    search = _Search(p, time.perf_counter() + time_budget_s)
     started = time.perf_counter()
+    p = _problem(intervals, alignment)
+    if time_budget_s is None:
+        time_budget_s = DEFAULT_TIME_BUDGET_S + min(MAX_EXTRA_BUDGET_S, EXTRA_BUDGET_PER_BUFFER_S * p.m)
+    search = _Search(p, started + time_budget_s)
+    sweep_started = time.perf_counter()
     search.consider(lambda bound: _sweep_first_fit(p))
     # A skyline fill costs about SKYLINE_VS_SWEEP first-fit sweeps: don't start one that cannot end.
-    search.skyline_cost = SKYLINE_VS_SWEEP * (time.perf_counter() - started)
+    search.skyline_cost = SKYLINE_VS_SWEEP * (time.perf_counter() - sweep_started)
+    if not search.out_of_time(skyline=True):  # first: it bounds what follows
+        search.consider(lambda bound: _skyline(p, _priority(p, "area"), bound))
     neighbours = _neighbours(p) if _pair_count(p) <= MAX_PAIRS_FOR_ORDERED_FITS else None
     if neighbours is not None:
-        search.consider(lambda bound: _ordered_fit(p, _order(p, "size"), neighbours, True))
+        search.consider(lambda bound: _ordered_fit(p, _order(p, "size"), neighbours, True,
+                                                   _Bound(limit=bound.limit)))
     for name, engine in _portfolio(p, neighbours):
         if search.done() or search.out_of_time():
             break
@@ -577,7 +589,6 @@ def plan_offsets(intervals: Sequence[Interval], *, alignment: int = DEFAULT_ALIG
 def _portfolio(p: _Problem, neighbours: list[list[int]] | None):
     """(name, engine) in the order tried; an engine maps a _Bound to a _Result. The skyline
     fills are strongest on fragmented instances, the ordered fits on model graphs."""
-    yield "skyline-area", lambda bound: _skyline(p, _priority(p, "area"), bound)
     if neighbours is not None:
         yield "size-first-fit", lambda bound: _ordered_fit(p, _order(p, "size"), neighbours, False, bound)
     for key in ("size", "steps"):
@@ -703,7 +714,7 @@ class MemoryPlan:
 
 
 def make_plan(intervals: Sequence[Interval], names: Sequence[str] | None = None, *,
-              alignment: int = DEFAULT_ALIGNMENT, time_budget_s: float = DEFAULT_TIME_BUDGET_S) -> MemoryPlan:
+              alignment: int = DEFAULT_ALIGNMENT, time_budget_s: float | None = None) -> MemoryPlan:
     """plan_offsets, wrapped in a MemoryPlan."""
     offsets, slab = plan_offsets(intervals, alignment=alignment, time_budget_s=time_budget_s)
     return MemoryPlan(tuple(intervals), tuple(offsets), slab, None if names is None else tuple(names), alignment)

@@ -16,8 +16,8 @@ def format_plan(intervals: Sequence[Interval], offsets: Sequence[int], slab_size
     """The slab against the lower bound, then one line per buffer (in the given order): name,
     size, lifetime [first_step, end_step) and byte range in the slab."""
     bound = lower_bound(intervals)
-    ratio = f" = {slab_size / bound:.4f} x" if bound else ""
-    header = (f"memory plan: {len(intervals)} buffers, slab {_bytes(slab_size)}{ratio} "
+    versus = f" = {slab_size / bound:.4f} x" if bound else ","
+    header = (f"memory plan: {len(intervals)} buffers, slab {_bytes(slab_size)}{versus} "
               f"lower bound {_bytes(bound)} (largest total live at one step)")
     lines = [header]
     width = max([len(str(n)) for n in names or ()] + [6])
@@ -41,6 +41,7 @@ def plot(plan: MemoryPlan, path: str | os.PathLike, *, title: str | None = None)
         raise ImportError("tjit.memory.plot needs matplotlib: pip install matplotlib") from None
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
+    from matplotlib.collections import PatchCollection
     from matplotlib.patches import Rectangle
 
     fig, ax = plt.subplots(figsize=(10, 6))
@@ -48,10 +49,13 @@ def plot(plan: MemoryPlan, path: str | os.PathLike, *, title: str | None = None)
     drawn = [(i, iv, o) for i, (iv, o) in enumerate(zip(plan.intervals, plan.offsets)) if iv[0] and iv[2] > iv[1]]
     first_step = min((iv[1] for _, iv, _ in drawn), default=0)
     last_step = max((iv[2] for _, iv, _ in drawn), default=first_step + 1)
-    for i, (size, first, end), offset in drawn:
-        ax.add_patch(Rectangle((first, offset), end - first, size, facecolor=colors[i % len(colors)],
-                               edgecolor="black", linewidth=0.3))
-        if plan.names is not None and len(drawn) <= 60:
+    # One collection rather than a patch per buffer: plans of 10^5 buffers still draw.
+    ax.add_collection(PatchCollection(
+        [Rectangle((first, offset), end - first, size) for _, (size, first, end), offset in drawn],
+        facecolors=[colors[i % len(colors)] for i, _, _ in drawn], edgecolors="black",
+        linewidths=0.3 if len(drawn) <= 1000 else 0.0))
+    if plan.names is not None and len(drawn) <= 60:
+        for i, (size, first, end), offset in drawn:
             ax.text(first + (end - first) / 2, offset + size / 2, plan.names[i], ha="center", va="center", fontsize=6)
     ax.axhline(plan.lower_bound, color="black", linestyle="--", linewidth=1,
                label=f"lower bound {_bytes(plan.lower_bound)}")

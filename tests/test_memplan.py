@@ -347,6 +347,7 @@ def test_plot_writes_an_image(tmp_path):
 
 def test_plot_without_matplotlib_says_how_to_get_it(monkeypatch, tmp_path):
     import sys
-    monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` fail
+    for module in ("matplotlib", "matplotlib.figure"):
+        monkeypatch.setitem(sys.modules, module, None)  # makes importing it fail
     with pytest.raises(ImportError, match="pip install matplotlib"):
         plot(make_plan(disjoint(3)), tmp_path / "plan.png")

@@ -1,7 +1,8 @@
 """A memory plan for people: the text form and a picture (time x offset, lower bound marked).
 
 format_plan needs nothing; plot needs matplotlib, an optional extra (`pip install matplotlib`),
-imported only when called and drawn with the Agg backend, so no display is needed.
+imported only when called; it draws on a bare Figure (the Agg renderer): no display needed, and
+pyplot's global state is left alone.
 """
 from __future__ import annotations
 
@@ -35,21 +36,33 @@ def plot(plan: MemoryPlan, path: str | os.PathLike, *, title: str | None = None)
     line at the lower bound and a solid one at the slab size.
 
     Raw offsets draw too: plot(MemoryPlan(intervals, offsets, slab_size, names), path)."""
-    try:
-        import matplotlib
+    try:  # a bare Figure renders with Agg and leaves pyplot alone
+        from matplotlib.figure import Figure
     except ImportError:
         raise ImportError("tjit.memory.plot needs matplotlib: pip install matplotlib") from None
-    matplotlib.use("Agg")
-    from matplotlib import pyplot as plt
+    fig = Figure(figsize=(10, 6))
+    ax = fig.subplots()
+    _draw_buffers(ax, plan)
+    ax.axhline(plan.lower_bound, color="black", linestyle="--", linewidth=1,
+               label=f"lower bound {_bytes(plan.lower_bound)}")
+    ax.axhline(plan.slab_size, color="red", linewidth=1, label=f"slab {_bytes(plan.slab_size)}")
+    ax.set_ylim(0, max(plan.slab_size, 1) * 1.05)
+    ax.set_xlabel("step")
+    ax.set_ylabel("offset (bytes)")
+    ax.set_title(title or f"{sum(1 for _ in _occupying(plan))} buffers, slab = {plan.ratio:.4f} x lower bound")
+    ax.legend(loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def _draw_buffers(ax, plan: MemoryPlan) -> None:
+    """One rectangle per buffer that occupies space, in one collection (10^5 still draw)."""
+    from matplotlib import colormaps
     from matplotlib.collections import PatchCollection
     from matplotlib.patches import Rectangle
 
-    fig, ax = plt.subplots(figsize=(10, 6))
-    colors = plt.get_cmap("tab20").colors
-    drawn = [(i, iv, o) for i, (iv, o) in enumerate(zip(plan.intervals, plan.offsets)) if iv[0] and iv[2] > iv[1]]
-    first_step = min((iv[1] for _, iv, _ in drawn), default=0)
-    last_step = max((iv[2] for _, iv, _ in drawn), default=first_step + 1)
-    # One collection rather than a patch per buffer: plans of 10^5 buffers still draw.
+    drawn = list(_occupying(plan))
+    colors = colormaps["tab20"].colors
     ax.add_collection(PatchCollection(
         [Rectangle((first, offset), end - first, size) for _, (size, first, end), offset in drawn],
         facecolors=[colors[i % len(colors)] for i, _, _ in drawn], edgecolors="black",
@@ -57,18 +70,13 @@ def plot(plan: MemoryPlan, path: str | os.PathLike, *, title: str | None = None)
     if plan.names is not None and len(drawn) <= 60:
         for i, (size, first, end), offset in drawn:
             ax.text(first + (end - first) / 2, offset + size / 2, plan.names[i], ha="center", va="center", fontsize=6)
-    ax.axhline(plan.lower_bound, color="black", linestyle="--", linewidth=1,
-               label=f"lower bound {_bytes(plan.lower_bound)}")
-    ax.axhline(plan.slab_size, color="red", linewidth=1, label=f"slab {_bytes(plan.slab_size)}")
-    ax.set_xlim(first_step, last_step)
-    ax.set_ylim(0, max(plan.slab_size, 1) * 1.05)
-    ax.set_xlabel("step")
-    ax.set_ylabel("offset (bytes)")
-    ax.set_title(title or f"{len(drawn)} buffers, slab = {plan.ratio:.4f} x lower bound")
-    ax.legend(loc="upper right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    first_step = min((first for _, (_, first, _), _ in drawn), default=0)
+    ax.set_xlim(first_step, max((end for _, (_, _, end), _ in drawn), default=first_step + 1))
+
+
+def _occupying(plan: MemoryPlan):
+    """(index, interval, offset) of the buffers that take space."""
+    return ((i, iv, o) for i, (iv, o) in enumerate(zip(plan.intervals, plan.offsets)) if iv[0] and iv[2] > iv[1])
 
 
 def _bytes(n: int) -> str:

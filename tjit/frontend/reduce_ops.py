@@ -107,6 +107,8 @@ def _max(cv, node, x, dim=None, keepdim=False):
 @register(aten.argmax, aten.argmin)
 def _argmax(cv, node, x, dim=None, keepdim=False):
     op = "argmax" if node.target.overloadpacket is aten.argmax else "argmin"
+    if x.dtype is DType.bool:
+        raise UnsupportedOpError(str(node.target), f"{op}() does not support bool input (eager refuses it too)")
     if dim is None and len(x.shape) > 1:  # over the flattened tensor
         x = cv.view(x, ("reshape", (math.prod(x.shape),)))
     axes = reduced_axes(x, dim)
@@ -133,11 +135,32 @@ def _any(cv, node, x, dim=None, keepdim=False):
 
 # -- moments ---------------------------------------------------------------------------------
 def moments(cv, node, x: GraphNode, axes, acc: DType):
-    """(mean, sum of squared deviations) as keepdim values. Written as two reductions whose
-    second reads the first; the lowering computes them in one pass (Welford) when it loops."""
+    """(mean, sum of squared deviations) as keepdim values. The mean is taken of x shifted by
+    its first element per row (shift + sum(x - shift) / n; no shift when that element is
+    not finite), which is exact for a constant row, as eager's Welford is (layer_norm of a
+    constant row is exactly 0). Written as
+    reductions whose second reads the first; the lowering computes them in one pass
+    (Welford) when it loops."""
     n = count(x, axes)
     xs = cv.cast(x, acc)
-    mean = _scaled(cv, X(cv, node, cv.reduce("add", xs, axes), acc), 1.0 / n if n else math.nan)
+    shift = None
+    if n and axes:
+        first = xs
+        for axis in axes:
+            first = cv.view(first, ("slice", axis, 0, 1, 1))
+        finite = cv.elementwise("lt", [cv.elementwise("abs", [first], acc),
+                                       cv.expand_to(cv.const(math.inf, acc), first.shape)], DType.bool)
+        first = cv.elementwise("where", [finite, first, cv.expand_to(cv.const(0.0, acc), first.shape)], acc)
+        shift = cv.expand_to(first, xs.shape)
+        xs_shifted = cv.elementwise("add", [xs, cv.elementwise("neg", [shift], acc)], acc)
+    else:
+        xs_shifted = xs
+    mean = _scaled(cv, X(cv, node, cv.reduce("add", xs_shifted, axes), acc), 1.0 / n if n else math.nan)
+    if shift is not None:
+        row_shift = cv.view(shift, ("slice", axes[0], 0, 1, 1))
+        for axis in axes[1:]:
+            row_shift = cv.view(row_shift, ("slice", axis, 0, 1, 1))
+        mean = cv.elementwise("add", [mean, row_shift], acc)
     centered = cv.elementwise("add", [xs, cv.elementwise("neg", [keepdim_view(cv, mean, xs.shape)], acc)], acc)
     m2 = cv.reduce("add", cv.elementwise("mul", [centered, centered], acc), axes)
     return mean, m2

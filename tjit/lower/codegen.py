@@ -37,7 +37,7 @@ class BufferRef:
 
     @property
     def param(self) -> str:
-        prefix = {"input": "in_", "output": "", "buffer": "", "status": ""}[self.kind]
+        prefix = {"input": "in_", "output": "", "buffer": "", "status": "", "counter": "", "scratch": ""}[self.kind]
         return prefix + "".join(c if c.isalnum() else "_" for c in self.name) + "_ptr"
 
 
@@ -46,10 +46,11 @@ class Access:
     buffer: BufferRef
     view: View  # over the kernel's logical shape
     store: bool
-    gather: Optional[tuple[int, int]] = None  # (stride, size) of a gathered axis: its index is data
+    gather: Optional[tuple[int, int, int]] = None  # gathered axis (stride, size), elements read
 
 
 STATUS = BufferRef("status", "status", DType.int32)  # where kernels report a failed check (1 + its number)
+COUNTER = BufferRef("counter", "counter", DType.int32)  # programs done, for a grid reduction (0 between calls)
 
 
 @dataclass
@@ -67,6 +68,8 @@ class KernelPlan:
     num_warps: int = 4
     load_passes: dict[int, int] = field(default_factory=dict)  # access -> times a looped kernel reads it
     checks: list[str] = field(default_factory=list)  # messages of the checks reported through STATUS
+    # scratch buffers of a grid reduction: one element per program (the grid's size)
+    scratch: list[BufferRef] = field(default_factory=list)
 
     @property
     def numel(self) -> int:
@@ -78,12 +81,17 @@ class KernelPlan:
         x.flip(0)) or broadcast over many lanes counts once, as it comes from cache."""
         loads = [(a, self.load_passes.get(n, 1)) for n, a in enumerate(self.accesses) if not a.store]
         direct = [(a, p) for a, p in loads if not a.gather]
-        gathered = sum(math.prod(a.view.shape) * a.buffer.dtype.itemsize * p for a, p in loads if a.gather)
-        return _distinct_bytes([a for a, _ in direct], [p for _, p in direct]) + gathered
+        gathered = sum(a.gather[2] * a.buffer.dtype.itemsize * p for a, p in loads if a.gather)
+        return _distinct_bytes([a for a, _ in direct], [p for _, p in direct]) + gathered + self._scratch_bytes
+
+    @property
+    def _scratch_bytes(self) -> int:
+        """A grid reduction's partials: written once by their programs, read once by the last."""
+        return sum(self.grid[0] * ref.dtype.itemsize for ref in self.scratch)
 
     @functools.cached_property
     def bytes_written(self) -> int:
-        return _distinct_bytes([a for a in self.accesses if a.store])
+        return _distinct_bytes([a for a in self.accesses if a.store]) + self._scratch_bytes
 
 
 def plan_kernel(group: KernelGroup, output_strides: dict[str, tuple[int, ...]],
@@ -116,6 +124,12 @@ class _Emitter:
         if self.gather_access:
             self.buffers[("status",)] = STATUS
             self.params.append(STATUS.param)
+        self.totals = list({id(t): t for s in group.stores for t in s.totals}.values())
+        self.scratch = [BufferRef("scratch", f"partial{j}", work_dtype(t.dtype)) for j, t in enumerate(self.totals)]
+        if self.totals:
+            for ref in [COUNTER] + self.scratch:
+                self.buffers[(ref.kind, ref.name)] = ref
+                self.params.append(ref.param)
 
     def _reduction_input(self, strides) -> int:
         """The access whose memory order orders the reduced axes: the first that walks them."""
@@ -171,7 +185,11 @@ class _Emitter:
                 m = t.mutation
                 ref, view = self._buffer("input", m.name, m.value.dtype), m.view
             self.store_access.append(len(self.accesses))
-            self.accesses.append(Access(ref, self.domain.to_domain(view), True))
+            if store.totals:  # one element, written by the last program: no index reaches it
+                view = View(self.shape, (0,) * len(self.shape), view.offset)
+            else:
+                view = self.domain.to_domain(view)
+            self.accesses.append(Access(ref, view, True))
 
     def _collect_gather(self, node: GraphNode) -> None:
         """The table of a Gather is read at the node's own index on every axis but the gathered
@@ -182,7 +200,7 @@ class _Emitter:
         self.gather_access[id(node)] = len(self.accesses)
         self.accesses.append(Access(self._buffer_for_node(buffer_of(table)),
                                     self.domain.to_domain(View(node.shape, strides, view.offset)), False,
-                                    (view.strides[axis], table.shape[axis])))
+                                    (view.strides[axis], table.shape[axis], math.prod(node.shape))))
 
     def _read_directly(self, leaf: GraphNode) -> bool:
         """The leaf is an operand of something other than a Gather's table slot."""
@@ -216,7 +234,7 @@ class _Emitter:
                          for d in self.space.loop_dims if d.kind == "group")
         return KernelPlan(name, source, list(self.buffers.values()), self.scalar_args, constexprs, (grid,),
                           self.shape, self.space, self.accesses, self.params, num_warps(self.space, self.widest),
-                          self.load_passes, self.checks)
+                          self.load_passes, self.checks, self.scratch)
 
     def _scalar(self, name: str, value: int) -> str:
         self.params.append(name)
@@ -226,6 +244,8 @@ class _Emitter:
     def _body(self) -> list[str]:
         sizes = [self._scalar(f"size{k}", s) for k, s in enumerate(self.space.sizes)]
         lines = ["pid = tl.program_id(0)" + (".to(tl.int64)" if self.int64 else "")]
+        if self.totals:
+            lines.append("pid_grid = pid  # this program's slot for its partials")
         lines += self._grid_decomposition(sizes)
         if self.red_dims:
             return lines + self._reduction_body(sizes)
@@ -336,9 +356,8 @@ class _Emitter:
         return [n for n in toposort([node], stop=stop) if isinstance(n.op, Reduce)]
 
     def _looped_values(self, inner: list[str], sizes) -> list[str]:
-        stores = list(zip(self.group.stores, self.store_access))
-        reduces = [n for n in toposort([s.value for s in self.group.stores], stop=is_kernel_input)
-                   if isinstance(n.op, Reduce)]
+        stores = [(s, n) for s, n in zip(self.group.stores, self.store_access) if not s.totals]
+        reduces = [n for n in toposort(self._roots(), stop=is_kernel_input) if isinstance(n.op, Reduce)]
         red_loop = [k for k in self.red_dims if self.space.loop_dims[k].kind == "loop"]
         start = f"step{red_loop[0]} * BLOCK_{red_loop[0]}" if len(self.red_dims) == 1 and red_loop else "0"
         ctx = LoopContext(self._row_shape(), list(self.red_dims), "mask", self._fresh, start)
@@ -379,7 +398,89 @@ class _Emitter:
         for s, n in stores:
             if self._is_row_access(n):
                 lines.append(self._store_var(s, n, self._row(s.value, lines, row)))
-        return lines
+        return lines + self._grid_epilogue(lines, row)
+
+    # -- grid reductions: combined across programs by the last one to finish --------------
+    def _roots(self) -> list[GraphNode]:
+        """What every program computes: the stores' values, but for a store of grid
+        reductions only their inputs (the last program combines them)."""
+        return [s.value for s in self.group.stores if not s.totals] + [t.src[0] for t in self.totals]
+
+    def _grid_epilogue(self, lines: list[str], memo: dict) -> list[str]:
+        """Each program writes its partial of every grid reduction; the last program to
+        finish (an atomic count) combines the partials in program order, which keeps the
+        result deterministic, writes the grid stores and resets the count for the next call."""
+        if not self.totals:
+            return []
+        out = []
+        for j, total in enumerate(self.totals):
+            value = self._row(total.src[0], lines, memo)
+            work = work_dtype(total.src[0].dtype)
+            masked = self._fresh()
+            out.append(f"{masked} = tl.where(row_mask, {_cast(value, total.src[0].dtype, work)}, "
+                       f"{identity(total.op.op, work)})")
+            out.append(f"tl.store({self.scratch[j].param} + pid_grid, {self._reduce_all(total.op.op, masked, work, out)})")
+        out += ["tl.debug_barrier()",  # every thread's partial is written before the count moves
+                f"done = tl.atomic_add({COUNTER.param}, 1, sem='acq_rel')",
+                "if done == tl.num_programs(0) - 1:"]
+        body, totals = [], {}
+        for j, total in enumerate(self.totals):
+            totals[id(total)] = self._combine_partials(j, total, body)
+        for store, n in zip(self.group.stores, self.store_access):
+            if store.totals:
+                value = self._grid_value(store.value, totals, body)
+                if store.value.dtype != self.accesses[n].buffer.dtype:
+                    value = f"{value}.to({tl_dtype(self.accesses[n].buffer.dtype)})"
+                body.append(f"tl.store({self._address(n)}, {value})")
+        body.append(f"tl.atomic_xchg({COUNTER.param}, 0)")
+        return out + ["    " + ln for ln in body]
+
+    def _reduce_all(self, op: str, block: str, work: DType, lines: list[str]) -> str:
+        """`op` over every element of a block, as a scalar (NaN propagates for max/min)."""
+        fn = {"add": "tl.sum({0})", "mul": "tl.reduce(tl.reshape({0}, [{0}.numel]), 0, tm.mul_combine)",
+              "max": "tl.max({0})", "min": "tl.min({0})"}[op]
+        var = self._fresh()
+        lines.append(f"{var} = {fn.format(block)}")
+        if op in ("max", "min") and work.is_float:
+            lines.append(f"{var} = tl.where(tl.max(({block} != {block}).to(tl.int8)) > 0, float('nan'), {var})")
+        return var
+
+    def _combine_partials(self, j: int, total: GraphNode, lines: list[str]) -> str:
+        op, work = total.op.op, work_dtype(total.src[0].dtype)
+        acc, chunk, part = self._fresh(), self._fresh(), self._fresh()
+        ident = identity(op, work)
+        lines += [f"{acc} = tl.full([], {ident}, {tl_dtype(work)})",
+                  "for first in range(0, tl.num_programs(0), 1024):",
+                  f"    {chunk} = first + tl.arange(0, 1024)",
+                  f"    {part} = tl.load({self.scratch[j].param} + {chunk}, mask={chunk} < tl.num_programs(0), "
+                  f"other={ident}, volatile=True)"]
+        step: list[str] = []
+        value = self._reduce_all(op, part, work, step)
+        combine = {"add": "{0} + {1}", "mul": "{0} * {1}", "max": "tm.float_max({0}, {1})",
+                   "min": "tm.float_min({0}, {1})"}[op]
+        if op in ("max", "min") and not work.is_float:
+            combine = f"tl.{'maximum' if op == 'max' else 'minimum'}({{0}}, {{1}})"
+        step.append(f"{acc} = {combine.format(acc, value)}")
+        lines += ["    " + ln for ln in step]
+        result = self._fresh()
+        lines.append(f"{result} = {_cast(acc, work, total.dtype)}")
+        return result
+
+    def _grid_value(self, node: GraphNode, totals: dict, lines: list[str]) -> str:
+        """A grid store's scalar value from the combined totals (literals and elementwise
+        ops on top of them: grid_totals admits nothing else)."""
+        if is_value_ref(node):
+            node = node.src[0]
+        if id(node) in totals:
+            return totals[id(node)]
+        if isinstance(node.op, Elementwise):
+            args = [self._grid_value(s, totals, lines) for s in node.src]
+            var = self._fresh()
+            lines.append(f"{var} = {render(node, args)}")
+            totals[id(node)] = var
+            return var
+        const = node if isinstance(node.op, Const) else node.src[0]
+        return literal(const.op.value, const.dtype)
 
     def _full(self, node, body, names, pre, row) -> str:
         """A value inside the loop body (row values are computed before the loop, in `pre`)."""
@@ -462,8 +563,8 @@ class _Emitter:
         all stay live in registers to the end. Writes into inputs come last: every load of
         an input in this kernel must see its old contents."""
         lines, names = [], {}
-        pending = list(zip(self.group.stores, self.store_access))
-        for node in toposort([s.value for s in self.group.stores], stop=is_kernel_input):
+        pending = [(s, n) for s, n in zip(self.group.stores, self.store_access) if not s.totals]
+        for node in toposort(self._roots(), stop=is_kernel_input):
             if is_kernel_input(node) and buffer_of(node) is not None and id(node) not in self.leaf_access:
                 continue  # a table only a Gather reads, at its own addresses
             if is_value_ref(node):  # the reduced value broadcasts over the block by itself
@@ -481,7 +582,8 @@ class _Emitter:
             ready = [(s, n) for s, n in pending if s.value is node and not isinstance(s.target, InputTarget)]
             lines += [self._store(s, n, names) for s, n in ready]
             pending = [p for p in pending if p not in ready]
-        return lines + [self._store(s, n, names) for s, n in pending]
+        lines += [self._store(s, n, names) for s, n in pending]
+        return lines + self._grid_epilogue(lines, names)
 
     def _block_reduce(self, node: GraphNode, src: str, lines: list[str]) -> str:
         """A reduction over the whole reduced extent, held in the block (persistent)."""
@@ -496,7 +598,7 @@ class _Emitter:
         through the status buffer (the runtime raises) and replaced by 0, so it is never
         used as an address."""
         n = self.gather_access[id(node)]
-        stride, size = self.accesses[n].gather
+        stride, size, _ = self.accesses[n].gather
         size_arg = self._scalar(f"a{n}_gather_size", size)
         op = node.op
         low = -size if op.wrap_negative else 0

@@ -11,10 +11,11 @@ into a buffer that a later kernel loads.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from typing import Optional
 
-from ..ir import Contiguous, Cumulative, Gather, GraphNode, Reduce, View, ViewOp, toposort
+from ..ir import Const, Contiguous, Cumulative, Elementwise, Gather, GraphNode, Reduce, View, ViewOp, toposort
 
 
 @dataclass(frozen=True)
@@ -111,23 +112,81 @@ def reduces_in(value: GraphNode) -> list[GraphNode]:
     return [n for n in reversed(nodes) if isinstance(n.op, (Reduce, Cumulative))]
 
 
-def store_domain(value: GraphNode) -> tuple[Domain, list[GraphNode]]:
+@dataclass
+class Placement:
+    domain: Domain
+    foreign: list[GraphNode]  # reductions/gathers to read from buffers instead
+    totals: list[GraphNode] = field(default_factory=list)  # grid reductions (see grid_totals)
+
+
+GRID_OPS = ("add", "mul", "max", "min")
+
+
+def store_domain(value: GraphNode) -> Placement:
     """The domain of a store of `value`, and the reductions it reaches that cannot stay in
     registers in that domain (they must be materialised first)."""
     reduces = reduces_in(value)
     if not reduces:
         refs = [n for n in toposort([value], stop=is_kernel_input) if is_value_ref(n)]
-        return Domain(value.shape), [r.src[0] for r in refs]
+        return Placement(Domain(value.shape), [r.src[0] for r in refs])
+    found = grid_totals(value)
+    if found is not None:
+        domain, totals = found
+        inner = [n for t in totals for n in reduces_in(t.src[0])]
+        return Placement(domain, _foreign((t.src[0] for t in totals), domain) if inner else [], totals)
     domain = domain_of_reduce(reduces[0])
     if domain.space_of(value.shape) is None:
-        return domain, [reduces[0]]
+        return Placement(domain, [reduces[0]])
+    return Placement(domain, _foreign([value], domain))
+
+
+def _foreign(values, domain: Domain = None) -> list[GraphNode]:
+    """Reductions and gathers in `values` that `domain` (default: the nearest reduction's)
+    cannot keep in registers."""
+    values = list(values)
+    reduces = [r for v in values for r in reduces_in(v)]
+    domain = domain or domain_of_reduce(reduces[0])
     foreign = [r for r in reduces if domain_of_reduce(r) != domain]
-    for node in toposort([value], stop=is_kernel_input):
+    for node in toposort(values, stop=is_kernel_input):
         if is_reduce_ref(node) and node.src[0] not in foreign and reference_space(node) is None:
             foreign.append(node.src[0])
         if is_value_ref(node) and isinstance(node.src[0].op, Gather) and not _is_row_alias(node, domain):
             foreign.append(node.src[0])
-    return domain, foreign
+    return list({id(f): f for f in foreign}.values())
+
+
+def grid_totals(value: GraphNode):
+    """(inner domain, totals) when `value` is a scalar computed from total reductions
+    (add/mul/max/min over every axis) of row values of one reduction domain, e.g.
+    cross-entropy's mean over rows of per-row losses: the kernel that computes the rows
+    also combines them across its programs (the last program to finish does). None when
+    the value has another form."""
+    if math.prod(value.shape) != 1:
+        return None
+    totals, stack, seen = [], [value], set()
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if is_value_ref(node):
+            node = node.src[0]
+        if isinstance(node.op, Reduce):
+            if node.op.op not in GRID_OPS or node.op.axes != tuple(range(len(node.src[0].shape))):
+                return None
+            totals.append(node)
+        elif isinstance(node.op, Elementwise):
+            stack.extend(node.src)
+        elif not (isinstance(node.op, Const) or (isinstance(node.op, ViewOp) and isinstance(node.src[0].op, Const))):
+            return None
+    inner = [r for t in totals for r in reduces_in(t.src[0]) if isinstance(r.op, Reduce)]
+    if not totals or not inner:
+        return None
+    domain = domain_of_reduce(inner[0])
+    if not domain.axes or any(t.src[0].shape not in (domain.squeezed_shape, domain.row_shape) for t in totals) \
+            or domain.squeezed_shape == ():
+        return None
+    return domain, list({id(t): t for t in totals}.values())
 
 
 def read_from_buffers(value: GraphNode, buffers: dict[int, GraphNode]) -> GraphNode:

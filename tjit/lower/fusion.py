@@ -38,6 +38,7 @@ class Store:
     target: Target
     value: GraphNode
     domain: Domain = None
+    totals: tuple = ()  # grid reductions: the store is written once all programs are done
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -85,12 +86,12 @@ def place_in_domains(stores: list[Store]) -> list[Store]:
     pending, placed = list(stores), []
     while pending:
         store = pending.pop(0)
-        domain, foreign = store_domain(store.value)
-        if not foreign:
-            store.domain = domain
+        placement = store_domain(store.value)
+        if not placement.foreign:
+            store.domain, store.totals = placement.domain, tuple(placement.totals)
             placed.append(store)
             continue
-        for node in foreign:
+        for node in placement.foreign:
             if id(node) not in buffers:
                 buffers[id(node)] = GraphNode(Contiguous(), node.dtype, (node,), node.view)
                 pending.append(Store(BufferTarget(buffers[id(node)]), node))

@@ -58,10 +58,12 @@ def block_reduce(op: str, masked: str, dtype: DType, axes: list[int], fresh: Cal
     """`op` over `axes` of the variable `masked` (masked lanes already hold the identity);
     appends lines, returns the variable holding the result."""
     out = fresh()
+    # Triton widens small integers in reductions; keep the reduction's own type
+    narrow = f".to({tl_dtype(dtype)})" if not dtype.is_float and dtype.itemsize < 4 else ""
     if op in ("add", "mul"):
-        lines.append(f"{out} = {over_axes('tl.sum' if op == 'add' else 'tl.reduce_mul', masked, axes)}")
+        lines.append(f"{out} = {over_axes('tl.sum' if op == 'add' else 'tl.reduce_mul', masked, axes)}{narrow}")
     elif op in ("max", "min"):
-        lines.append(f"{out} = {over_axes('tl.' + op, masked, axes)}")
+        lines.append(f"{out} = {over_axes('tl.' + op, masked, axes)}{narrow}")
         if dtype.is_float:  # Triton's max ignores NaN where the GPU's max.f32 does
             nan = over_axes("tl.max", f"({masked} != {masked}).to(tl.int8)", axes)
             lines.append(f"{out} = tl.where({nan} > 0, {NAN}, {out})")
@@ -284,7 +286,8 @@ def scan_lines(op: str, masked: str, dtype: DType, axis: int, index: str, carry:
     the position along the axis (for argmax/argmin)."""
     out = fresh()
     if op in ("add", "mul"):
-        lines.append(f"{out} = tl.{'cumsum' if op == 'add' else 'cumprod'}({masked}, {axis})")
+        narrow = f".to({tl_dtype(dtype)})" if not dtype.is_float and dtype.itemsize < 4 else ""
+        lines.append(f"{out} = tl.{'cumsum' if op == 'add' else 'cumprod'}({masked}, {axis}){narrow}")
         if carry:
             total = f"tl.sum({masked}, {axis}, keep_dims=True)" if op == "add" else \
                 f"tl.reduce({masked}, {axis}, tm.mul_combine, keep_dims=True)"

@@ -35,6 +35,7 @@ class Executable:
                          for p in lowered.kernels if p.numel > 0]
         self._checked = any(launch.plan.checks for launch in self.launches)
         self._status: dict[torch.device, torch.Tensor] = {}
+        self._counters: dict[torch.device, torch.Tensor] = {}
 
     def __call__(self, tensors: dict[str, torch.Tensor]):
         device = next(iter(tensors.values())).device if tensors else torch.device("cpu")
@@ -43,6 +44,7 @@ class Executable:
         memory.update(self._allocate(device))
         if self._checked:
             memory["status"] = self._status_on(device)
+        memory["counter"] = self._counters_on(device)
         for k, launch in enumerate(self.launches):
             self._launch(launch, memory, k)
         if self._checked:
@@ -56,6 +58,14 @@ class Executable:
         if status is None:
             status = self._status[device] = torch.zeros(len(self.launches), dtype=torch.int32, device=device)
         return status
+
+    def _counters_on(self, device) -> torch.Tensor:
+        """One int32 per launch that counts finished programs of a grid reduction; the last
+        program resets it, so it is zeroed once and kept."""
+        counter = self._counters.get(device)
+        if counter is None:
+            counter = self._counters[device] = torch.zeros(len(self.launches), dtype=torch.int32, device=device)
+        return counter
 
     def _raise_failed_checks(self, status: torch.Tensor) -> None:
         codes = status.tolist()  # one sync, as eager's checked indexing needs
@@ -81,6 +91,9 @@ class Executable:
                 out[("output", spec.name)] = torch.empty_strided(spec.shape, spec.stride, dtype=dtype, device=device)
         for node in self.lowered.buffers:
             out[("buffer", id(node))] = torch.empty(node.shape, dtype=node.dtype.torch, device=device)
+        for k, launch in enumerate(self.launches):
+            for ref in launch.plan.scratch:
+                out[("scratch", k, ref.name)] = torch.empty(launch.plan.grid[0], dtype=ref.dtype.torch, device=device)
         if poison:
             for t in out.values():
                 debug.poison(t)
@@ -99,6 +112,10 @@ class Executable:
     def _bind(ref: BufferRef, memory, k: int) -> torch.Tensor:
         if ref.kind == "status":
             return memory["status"][k:]
+        if ref.kind == "counter":
+            return memory["counter"][k:]
+        if ref.kind == "scratch":
+            return memory[("scratch", k, ref.name)]
         if ref.kind == "input":
             return memory[ref.name]
         if ref.kind == "output":

@@ -17,10 +17,10 @@ import torch
 
 from ..ir import (AxisStrategy, Const, Cumulative, DType, Elementwise, Gather, GraphNode, Input, Reduce, View, ViewOp,
                   toposort)
-from .domains import is_value_ref
+from .domains import GRID_OPS, is_value_ref
 from .elementwise import _cast, literal, render, tl_dtype
 from .fusion import BufferTarget, InputTarget, KernelGroup, OutputTarget, buffer_of, expression_leaves, is_kernel_input
-from .reduction import (LoopContext, accumulator_for, block_reduce, identity, scan_carry_init, scan_identity,
+from .reduction import (LoopContext, Plain, accumulator_for, block_reduce, identity, scan_carry_init, scan_identity,
                         scan_lines, work_dtype)
 from .schedule import IterationSpace, LoopDim, schedule
 
@@ -109,7 +109,8 @@ class _Emitter:
         self.widest = max(n.dtype.itemsize for s in group.stores for n in toposort([s.value], stop=is_kernel_input))
         strides = [a.view.strides for a in self.accesses]
         self.space = schedule(self.shape, strides, forced, self.store_access[0], self.widest, self.domain.axes,
-                              self._reduction_input(strides))
+                              self._reduction_input(strides), self._splittable())
+        self.split = any(d.kind == "split" for d in self.space.loop_dims)
         self.red_dims = [k for k, d in enumerate(self.space.loop_dims) if d.reduce]
         self.red_axes = [a for k in self.red_dims for a in self.space.loop_dims[k].axes]
         self.lines: list[str] = []
@@ -125,11 +126,34 @@ class _Emitter:
             self.buffers[("status",)] = STATUS
             self.params.append(STATUS.param)
         self.totals = list({id(t): t for s in group.stores for t in s.totals}.values())
+        if self.split:  # every reduction is finished by the last program
+            self.totals = [n for n in toposort(self._store_values(), stop=is_kernel_input) if isinstance(n.op, Reduce)]
         self.scratch = [BufferRef("scratch", f"partial{j}", work_dtype(t.dtype)) for j, t in enumerate(self.totals)]
         if self.totals:
             for ref in [COUNTER] + self.scratch:
                 self.buffers[(ref.kind, ref.name)] = ref
                 self.params.append(ref.param)
+
+    def _store_values(self) -> list[GraphNode]:
+        return [s.value for s in self.group.stores]
+
+    def _splittable(self) -> bool:
+        """A reduction over every axis whose results the last program can finish: plain
+        add/mul/max/min reductions that read no other reduction, stores computed from
+        their results by elementwise ops and literals only."""
+        if len(self.domain.axes) != len(self.shape) or any(s.totals for s in self.group.stores):
+            return False
+        reduces = [n for n in toposort(self._store_values(), stop=is_kernel_input) if isinstance(n.op, Reduce)]
+        if not reduces or any(r.op.op not in GRID_OPS or self._nested(r) for r in reduces):
+            return False
+        stop = lambda n: is_kernel_input(n) or isinstance(n.op, Reduce)  # noqa: E731
+        above = toposort(self._store_values(), stop=stop)
+        return all(isinstance(n.op, (Reduce, Elementwise, Const)) or (isinstance(n.op, ViewOp) and
+                   isinstance(n.src[0].op, (Const, Reduce))) for n in above)
+
+    def _nested(self, r: GraphNode) -> bool:
+        stop = lambda n: is_kernel_input(n) or (isinstance(n.op, Reduce) and n is not r)  # noqa: E731
+        return any(isinstance(n.op, (Reduce, Cumulative, Gather)) and n is not r for n in toposort([r], stop=stop))
 
     def _reduction_input(self, strides) -> int:
         """The access whose memory order orders the reduced axes: the first that walks them."""
@@ -232,6 +256,7 @@ class _Emitter:
         grid = math.prod(-(-self.space.sizes[d.axes[0]] // d.width) if len(d.axes) == 1 else
                          -(-math.prod(self.space.sizes[a] for a in d.axes) // d.width)
                          for d in self.space.loop_dims if d.kind == "group")
+        grid *= math.prod(d.programs for d in self.space.loop_dims if d.kind == "split")
         return KernelPlan(name, source, list(self.buffers.values()), self.scalar_args, constexprs, (grid,),
                           self.shape, self.space, self.accesses, self.params, num_warps(self.space, self.widest),
                           self.load_passes, self.checks, self.scratch)
@@ -287,7 +312,8 @@ class _Emitter:
         dims = self.space.loop_dims
         d = dims[k]
         shape = ", ".join(":" if j == k else "None" for j in range(len(dims)))
-        base = {"group": f"tile{k} * BLOCK_{k} + ", "loop": f"step{k} * BLOCK_{k} + ", "thread": ""}[d.kind]
+        base = {"group": f"tile{k} * BLOCK_{k} + ", "loop": f"step{k} * BLOCK_{k} + ", "thread": "",
+                "split": f"pid_grid * split_chunk + step{k} * BLOCK_{k} + "}[d.kind]
         arange = f"tl.arange(0, BLOCK_{k})" + (".to(tl.int64)" if self.int64 else "")
         lines.append(f"lin{k} = {base}{arange}")
         if d.simd:  # groups of `simd` lanes start at multiples of simd: the width is a multiple of it
@@ -321,7 +347,26 @@ class _Emitter:
         inner.append("mask = row_mask & " + " & ".join(red_masks))
         if all(dims[k].kind == "thread" for k in self.red_dims):
             return lines + inner + self._values()
+        if self.split:
+            return lines + self._split_values(inner, sizes)
         return lines + self._looped_values(inner, sizes)
+
+    def _split_values(self, inner: list[str], sizes) -> list[str]:
+        """Each program reduces its chunk of the (one) reduced axis; the last program to
+        finish combines the partials and writes every store (see _grid_epilogue)."""
+        d = self.space.loop_dims[self.red_dims[0]]
+        chunk = -(-self.space.sizes[d.axes[0]] // d.programs)
+        self._scalar("split_chunk", -(-chunk // d.width) * d.width)
+        ctx = LoopContext(self._row_shape(), list(self.red_dims), "mask", self._fresh, "0")
+        lines, body, full, row = [], [], {}, {}
+        partials = {}
+        for r in self.totals:
+            acc = Plain(r, ctx)
+            lines += acc.init()
+            body += acc.update([_cast(self._full(r.src[0], body, full, lines, row), r.src[0].dtype, acc.dtype)])
+            partials[id(r)] = acc.acc
+        lines += self._loop(inner + body, sizes)
+        return lines + self._grid_epilogue(lines, row, partials)
 
     def _row_shape(self) -> str:
         return "[" + ", ".join("1" if d.reduce else f"BLOCK_{k}" for k, d in enumerate(self.space.loop_dims)) + "]"
@@ -332,6 +377,9 @@ class _Emitter:
             d = self.space.loop_dims[k]
             if d.kind == "loop":
                 header.append(f"{indent}for step{k} in range(0, tl.cdiv({self._extent(d, sizes)}, BLOCK_{k})):")
+                indent += "    "
+            elif d.kind == "split":  # this program's chunk of the axis
+                header.append(f"{indent}for step{k} in range(0, split_chunk // BLOCK_{k}):")
                 indent += "    "
         return header + [indent + ln for ln in body]
 
@@ -406,7 +454,7 @@ class _Emitter:
         reductions only their inputs (the last program combines them)."""
         return [s.value for s in self.group.stores if not s.totals] + [t.src[0] for t in self.totals]
 
-    def _grid_epilogue(self, lines: list[str], memo: dict) -> list[str]:
+    def _grid_epilogue(self, lines: list[str], memo: dict, partials: Optional[dict] = None) -> list[str]:
         """Each program writes its partial of every grid reduction; the last program to
         finish (an atomic count) combines the partials in program order, which keeps the
         result deterministic, writes the grid stores and resets the count for the next call."""
@@ -414,11 +462,14 @@ class _Emitter:
             return []
         out = []
         for j, total in enumerate(self.totals):
-            value = self._row(total.src[0], lines, memo)
             work = work_dtype(total.src[0].dtype)
-            masked = self._fresh()
-            out.append(f"{masked} = tl.where(row_mask, {_cast(value, total.src[0].dtype, work)}, "
-                       f"{identity(total.op.op, work)})")
+            if partials is not None:  # a split reduction: the program's accumulator
+                masked = partials[id(total)]
+            else:  # a total over rows: this program's rows
+                value = self._row(total.src[0], lines, memo)
+                masked = self._fresh()
+                out.append(f"{masked} = tl.where(row_mask, {_cast(value, total.src[0].dtype, work)}, "
+                           f"{identity(total.op.op, work)})")
             out.append(f"tl.store({self.scratch[j].param} + pid_grid, {self._reduce_all(total.op.op, masked, work, out)})")
         out += ["tl.debug_barrier()",  # every thread's partial is written before the count moves
                 f"done = tl.atomic_add({COUNTER.param}, 1, sem='acq_rel')",
@@ -427,7 +478,7 @@ class _Emitter:
         for j, total in enumerate(self.totals):
             totals[id(total)] = self._combine_partials(j, total, body)
         for store, n in zip(self.group.stores, self.store_access):
-            if store.totals:
+            if store.totals or self.split:
                 value = self._grid_value(store.value, totals, body)
                 if store.value.dtype != self.accesses[n].buffer.dtype:
                     value = f"{value}.to({tl_dtype(self.accesses[n].buffer.dtype)})"
@@ -440,7 +491,8 @@ class _Emitter:
         fn = {"add": "tl.sum({0})", "mul": "tl.reduce(tl.reshape({0}, [{0}.numel]), 0, tm.mul_combine)",
               "max": "tl.max({0})", "min": "tl.min({0})"}[op]
         var = self._fresh()
-        lines.append(f"{var} = {fn.format(block)}")
+        narrow = f".to({tl_dtype(work)})" if not work.is_float and work.itemsize < 4 else ""  # Triton widens
+        lines.append(f"{var} = {fn.format(block)}{narrow}")
         if op in ("max", "min") and work.is_float:
             lines.append(f"{var} = tl.where(tl.max(({block} != {block}).to(tl.int8)) > 0, float('nan'), {var})")
         return var

@@ -28,9 +28,10 @@ class LoopDim:
     simd: Optional[int] = None
     reason: str = ""
     reduce: bool = False  # the axes are reduced
+    programs: int = 0  # kind "split": programs sharing the axis, each looping over its chunk
 
     def describe(self) -> str:
-        name = {"group": "ThreadGroup", "thread": "Thread", "loop": "Sequential"}[self.kind]
+        name = {"group": "ThreadGroup", "thread": "Thread", "loop": "Sequential", "split": "ThreadGroup"}[self.kind]
         simd = f", simd={self.simd}" if self.simd else ""
         what = "reduced axes" if self.reduce else "axes"
         return f"{what} {list(self.axes)} -> {name}(width={self.width}{simd}){': ' + self.reason if self.reason else ''}"
@@ -73,16 +74,19 @@ def memory_order(strides: Sequence[int]) -> list[int]:
 
 def schedule(shape: Sequence[int], access_strides: Sequence[Sequence[int]],
              forced: Optional[Sequence[AxisStrategy]] = None, primary: int = -1,
-             widest_itemsize: int = 4, reduced: Sequence[int] = (), reduced_primary: int = -1) -> IterationSpace:
+             widest_itemsize: int = 4, reduced: Sequence[int] = (), reduced_primary: int = -1,
+             splittable: bool = False) -> IterationSpace:
     """`primary` is the access whose memory order Auto follows (the first store);
     `widest_itemsize` the widest element the kernel computes with (sizes Auto's block).
     `reduced` are the axes the kernel reduces (they come last, innermost, in the order the
-    access `reduced_primary`, the reduction's main input, walks memory)."""
+    access `reduced_primary`, the reduction's main input, walks memory). `splittable`: the
+    kernel may split a reduced axis across programs (a full reduction whose results the last
+    program can finish)."""
     if forced is not None and len(forced) != len(shape):
         raise TjitError(f"axis strategies {list(forced)} do not match the kernel's {len(shape)}-d shape {list(shape)}")
     if reduced:
         return _schedule_reduction(shape, access_strides, forced, primary, widest_itemsize, reduced,
-                                   reduced_primary)
+                                   reduced_primary, splittable)
     if forced is None or all(isinstance(s, Auto) for s in forced):
         order = memory_order(access_strides[primary]) if access_strides else list(range(len(shape)))
         shape = [shape[d] for d in order]
@@ -145,7 +149,7 @@ REDUCTION_BLOCK = 2048  # elements of one program's block in a reduction kernel 
 LOOP_CHUNK = 1024  # elements per step of a looped reduction over a contiguous axis
 
 
-def _schedule_reduction(shape, access_strides, forced, primary, widest, reduced, reduced_primary):
+def _schedule_reduction(shape, access_strides, forced, primary, widest, reduced, reduced_primary, splittable):
     kept = [d for d in range(len(shape)) if d not in reduced]
     kept_order = sorted(kept, key=lambda d: -abs(access_strides[primary][d])) if access_strides else kept
     red_order = sorted(reduced, key=lambda d: -abs(access_strides[reduced_primary][d]))
@@ -161,10 +165,25 @@ def _schedule_reduction(shape, access_strides, forced, primary, widest, reduced,
         dims = tuple(_forced_reduction_dim(k, forced[origin[k][0]], sizes[k], origin[k][0] in is_reduced)
                      for k in range(len(sizes)))
         _check_block(dims, forced, shape)
+        if any(d.kind == "split" for d in dims) and (not splittable or len(dims) != 1):
+            raise TjitError("ThreadGroup on a reduced axis (a split reduction) needs a reduction over every axis "
+                            "of one contiguous run whose results are plain sums/products/max/min; "
+                            f"got strategies {list(forced)} for shape {list(shape)}")
         return IterationSpace(sizes, strides, dims)
     sizes, strides, origin = simplify(shape, access_strides, merge=True, reduced=is_reduced)
+    if splittable and len(sizes) == 1 and sizes[0] >= SPLIT_MIN:
+        return IterationSpace(sizes, strides, (_split_dim(0, sizes[0], LOOP_CHUNK // (2 if widest >= 8 else 1),
+                                                          "Auto: a large full reduction, split across programs"),))
     return IterationSpace(sizes, strides, _auto_reduction_dims(sizes, strides, origin, is_reduced, widest,
                                                                reduced_primary))
+
+
+SPLIT_MIN = 1 << 16  # a full reduction this long is split across programs
+SPLIT_PROGRAMS = 1024  # at most this many programs share a split reduction
+
+
+def _split_dim(axis: int, size: int, width: int, reason: str) -> LoopDim:
+    return LoopDim((axis,), "split", width, None, reason, True, min(SPLIT_PROGRAMS, -(-size // width)))
 
 
 def _auto_reduction_dims(sizes, strides, origin, is_reduced, widest, reduced_primary) -> tuple[LoopDim, ...]:
@@ -205,8 +224,7 @@ def _forced_reduction_dim(axis: int, strategy: AxisStrategy, size: int, reduce: 
         raise TjitError("Sequential on a kept axis of a reduction kernel is not supported; "
                         "use ThreadGroup or Thread")
     if isinstance(strategy, ThreadGroup) and reduce:
-        raise TjitError("ThreadGroup on a reduced axis (a split reduction) is not supported yet; "
-                        "use Thread or Sequential")
+        return _split_dim(axis, size, strategy.simd or LOOP_CHUNK, "forced: a split reduction")
     if isinstance(strategy, Auto) and reduce:
         strategy = Thread() if _pow2(size) <= PERSISTENT_LIMIT else Sequential()
     if isinstance(strategy, Sequential) and strategy.simd is None:

@@ -1,0 +1,71 @@
+"""Reductions finished across programs: split full reductions (ThreadGroup on the reduced
+axis) and totals of a reduction kernel's rows (cross-entropy's mean). The last program to
+finish combines the partials in program order, so results are deterministic."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tjit
+from tjit import Auto, Sequential, ThreadGroup
+from helpers import check_against_eager
+
+SPLIT = {
+    "sum": lambda x: x.sum(),
+    "mean_then_math": lambda x: (x.mean() * 2 + 1).sqrt(),
+    "amax_and_amin": lambda x: (x.amax(), x.amin()),
+    "sum_of_squares_2d": lambda x: (x * x).sum(),
+    "prod": lambda x: (1 + x * 1e-3).prod(),
+    "count_positive": lambda x: (x > 0).sum(),
+    "any": lambda x: (x > 3).any(),
+}
+
+
+@pytest.mark.parametrize("name", SPLIT)
+def test_forced_split_reduction(name):
+    fn = SPLIT[name]
+    x = torch.randn(37, 29) if name == "sum_of_squares_2d" else torch.randn(1000 + 3)
+    if x.dim() == 2:
+        x = x.reshape(-1)  # one contiguous run of the reduced axis
+    cf = check_against_eager(fn, x, axis_strategies={"*": (ThreadGroup(64),)})
+    kernels = tjit.explain(cf, x).kernels
+    assert len(kernels) == 1 and kernels[0].grid[0] > 1
+    assert "split" in kernels[0].strategies[0]
+
+
+def test_auto_splits_a_large_full_sum_and_is_deterministic():
+    fn = lambda x: x.sum()  # noqa: E731
+    x = torch.randn(1 << 17)
+    cf = check_against_eager(fn, x)
+    assert tjit.explain(cf, x).kernels[0].grid[0] > 1
+    assert torch.equal(cf(x), cf(x))  # the count resets; partials combine in a fixed order
+
+
+def test_split_max_propagates_nan():
+    fn = lambda x: x.amax()  # noqa: E731
+    x = torch.randn(3000)
+    x[2500] = float("nan")
+    check_against_eager(fn, x, axis_strategies={"*": (ThreadGroup(128),)})
+
+
+def test_split_needs_a_full_plain_reduction():
+    with pytest.raises(tjit.TjitError, match="split reduction"):
+        tjit.compile(lambda x: x.sum(1), axis_strategies={"*": (Auto(), ThreadGroup(16))})(torch.randn(4, 100))
+    with pytest.raises(tjit.TjitError, match="split reduction"):
+        tjit.compile(lambda x: x.softmax(0), axis_strategies={"*": (ThreadGroup(16),)})(torch.randn(100))
+
+
+@pytest.mark.parametrize("mapping", [None, (ThreadGroup(), Sequential(8))])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_cross_entropy_is_one_kernel(mapping, reduction):
+    fn = lambda x, t: F.cross_entropy(x, t, ignore_index=1, reduction=reduction)  # noqa: E731
+    x, t = torch.randn(37, 21), torch.randint(0, 21, (37,))
+    cf = check_against_eager(fn, x, t, axis_strategies=None if mapping is None else {"*": mapping})
+    assert len(tjit.explain(cf, x, t).kernels) == 1
+    assert torch.equal(cf(x, t), cf(x, t))
+
+
+def test_mean_of_row_norms_is_one_kernel():
+    fn = lambda x: x.norm(dim=1).mean()  # noqa: E731
+    x = torch.randn(50, 30)
+    cf = check_against_eager(fn, x)
+    assert len(tjit.explain(cf, x).kernels) == 1

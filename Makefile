@@ -27,6 +27,8 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/pointwise.py
+	$(PY) bench/reductions.py
+	$(PY) bench/memplan.py
 
 clean:
 	rm -rf $(VENV)

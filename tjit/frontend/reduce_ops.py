@@ -230,21 +230,15 @@ def _shifted_exp(cv, x: GraphNode, dim: int, acc: DType):
     return shifted, e, cv.reduce("add", e, (dim,))
 
 
-@register(aten._softmax)
+@register(aten._softmax, aten._log_softmax)
 def _softmax(cv, node, x, dim, half_to_float=False):
     acc = opmath(out_dtype(node))
-    if not x.shape:
-        return cv.expand_to(cv.const(1.0, out_dtype(node)), ())
-    _, e, s = _shifted_exp(cv, x, dim, acc)
-    return cv.elementwise("truediv", [e, keepdim_view(cv, s, e.shape)], acc)
-
-
-@register(aten._log_softmax)
-def _log_softmax(cv, node, x, dim, half_to_float=False):
-    acc = opmath(out_dtype(node))
-    if not x.shape:
-        return cv.expand_to(cv.const(0.0, out_dtype(node)), ())
-    shifted, _, s = _shifted_exp(cv, x, dim, acc)
+    log = node.target.overloadpacket is aten._log_softmax
+    if not x.shape:  # softmax of one element: 1 (log: 0)
+        return cv.expand_to(cv.const(0.0 if log else 1.0, out_dtype(node)), ())
+    shifted, e, s = _shifted_exp(cv, x, dim, acc)
+    if not log:
+        return cv.elementwise("truediv", [e, keepdim_view(cv, s, e.shape)], acc)
     log_s = cv.elementwise("log", [s], acc)
     return cv.elementwise("add", [shifted, cv.elementwise("neg", [keepdim_view(cv, log_s, shifted.shape)], acc)],
                           acc)

@@ -20,7 +20,7 @@ from ..ir import (AxisStrategy, Const, Cumulative, DType, Elementwise, Gather, G
 from .domains import GRID_OPS, is_value_ref
 from .elementwise import _cast, literal, render, tl_dtype
 from .fusion import BufferTarget, InputTarget, KernelGroup, OutputTarget, buffer_of, expression_leaves, is_kernel_input
-from .reduction import (LoopContext, Plain, accumulator_for, block_reduce, identity, scan_carry_init, scan_identity,
+from .reduction import (LoopContext, Plain, accumulator_for, combine, block_reduce, identity, scan_carry_init, scan_identity,
                         scan_lines, work_dtype)
 from .schedule import IterationSpace, LoopDim, schedule
 
@@ -508,11 +508,7 @@ class _Emitter:
                   f"other={ident}, volatile=True)"]
         step: list[str] = []
         value = self._reduce_all(op, part, work, step)
-        combine = {"add": "{0} + {1}", "mul": "{0} * {1}", "max": "tm.float_max({0}, {1})",
-                   "min": "tm.float_min({0}, {1})"}[op]
-        if op in ("max", "min") and not work.is_float:
-            combine = f"tl.{'maximum' if op == 'max' else 'minimum'}({{0}}, {{1}})"
-        step.append(f"{acc} = {combine.format(acc, value)}")
+        step.append(f"{acc} = {combine(op, work, acc, value)}")
         lines += ["    " + ln for ln in step]
         result = self._fresh()
         lines.append(f"{result} = {_cast(acc, work, total.dtype)}")

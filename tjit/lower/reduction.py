@@ -78,6 +78,13 @@ def block_reduce(op: str, masked: str, dtype: DType, axes: list[int], fresh: Cal
     return out
 
 
+def combine(op: str, dtype: DType, a: str, b: str) -> str:
+    """Two partial results of an add/mul/max/min reduction combined (NaN propagates)."""
+    if op in ("max", "min"):
+        return f"tm.float_{op}({a}, {b})" if dtype.is_float else f"tl.{op}imum({a}, {b})"
+    return f"{a} {'+' if op == 'add' else '*'} {b}"
+
+
 def arg_value(op: str, masked: str, dtype: DType, axes: list[int], fresh, lines) -> str:
     """The extreme value an argmax/argmin picks (NaN if the block has one)."""
     return block_reduce("max" if op == "argmax" else "min", masked, dtype, axes, fresh, lines)
@@ -106,6 +113,13 @@ class Accumulator:
         self.dtype = work_dtype(node.src[0].dtype) if node.op.op.startswith("arg") else work_dtype(node.dtype)
         self.t = tl_dtype(self.dtype)
 
+    def _masked(self, value: str, lines: list[str]) -> str:
+        """The step's values, with the op's identity in masked lanes."""
+        masked = self.ctx.fresh()
+        lines.append(f"{masked} = tl.where({self.ctx.mask}, {value}.to({self.t}), "
+                     f"{identity(self.node.op.op, self.dtype)})")
+        return masked
+
 
 class Plain(Accumulator):
     def __init__(self, node, ctx):
@@ -118,15 +132,9 @@ class Plain(Accumulator):
 
     def update(self, values: list[str]) -> list[str]:
         op, ctx = self.node.op.op, self.ctx
-        lines = []
-        masked = ctx.fresh()
-        lines.append(f"{masked} = tl.where({ctx.mask}, {values[0]}.to({self.t}), {identity(op, self.dtype)})")
-        chunk = block_reduce(op, masked, self.dtype, ctx.axes, ctx.fresh, lines)
-        combine = {"add": "{0} + {1}", "mul": "{0} * {1}", "max": "tl.maximum({0}, {1})",
-                   "min": "tl.minimum({0}, {1})"}[op]
-        if op in ("max", "min") and self.dtype.is_float:
-            combine = "tm.float_%s({0}, {1})" % op
-        lines.append(f"{self.acc} = {combine.format(self.acc, chunk)}")
+        lines: list[str] = []
+        chunk = block_reduce(op, self._masked(values[0], lines), self.dtype, ctx.axes, ctx.fresh, lines)
+        lines.append(f"{self.acc} = {combine(op, self.dtype, self.acc, chunk)}")
         return lines
 
     def finalize(self, row_values: list[str]) -> tuple[list[str], str]:
@@ -146,9 +154,8 @@ class Arg(Accumulator):
 
     def update(self, values: list[str]) -> list[str]:
         op, ctx = self.node.op.op, self.ctx
-        lines = []
-        masked = ctx.fresh()
-        lines.append(f"{masked} = tl.where({ctx.mask}, {values[0]}.to({self.t}), {identity(op, self.dtype)})")
+        lines: list[str] = []
+        masked = self._masked(values[0], lines)
         best = arg_value(op, masked, self.dtype, ctx.axes, ctx.fresh, lines)
         index = block_reduce(op, masked, self.dtype, ctx.axes, ctx.fresh, lines)
         better = f"({best} > {self.best})" if op == "argmax" else f"({best} < {self.best})"

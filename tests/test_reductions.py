@@ -20,8 +20,7 @@ only) and compares with eager at torch's per-dtype tolerances (tests/helpers.py)
 Where eager's CPU kernels depart from the exact answer (prod of float16/bfloat16
 accumulates in the 16-bit type; log_softmax of float16/bfloat16 is up to 2 ulps off at a
 row's maximum; var_mean's Welford mean is NaN on a row holding an inf) tjit is compared with
-the exact answer (float32's, rounded once) instead. Known tjit bugs are kept as strict xfails,
-each with a comment giving its minimal repro.
+the exact answer (float32's, rounded once) instead.
 """
 from __future__ import annotations
 
@@ -34,7 +33,6 @@ import torch
 import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from triton.runtime.errors import InterpreterError
 
 import tjit
 from tjit import Sequential, Thread, ThreadGroup
@@ -452,15 +450,7 @@ EMPTY_REDUCED = {
     "logsumexp": lambda x: x.logsumexp(1).exp() + 1,  # -inf
     "sum_int": lambda x: x.long().sum(1) + 1,
 }
-# Bug: a kernel whose iteration space is empty is never launched, so the outputs of a
-# reduction over a size-0 axis are left unwritten instead of holding the identity.
-# Repro: tjit.compile(lambda x: x.sum(1))(torch.randn(3, 0)) -> garbage, eager tensor([0., 0., 0.])
-EMPTY_REDUCED_BUG = pytest.mark.xfail(
-    strict=True, raises=AssertionError,
-    reason="a reduction over a size-0 axis launches no kernel: its output is never written (should be the identity)")
-
-
-@pytest.mark.parametrize("op", [pytest.param(op, marks=EMPTY_REDUCED_BUG) for op in EMPTY_REDUCED])
+@pytest.mark.parametrize("op", EMPTY_REDUCED)
 def test_reduced_dim_of_size_zero(op):
     check_against_eager(EMPTY_REDUCED[op], torch.randn(3, 0))
 
@@ -468,7 +458,7 @@ def test_reduced_dim_of_size_zero(op):
 @pytest.mark.parametrize("op", ["mean", "var", "all"])
 def test_reduced_dim_of_size_zero_unpoisoned_values(op):
     # mean/var over nothing are NaN and all() is True: the poisoned buffer holds exactly that,
-    # so these pass without the epilogues above, by accident (see test_reduced_dim_of_size_zero)
+    # so these would pass even unwritten (test_reduced_dim_of_size_zero checks they are written)
     fn = {"mean": lambda x: x.mean(1), "var": lambda x: x.var(1), "all": lambda x: x.all(1)}[op]
     check_against_eager(fn, torch.randn(3, 0))
 
@@ -646,17 +636,8 @@ def test_softmax_of_infinite_rows(mapping):
     }, x, **opts)
 
 
-# Bug: tl.argmax/tl.argmin in Triton's interpreter use numpy's nanargmax, which raises on a
-# slice that is NaN throughout; tjit's NaN handling (a where() around the argmax) runs after
-# it, so on CPU any argmax/argmin/max.dim/min.dim whose block (a persistent row with no
-# masked lanes, or one loop step) is all NaN crashes.
-# Repro: x = torch.randn(2, 32); x[0] = nan; tjit.compile(lambda x: x.argmax(1))(x) -> InterpreterError
-ALL_NAN_BLOCK_BUG = pytest.mark.xfail(
-    strict=True, raises=InterpreterError,
-    reason="argmax/argmin over an all-NaN block crashes the interpreter (numpy nanargmax: All-NaN slice)")
 
-
-@pytest.mark.parametrize("mapping", [pytest.param(m, marks=ALL_NAN_BLOCK_BUG) for m in MAPPINGS])
+@pytest.mark.parametrize("mapping", MAPPINGS)
 @pytest.mark.parametrize("op", ["argmax", "max_dim"])
 def test_argmax_of_an_all_nan_block(op, mapping):
     x = torch.randn(2, 32)
@@ -758,12 +739,7 @@ def test_layer_norm_over_two_trailing_dims():
     check_against_eager(lambda x, w: F.rms_norm(x, (6, 5), w), x, w)
 
 
-# Bug: sum(dtype=float16/bfloat16) of a wider tensor sums the unrounded values in float32;
-# eager first converts the input to the requested dtype (x.to(dtype).sum()).
-# Repro: tjit.compile(lambda x: x.sum(1, dtype=torch.float16))(torch.tensor([[1000.3, -1000.0, 0.1]]))
-#        -> 0.3999, eager 0.6001
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="sum(dtype=<16-bit float>) skips the rounding of the input to that dtype")
+# eager first converts the input to the requested dtype (x.to(dtype).sum())
 @pytest.mark.parametrize("dtype", LOW, ids=str)
 def test_sum_to_a_narrower_float_rounds_the_input_first(dtype):
     x = torch.tensor([[1000.3, -1000.0, 0.1]])

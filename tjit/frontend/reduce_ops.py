@@ -50,6 +50,12 @@ def accumulate_type(node, x: GraphNode, dtype=None) -> DType:
     return opmath(out_dtype(node) if dtype is None else DType.from_torch(dtype))
 
 
+def accumulated(cv, node, x: GraphNode) -> GraphNode:
+    """x as eager's accumulating kernels read it: converted to the result type first (a
+    float32 input summed with dtype=float16 is rounded to float16), then widened."""
+    return cv.cast(cv.cast(x, out_dtype(node)), accumulate_type(node, x))
+
+
 def keepdim_view(cv, value: GraphNode, shape) -> GraphNode:
     """A keepdim row value broadcast back over the reduced input's shape."""
     return cv.expand_to(value, tuple(shape))
@@ -58,21 +64,19 @@ def keepdim_view(cv, value: GraphNode, shape) -> GraphNode:
 # -- plain reductions ------------------------------------------------------------------------
 @register(aten.sum)
 def _sum(cv, node, x, dim=None, keepdim=False, dtype=None):
-    acc = accumulate_type(node, x)
-    return as_result(cv, node, cv.reduce("add", cv.cast(x, acc), reduced_axes(x, dim)))
+    return as_result(cv, node, cv.reduce("add", accumulated(cv, node, x), reduced_axes(x, dim)))
 
 
 @register(aten.prod)
 def _prod(cv, node, x, dim=None, keepdim=False, dtype=None):
-    acc = accumulate_type(node, x)
-    return as_result(cv, node, cv.reduce("mul", cv.cast(x, acc), reduced_axes(x, dim)))
+    return as_result(cv, node, cv.reduce("mul", accumulated(cv, node, x), reduced_axes(x, dim)))
 
 
 @register(aten.mean)
 def _mean(cv, node, x, dim=None, keepdim=False, dtype=None):
     axes = reduced_axes(x, dim)
     acc = accumulate_type(node, x)
-    total = X(cv, node, cv.reduce("add", cv.cast(x, acc), axes), acc)
+    total = X(cv, node, cv.reduce("add", accumulated(cv, node, x), axes), acc)
     return as_result(cv, node, _scaled(cv, total, 1.0 / count(x, axes) if count(x, axes) else math.nan))
 
 
@@ -267,8 +271,7 @@ def _layer_norm(cv, node, x, normalized_shape, weight, bias, eps):
 @register(aten.cumsum, aten.cumprod)
 def _cumsum(cv, node, x, dim, *, dtype=None):
     op = "add" if node.target.overloadpacket is aten.cumsum else "mul"
-    acc = opmath(out_dtype(node))
-    return cv.scan(op, cv.cast(x, acc), dim)
+    return cv.scan(op, accumulated(cv, node, x), dim)
 
 
 @register(aten.cummax, aten.cummin)

@@ -70,10 +70,17 @@ class KernelPlan:
     checks: list[str] = field(default_factory=list)  # messages of the checks reported through STATUS
     # scratch buffers of a grid reduction: one element per program (the grid's size)
     scratch: list[BufferRef] = field(default_factory=list)
+    reduced_axes: tuple[int, ...] = ()  # of `shape`: reduced or scanned
 
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
+
+    @property
+    def writes_anything(self) -> bool:
+        """A kernel with no element to write need not launch (a reduction over an empty axis
+        still writes its identity, once per kept index)."""
+        return math.prod(s for d, s in enumerate(self.shape) if d not in self.reduced_axes) > 0
 
     @functools.cached_property
     def bytes_read(self) -> int:
@@ -259,7 +266,7 @@ class _Emitter:
         grid *= math.prod(d.programs for d in self.space.loop_dims if d.kind == "split")
         return KernelPlan(name, source, list(self.buffers.values()), self.scalar_args, constexprs, (grid,),
                           self.shape, self.space, self.accesses, self.params, num_warps(self.space, self.widest),
-                          self.load_passes, self.checks, self.scratch)
+                          self.load_passes, self.checks, self.scratch, self.domain.axes)
 
     def _scalar(self, name: str, value: int) -> str:
         self.params.append(name)
@@ -469,7 +476,7 @@ class _Emitter:
                 value = self._row(total.src[0], lines, memo)
                 masked = self._fresh()
                 out.append(f"{masked} = tl.where(row_mask, {_cast(value, total.src[0].dtype, work)}, "
-                           f"{identity(total.op.op, work)})")
+                           f"{identity(total.op.op, total.src[0].dtype)})")
             out.append(f"tl.store({self.scratch[j].param} + pid_grid, {self._reduce_all(total.op.op, masked, work, out)})")
         out += ["tl.debug_barrier()",  # every thread's partial is written before the count moves
                 f"done = tl.atomic_add({COUNTER.param}, 1, sem='acq_rel')",
@@ -500,7 +507,7 @@ class _Emitter:
     def _combine_partials(self, j: int, total: GraphNode, lines: list[str]) -> str:
         op, work = total.op.op, work_dtype(total.src[0].dtype)
         acc, chunk, part = self._fresh(), self._fresh(), self._fresh()
-        ident = identity(op, work)
+        ident = identity(op, total.src[0].dtype)
         lines += [f"{acc} = tl.full([], {ident}, {tl_dtype(work)})",
                   "for first in range(0, tl.num_programs(0), 1024):",
                   f"    {chunk} = first + tl.arange(0, 1024)",
@@ -638,7 +645,8 @@ class _Emitter:
         op = node.op.op
         work = work_dtype(node.src[0].dtype)
         masked = self._fresh()
-        lines.append(f"{masked} = tl.where(mask, {_cast(src, node.src[0].dtype, work)}, {identity(op, work)})")
+        lines.append(f"{masked} = tl.where(mask, {_cast(src, node.src[0].dtype, work)}, "
+                     f"{identity(op, node.src[0].dtype)})")
         return self._reduce_result(node, block_reduce(op, masked, work, self.red_dims, self._fresh, lines), lines)
 
     def _gather(self, node: GraphNode, index: str, lines: list[str]) -> str:

@@ -37,6 +37,8 @@ def identity(op: str, dtype: DType) -> str:
     if op == "mul":
         return "1.0" if dtype.is_float else "1"
     largest = op in ("min", "argmin")
+    if dtype is DType.bool:  # any/all: False is max's identity, True is min's
+        return "1" if largest else "0"
     if dtype.is_float:
         return INF if largest else NEG_INF
     bits = dtype.itemsize * 8
@@ -70,7 +72,10 @@ def block_reduce(op: str, masked: str, dtype: DType, axes: list[int], fresh: Cal
     else:
         assert len(axes) == 1, "argmax/argmin reduce one block axis"
         axis = axes[0]
-        lines.append(f"{out} = tl.{op}({masked}, {axis}, keep_dims=True).to(tl.int64)")
+        plain = masked
+        if dtype.is_float:  # NaN is handled below (and numpy's argmax in the interpreter rejects all-NaN rows)
+            plain = f"tl.where({masked} != {masked}, {identity(op, dtype)}, {masked})"
+        lines.append(f"{out} = tl.{op}({plain}, {axis}, keep_dims=True).to(tl.int64)")
         if dtype.is_float:
             isnan = f"({masked} != {masked}).to(tl.int8)"
             lines.append(f"{out} = tl.where(tl.max({isnan}, {axis}, keep_dims=True) > 0, "
@@ -112,12 +117,12 @@ class Accumulator:
         self.node, self.ctx = node, ctx
         self.dtype = work_dtype(node.src[0].dtype) if node.op.op.startswith("arg") else work_dtype(node.dtype)
         self.t = tl_dtype(self.dtype)
+        self.ident = identity(node.op.op, node.src[0].dtype)  # bools keep 0/1 identities in int8
 
     def _masked(self, value: str, lines: list[str]) -> str:
         """The step's values, with the op's identity in masked lanes."""
         masked = self.ctx.fresh()
-        lines.append(f"{masked} = tl.where({self.ctx.mask}, {value}.to({self.t}), "
-                     f"{identity(self.node.op.op, self.dtype)})")
+        lines.append(f"{masked} = tl.where({self.ctx.mask}, {value}.to({self.t}), {self.ident})")
         return masked
 
 
@@ -128,7 +133,7 @@ class Plain(Accumulator):
         self.acc = ctx.fresh()
 
     def init(self) -> list[str]:
-        return [f"{self.acc} = tl.full({self.ctx.row_shape}, {identity(self.node.op.op, self.dtype)}, {self.t})"]
+        return [f"{self.acc} = tl.full({self.ctx.row_shape}, {self.ident}, {self.t})"]
 
     def update(self, values: list[str]) -> list[str]:
         op, ctx = self.node.op.op, self.ctx

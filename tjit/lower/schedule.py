@@ -183,7 +183,7 @@ SPLIT_PROGRAMS = 1024  # at most this many programs share a split reduction
 
 
 def _split_dim(axis: int, size: int, width: int, reason: str) -> LoopDim:
-    return LoopDim((axis,), "split", width, None, reason, True, min(SPLIT_PROGRAMS, -(-size // width)))
+    return LoopDim((axis,), "split", width, None, reason, True, max(1, min(SPLIT_PROGRAMS, -(-size // width))))
 
 
 def _auto_reduction_dims(sizes, strides, origin, is_reduced, widest, reduced_primary) -> tuple[LoopDim, ...]:

@@ -32,7 +32,7 @@ class Executable:
         self.graph = conversion.graph
         self._constant_copies: dict[torch.device, dict[str, torch.Tensor]] = {}
         self.launches = [Launch(p, load_kernel(p), list(p.buffers) + list(p.scalar_args))
-                         for p in lowered.kernels if p.numel > 0]
+                         for p in lowered.kernels if p.writes_anything]
         self._checked = any(launch.plan.checks for launch in self.launches)
         self._status: dict[torch.device, torch.Tensor] = {}
         self._counters: dict[torch.device, torch.Tensor] = {}

@@ -3,8 +3,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from typing import Optional
+
 from .ir import Graph
 from .lower.codegen import KernelPlan
+from .memory import MemoryPlan
 
 
 @dataclass
@@ -23,6 +26,7 @@ class Explanation:
     graph: Graph
     kernels: list[KernelReport]
     eager_ops: int
+    memory: Optional[MemoryPlan] = None  # the slab: every intermediate at its offset
 
     @property
     def bytes_moved(self) -> int:
@@ -36,6 +40,8 @@ class Explanation:
                           f"reads {k.bytes_read} B, writes {k.bytes_written} B"]
             lines += [f"  {s}" for s in k.strategies]
             lines.append(k.source)
+        if self.memory is not None and self.memory.intervals:
+            lines += ["", "memory plan (steps are kernel launches):", self.memory.format()]
         return "\n".join(lines)
 
 
@@ -49,4 +55,5 @@ def explain(fn, *args, **kwargs) -> Explanation:
     compiled = fn if isinstance(fn, CompiledFunction) else CompiledFunction(fn)
     entry = compiled.entry_for(*args, **kwargs)
     lowered = entry.executable.lowered
-    return Explanation(entry.executable.graph, [report(p) for p in lowered.kernels], entry.eager_ops)
+    return Explanation(entry.executable.graph, [report(p) for p in lowered.kernels], entry.eager_ops,
+                       entry.executable.memory_plan)

@@ -191,10 +191,11 @@ def grid_totals(value: GraphNode):
 
 def read_from_buffers(value: GraphNode, buffers: dict[int, GraphNode]) -> GraphNode:
     """A copy of value's expression in which each node with an entry in `buffers` (its id ->
-    a Contiguous node of it) is read from that buffer instead of computed."""
+    a Contiguous node of it) is read from that buffer instead of computed. The value itself
+    is always computed: its store may be the one that fills its buffer."""
     new: dict[int, GraphNode] = {}
     for node in toposort([value], stop=is_kernel_input):
-        if id(node) in buffers:
+        if id(node) in buffers and node is not value:
             new[id(node)] = buffers[id(node)]
             continue
         src = tuple(new.get(id(s), s) for s in node.src)

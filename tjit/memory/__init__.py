@@ -4,7 +4,8 @@ plan_offsets packs buffers given as (size_bytes, first_step, end_step) into one 
 first_fit_by_start (the seed's) and greedy_by_size (TFLite's) are the baselines it is measured
 against, lower_bound the floor no plan can beat, check_plan the checker every plan must pass.
 MemoryPlan (from make_plan) keeps a plan with its text form (format_plan) and picture (plot,
-which needs matplotlib).
+which needs matplotlib). A compiled function's intermediates live in one slab per device and
+thread (liveness.py plans it, slab.py holds it); stats() and release() manage the pool.
 """
 from .planner import (
     MemoryPlan,
@@ -16,6 +17,7 @@ from .planner import (
     plan_offsets,
 )
 from .plot import format_plan, plot
+from .slab import release, stats
 
 __all__ = [
     "MemoryPlan",
@@ -27,4 +29,6 @@ __all__ = [
     "make_plan",
     "plan_offsets",
     "plot",
+    "release",
+    "stats",
 ]

@@ -5,6 +5,7 @@ layouts) was computed at trace time; a call only allocates and binds pointers.
 """
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +16,8 @@ from .. import debug
 from ..frontend.convert import Conversion, OutputSpec
 from ..lower import LoweredGraph
 from ..lower.codegen import BufferRef, KernelPlan
+from ..memory.liveness import plan_memory
+from ..memory.slab import POOL, Slab
 from .counters import counters
 from .loader import load_kernel, note_launch_config
 
@@ -33,6 +36,9 @@ class Executable:
         self._constant_copies: dict[torch.device, dict[str, torch.Tensor]] = {}
         self.launches = [Launch(p, load_kernel(p), list(p.buffers) + list(p.scalar_args))
                          for p in lowered.kernels if p.writes_anything]
+        # every intermediate at a planned offset in one slab (see tjit.memory)
+        self.memory_plan, self.slab_buffers = plan_memory([launch.plan for launch in self.launches])
+        self._slabs: dict[tuple, Slab] = {}
         self._checked = any(launch.plan.checks for launch in self.launches)
         self._status: dict[torch.device, torch.Tensor] = {}
         self._counters: dict[torch.device, torch.Tensor] = {}
@@ -50,6 +56,29 @@ class Executable:
         if self._checked:
             self._raise_failed_checks(memory["status"])
         return self._outputs(memory)
+
+    def _slab_for(self, device) -> Slab:
+        """This thread's slab on this device: allocated on the first call, then reused."""
+        key = (torch.device(device), threading.get_ident())
+        slab = self._slabs.get(key)
+        if slab is not None:
+            POOL.note_reuse()
+            return slab
+        plan = self.memory_plan
+        memory = POOL.allocate(plan.slab_size, device, self) if plan.slab_size else \
+            torch.empty(0, dtype=torch.uint8, device=device)
+        views = {}
+        for buffer, offset in zip(self.slab_buffers, plan.offsets):
+            raw = memory[offset:offset + buffer.nbytes]
+            views[buffer.key] = raw.view(buffer.dtype.torch).view(buffer.shape)
+        slab = self._slabs[key] = Slab(memory, views)
+        return slab
+
+    def slabs(self) -> list[Slab]:
+        return [s for s in self._slabs.values() if s.memory.numel()]
+
+    def release_slabs(self) -> None:
+        self._slabs.clear()
 
     def _status_on(self, device) -> torch.Tensor:
         """One int32 per launch where a kernel reports a failed check (index out of range);
@@ -89,11 +118,7 @@ class Executable:
             if spec.kind == "computed":
                 dtype = self.graph.outputs[spec.name].dtype.torch
                 out[("output", spec.name)] = torch.empty_strided(spec.shape, spec.stride, dtype=dtype, device=device)
-        for node in self.lowered.buffers:
-            out[("buffer", id(node))] = torch.empty(node.shape, dtype=node.dtype.torch, device=device)
-        for k, launch in enumerate(self.launches):
-            for ref in launch.plan.scratch:
-                out[("scratch", k, ref.name)] = torch.empty(launch.plan.grid[0], dtype=ref.dtype.torch, device=device)
+        out.update(self._slab_for(device).views)
         if poison:
             for t in out.values():
                 debug.poison(t)

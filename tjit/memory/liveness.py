@@ -1,0 +1,69 @@
+"""Which buffers live in the slab, and when: liveness over the kernel launch order.
+
+Storage classes (seed 002): TRANSIENT values (materialised intermediates and the partials of
+grid reductions) live in the slab, at offsets reused by liveness; PERSISTENT values (the
+caller's inputs and the function's constants) are bound in place and never copied; graph
+outputs escape (the caller keeps them), so they are allocated per call and never live in the
+slab. STATE (tensors saved for backward) arrives with autograd.
+
+A buffer is born at the step of the kernel that writes it and dies after the last kernel
+that reads it: its interval is [first, end) over launch steps. Sizes are rounded up to the
+slab's alignment; a zero-size buffer takes no room.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..ir import DType
+from .planner import DEFAULT_ALIGNMENT, MemoryPlan, make_plan
+
+
+@dataclass(frozen=True)
+class SlabBuffer:
+    key: tuple  # how the executor names it: ("buffer", id(node)) or ("scratch", step, name)
+    name: str
+    shape: tuple[int, ...]
+    dtype: DType
+    first: int  # launch step that writes it
+    end: int  # one past the last step that reads it
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+    @property
+    def interval(self) -> tuple[int, int, int]:
+        padded = -(-self.nbytes // DEFAULT_ALIGNMENT) * DEFAULT_ALIGNMENT
+        return padded, self.first, self.end
+
+
+def transient_buffers(plans) -> list[SlabBuffer]:
+    """The slab's buffers for kernels launched in the order of `plans` (KernelPlans)."""
+    first: dict[tuple, int] = {}
+    last: dict[tuple, int] = {}
+    info: dict[tuple, tuple] = {}
+    for step, plan in enumerate(plans):
+        for access in plan.accesses:
+            ref = access.buffer
+            if ref.kind != "buffer":
+                continue
+            key = ("buffer", id(ref.node))
+            if access.store or key not in info:  # named after the kernel that writes it
+                info[key] = (f"{ref.name}@{plan.name[5:]}", ref.node.shape, ref.dtype)
+            if access.store:
+                first.setdefault(key, step)
+            last[key] = max(last.get(key, step), step)
+        for ref in plan.scratch:
+            key = ("scratch", step, ref.name)
+            info[key] = (f"{ref.name}@{plan.name[5:]}", (plan.grid[0],), ref.dtype)
+            first[key], last[key] = step, step
+    return [SlabBuffer(key, *info[key], first.get(key, last[key]), last[key] + 1) for key in info]
+
+
+def plan_memory(plans) -> tuple[MemoryPlan, list[SlabBuffer]]:
+    """Offsets of every transient buffer in one slab (see tjit.memory.plan_offsets)."""
+    buffers = transient_buffers(plans)
+    plan = make_plan([b.interval for b in buffers], [b.name for b in buffers])
+    plan.check()  # a plan that overlaps two live buffers would be silently wrong: never ship one
+    return plan, buffers

@@ -57,6 +57,7 @@ class CompiledFunction:
         self._cache: dict[tuple, CompiledEntry] = {}
         self._lock = threading.Lock()
         self._positional_names = _plain_positional_names(fn)
+        self._takes_out = _has_parameter(fn, "out")  # then out= is the function's own argument
 
     def _flatten(self, args, kwargs) -> list[tuple[str, Any]]:
         # The common call (all parameters given positionally) skips inspect's binding.
@@ -65,6 +66,11 @@ class CompiledFunction:
         return flatten_arguments(self.fn, args, kwargs)
 
     def __call__(self, *args, **kwargs):
+        """Run the compiled function. `out=` (a tensor or a tuple of tensors, one per tensor
+        result, unless the function takes an `out` argument itself) receives the results in
+        place: they are written straight into it when its layout is the result's, else
+        copied; the call returns the out tensors."""
+        out = kwargs.pop("out", None) if not self._takes_out else None
         flat = self._flatten(args, kwargs)
         tensors = {name: v for name, v in flat if isinstance(v, torch.Tensor)}
         key = guard_key(flat)
@@ -75,7 +81,7 @@ class CompiledFunction:
                 entry = self._cache.get(key) or self._compile(args, kwargs, key)
         else:
             counters.cache_hits += 1
-        return entry.executable(tensors)
+        return entry.executable(tensors, out)
 
     def entry_for(self, *args, **kwargs) -> CompiledEntry:
         """The compiled form for these arguments (compiling it if needed), without running it."""
@@ -101,6 +107,13 @@ class CompiledFunction:
 
     def __get__(self, obj, objtype=None):  # methods decorated with @tjit.compile
         return self if obj is None else functools.partial(self, obj)
+
+
+def _has_parameter(fn, name: str) -> bool:
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _plain_positional_names(fn) -> Optional[tuple[str, ...]]:

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from .. import debug
+from ..errors import CompileArgumentError
 from ..frontend.convert import Conversion, OutputSpec
 from ..lower import LoweredGraph
 from ..lower.codegen import BufferRef, KernelPlan
@@ -43,11 +44,12 @@ class Executable:
         self._status: dict[torch.device, torch.Tensor] = {}
         self._counters: dict[torch.device, torch.Tensor] = {}
 
-    def __call__(self, tensors: dict[str, torch.Tensor]):
+    def __call__(self, tensors: dict[str, torch.Tensor], out=None):
         device = next(iter(tensors.values())).device if tensors else torch.device("cpu")
+        destinations = self._destinations(out, tensors, device) if out is not None else {}
         memory = dict(tensors)
         memory.update(self._constants_on(device))
-        memory.update(self._allocate(device))
+        memory.update(self._allocate(device, destinations))
         if self._checked:
             memory["status"] = self._status_on(device)
         memory["counter"] = self._counters_on(device)
@@ -55,7 +57,8 @@ class Executable:
             self._launch(launch, memory, k)
         if self._checked:
             self._raise_failed_checks(memory["status"])
-        return self._outputs(memory)
+        result = self._outputs(memory)
+        return result if out is None else self._into(out, result)
 
     def _slab_for(self, device) -> Slab:
         """This thread's slab on this device: allocated on the first call, then reused."""
@@ -111,11 +114,62 @@ class Executable:
             copies = self._constant_copies[device] = {name: t.to(device) for name, t in self.conversion.constants.items()}
         return copies
 
-    def _allocate(self, device) -> dict[str, torch.Tensor]:
+    # -- destination passing ------------------------------------------------------------------
+    def _expected(self, tensors) -> list[tuple[int, tuple, torch.dtype]]:
+        """(flat index, shape, dtype) of each tensor result."""
+        found = []
+        for k, spec in enumerate(self.conversion.outputs):
+            if spec.kind == "constant":
+                continue
+            if spec.kind == "computed":
+                dtype = self.graph.outputs[spec.name].dtype.torch
+                shape = spec.view[0] if spec.view is not None else spec.shape
+            elif spec.kind == "input_alias":
+                dtype, shape = tensors[spec.name].dtype, spec.shape
+            else:
+                dtype, shape = found[[i for i, *_ in found].index(spec.index)][2], spec.shape
+            found.append((k, tuple(shape), dtype))
+        return found
+
+    def _destinations(self, out, tensors, device) -> dict[int, torch.Tensor]:
+        """Check out= before anything runs (the caller's tensors stay untouched on an error);
+        returns the out tensors the kernels can write directly, by flat result index."""
+        outs = [out] if isinstance(out, torch.Tensor) else list(out)
+        expected = self._expected(tensors)
+        if len(outs) != len(expected) or not all(isinstance(o, torch.Tensor) for o in outs):
+            raise CompileArgumentError(f"out= needs {len(expected)} tensor(s), one per tensor result; got "
+                                       f"{[type(o).__name__ for o in outs]}")
+        direct = {}
+        for n, (o, (k, shape, dtype)) in enumerate(zip(outs, expected)):
+            if tuple(o.shape) != shape or o.dtype != dtype or o.device != device:
+                raise CompileArgumentError(f"out[{n}] is {o.dtype} {list(o.shape)} on {o.device}; the result is "
+                                           f"{dtype} {list(shape)} on {device}")
+            for name, t in list(tensors.items()) + [(f"out[{m}]", p) for m, p in enumerate(outs[:n])]:
+                if _overlap(o, t):
+                    raise CompileArgumentError(f"out[{n}] overlaps {'input ' + repr(name) if '[' not in name else name}"
+                                               "; the results must go to memory of their own")
+            spec = self.conversion.outputs[k]
+            if spec.kind == "computed" and spec.view is None and o.stride() == spec.stride:
+                direct[k] = o
+        return direct
+
+    def _into(self, out, result):
+        """Copy the results the kernels did not write in place into out; return out."""
+        outs = [out] if isinstance(out, torch.Tensor) else list(out)
+        flat = torch.utils._pytree.tree_flatten(result)[0]
+        tensors = [r for r in flat if isinstance(r, torch.Tensor)]
+        for o, r in zip(outs, tensors):
+            if o is not r:
+                o.copy_(r)
+        return out
+
+    def _allocate(self, device, destinations=None) -> dict[str, torch.Tensor]:
         out = {}
         poison = debug.poisoning()
-        for spec in self.conversion.outputs:
-            if spec.kind == "computed":
+        for k, spec in enumerate(self.conversion.outputs):
+            if spec.kind == "computed" and destinations and k in destinations:
+                out[("output", spec.name)] = destinations[k]
+            elif spec.kind == "computed":
                 dtype = self.graph.outputs[spec.name].dtype.torch
                 out[("output", spec.name)] = torch.empty_strided(spec.shape, spec.stride, dtype=dtype, device=device)
         out.update(self._slab_for(device).views)
@@ -165,3 +219,19 @@ class Executable:
         if (tuple(base.shape), tuple(base.stride()), base.storage_offset()) == (spec.shape, spec.stride, offset):
             return base
         return base.as_strided(spec.shape, spec.stride, offset)
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """The two tensors' byte ranges in memory intersect (conservatively: their extents)."""
+    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
+        return False
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+
+    def extent(t):
+        start = t.storage_offset() * t.element_size()
+        span = sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride())) + 1
+        return start, start + span * t.element_size()
+
+    (a0, a1), (b0, b1) = extent(a), extent(b)
+    return a0 < b1 and b0 < a1

@@ -61,6 +61,16 @@ def softmax_long_rows(x):
     return torch.softmax(x * 0.5, dim=-1)
 
 
+def cross_entropy_loss(logits, target):
+    return torch.nn.functional.cross_entropy(logits, target, ignore_index=0)
+
+
+def two_stage(x):
+    """a transposed copy between two reductions: an intermediate in the slab"""
+    a = x.softmax(0)
+    return (a.t().contiguous() + 1).sum(0)
+
+
 def log_cumulative_probs(logits):
     """log of the running probability mass: a reduction, a scan and their neighbours."""
     return torch.logcumsumexp(logits.log_softmax(-1), -1).exp()
@@ -83,6 +93,10 @@ EXAMPLES = [
      softmax_long_rows, lambda: (rand(2, 8192),)),
     ("exp(logcumsumexp(log_softmax(x))): a reduction, a scan and elementwise work", log_cumulative_probs,
      lambda: (rand(8, N),)),
+    ("cross_entropy(logits, target, ignore_index=0): row reductions, a gather and the mean, one kernel",
+     cross_entropy_loss, lambda: (rand(M, N), torch.randint(0, N, (M,), device=DEVICE))),
+    ("softmax over dim 0, a transposed copy, a sum: buffers planned in one slab", two_stage,
+     lambda: (rand(M, N),)),
 ]
 
 
@@ -188,12 +202,20 @@ def demo_one(k: int, title: str, fn, make_args) -> None:
           f"{entry.lower_seconds * 1e3:.1f}, load {entry.load_seconds * 1e3:.1f}); first call "
           f"{first_call * 1e3:.0f} ms including the run" + (" in Triton's interpreter" if DEVICE == "cpu" else ""))
 
-    # A second call with the same shapes reuses everything.
-    before = tjit.counters.snapshot()
+    plan = ex.memory
+    if plan.intervals:
+        print(f"memory:          {len(plan.intervals)} intermediate(s) in one slab of {plan.slab_size:,} B "
+              f"(lower bound {plan.lower_bound:,} B); outputs are the caller's")
+    else:
+        print("memory:          no intermediates: every value stays in registers")
+
+    # A second call with the same shapes reuses everything, the slab included.
+    before, slabs = tjit.counters.snapshot(), tjit.memory.stats()["allocations"]
     call_args = clone_args(args)
     check_matches_eager(fn, compiled(*call_args), call_args, args, f"tjit.compile({fn.__name__}), 2nd call")
     assert tjit.counters.traces == before["traces"], "a second call with the same shapes retraced"
-    print(f"second call:     no retrace, {tjit.counters.launches - before['launches']} launch(es)")
+    print(f"second call:     no retrace, {tjit.counters.launches - before['launches']} launch(es), "
+          f"{tjit.memory.stats()['allocations'] - slabs} allocation(s) for intermediates")
 
 
 def demo_dynamo(fn, make_args) -> None:

@@ -155,3 +155,37 @@ def test_a_function_with_its_own_out_parameter_keeps_it():
         return x + out
     x, o = torch.randn(3), torch.randn(3)
     torch.testing.assert_close(tjit.compile(fn)(x, out=o), x + o)
+
+
+def scan_of_row_sums(x):
+    """x is last read by the first kernel; the scan's buffer is born after that."""
+    return x.sum(1).cumsum(0).flip(0) * 2
+
+
+def test_a_donated_input_holds_intermediates_and_is_unusable_after():
+    x = torch.randn(64, 32)
+    expected = scan_of_row_sums(x.clone())
+    plain = tjit.explain(tjit.compile(scan_of_row_sums), x).memory.slab_size
+    cf = tjit.compile(scan_of_row_sums, donate=("x",))
+    assert cf.entry_for(x).executable.memory_plan.slab_size < plain
+    torch.testing.assert_close(cf(x), expected)
+    with pytest.raises(RuntimeError, match="donated"):
+        x + 1
+    with pytest.raises(tjit.CompileArgumentError, match="donated"):
+        cf(x)
+
+
+@pytest.mark.parametrize("fn, arg, message", [
+    (lambda x: x * 2, "y", "not a tensor argument"),
+    (lambda x: x.add_(1), "x", "writes into it"),
+    (lambda x: x[0], "x", "a result is a view of it"),
+])
+def test_unsound_donations_are_refused(fn, arg, message):
+    x = torch.randn(4, 5)
+    with pytest.raises(tjit.CompileArgumentError, match=message):
+        tjit.compile(fn, donate=(arg,))(x)
+
+
+def test_only_contiguous_tensors_can_be_donated():
+    with pytest.raises(tjit.CompileArgumentError, match="contiguous"):
+        tjit.compile(scan_of_row_sums, donate=("x",))(torch.randn(32, 64).t())

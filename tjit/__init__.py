@@ -22,16 +22,19 @@ from .runtime.dynamo_backend import register_dynamo_backend  # noqa: E402
 
 
 def compile(fn: Optional[Callable] = None, *,
-            axis_strategies: Optional[Mapping[str, Sequence[AxisStrategy]]] = None):
+            axis_strategies: Optional[Mapping[str, Sequence[AxisStrategy]]] = None, donate: Sequence[str] = ()):
     """Compile `fn` (usable as @tjit.compile or @tjit.compile(...)).
 
     axis_strategies: force the mapping of kernel axes, keyed by graph output name
     ("out0", "out1", ... in return order) or "*" for every kernel; one AxisStrategy per
     axis of that kernel's iteration space.
+    donate: names of tensor arguments the caller gives up: their memory may hold
+    intermediates once the kernels are done reading them, and is freed after the call
+    (using such a tensor afterwards raises).
     """
     if fn is None:
-        return lambda f: CompiledFunction(f, axis_strategies)
-    return CompiledFunction(fn, axis_strategies)
+        return lambda f: CompiledFunction(f, axis_strategies, donate)
+    return CompiledFunction(fn, axis_strategies, donate)
 
 
 register_dynamo_backend()

@@ -21,6 +21,7 @@ from ..errors import CompileArgumentError, UnsupportedOpError
 from ..frontend.trace import flatten_arguments, trace
 from ..ir import AxisStrategy
 from ..lower import lower
+from ..memory.donation import DonatedTensor
 from .counters import counters
 from .executor import Executable
 from .interpreter import check_device
@@ -50,9 +51,11 @@ def guard_key(flat: list[tuple[str, Any]]) -> tuple:
 
 
 class CompiledFunction:
-    def __init__(self, fn: Callable, axis_strategies: Optional[Mapping[str, Sequence[AxisStrategy]]] = None):
+    def __init__(self, fn: Callable, axis_strategies: Optional[Mapping[str, Sequence[AxisStrategy]]] = None,
+                 donate: Sequence[str] = ()):
         functools.update_wrapper(self, fn)
         self.fn = fn
+        self.donate = tuple(donate)
         self.axis_strategies = dict(axis_strategies or {})
         self._cache: dict[tuple, CompiledEntry] = {}
         self._lock = threading.Lock()
@@ -73,6 +76,7 @@ class CompiledFunction:
         out = kwargs.pop("out", None) if not self._takes_out else None
         flat = self._flatten(args, kwargs)
         tensors = {name: v for name, v in flat if isinstance(v, torch.Tensor)}
+        _check_not_donated(tensors)
         key = guard_key(flat)
         entry = self._cache.get(key)
         if entry is None:
@@ -97,7 +101,7 @@ class CompiledFunction:
         strides = {s.name: s.stride for s in conversion.outputs if s.kind == "computed"}
         lowered = lower(conversion.graph, strides, self.axis_strategies)
         t2 = time.perf_counter()
-        executable = Executable(conversion, lowered)
+        executable = Executable(conversion, lowered, self._donations(conversion, args, kwargs))
         t3 = time.perf_counter()
         entry = CompiledEntry(executable, t1 - t0, t2 - t1, t3 - t2, conversion.eager_ops)
         self._cache[key] = entry
@@ -105,8 +109,46 @@ class CompiledFunction:
         _log_compile(self.fn, entry)
         return entry
 
+    def _donations(self, conversion, args, kwargs) -> dict:
+        """Donated input name -> its bytes, after checking that donating it is sound."""
+        if not self.donate:
+            return {}
+        flat = dict(self._flatten(args, kwargs))
+        found = {}
+        for name in self.donate:
+            x = flat.get(name)
+            if not isinstance(x, torch.Tensor):
+                raise CompileArgumentError(f"donate={self.donate}: {name!r} is not a tensor argument of "
+                                           f"{getattr(self.fn, '__name__', self.fn)}")
+            why = _cannot_donate(name, x, conversion, flat)
+            if why:
+                raise CompileArgumentError(f"cannot donate {name!r}: {why}")
+            found[name] = x.numel() * x.element_size()
+        return found
+
     def __get__(self, obj, objtype=None):  # methods decorated with @tjit.compile
         return self if obj is None else functools.partial(self, obj)
+
+
+def _cannot_donate(name, x, conversion, flat) -> Optional[str]:
+    if not x.is_contiguous():
+        return "only a contiguous tensor can be donated"
+    if any(m.name == name for m in conversion.graph.mutations):
+        return "the function writes into it, so its contents are a result"
+    if any(s.kind == "input_alias" and s.name == name for s in conversion.outputs):
+        return "a result is a view of it"
+    others = [n for n, t in flat.items() if n != name and isinstance(t, torch.Tensor)
+              and t.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()]
+    if others:
+        return f"it shares memory with {others}"
+    return None
+
+
+def _check_not_donated(tensors) -> None:
+    for name, t in tensors.items():
+        if isinstance(t, DonatedTensor):
+            raise CompileArgumentError(f"input {name!r} has no memory left: it was donated to an earlier call of a "
+                                       "compiled function (donate=...) and may not be used again")
 
 
 def _has_parameter(fn, name: str) -> bool:

@@ -17,7 +17,9 @@ from ..errors import CompileArgumentError
 from ..frontend.convert import Conversion, OutputSpec
 from ..lower import LoweredGraph
 from ..lower.codegen import BufferRef, KernelPlan
+from ..memory.donation import give_up, last_read_step, place_in_donated
 from ..memory.liveness import plan_memory
+from ..memory.planner import make_plan
 from ..memory.slab import POOL, Slab
 from .counters import counters
 from .loader import load_kernel, note_launch_config
@@ -31,14 +33,19 @@ class Launch:
 
 
 class Executable:
-    def __init__(self, conversion: Conversion, lowered: LoweredGraph):
+    def __init__(self, conversion: Conversion, lowered: LoweredGraph, donated: dict = None):
         self.conversion, self.lowered = conversion, lowered
         self.graph = conversion.graph
         self._constant_copies: dict[torch.device, dict[str, torch.Tensor]] = {}
         self.launches = [Launch(p, load_kernel(p), list(p.buffers) + list(p.scalar_args))
                          for p in lowered.kernels if p.writes_anything]
-        # every intermediate at a planned offset in one slab (see tjit.memory)
+        # every intermediate at a planned offset in one slab (see tjit.memory), except those a
+        # donated input's memory can hold once the kernels are done reading it
         self.memory_plan, self.slab_buffers = plan_memory([launch.plan for launch in self.launches])
+        self._all_buffers = list(self.slab_buffers)
+        self.donated: dict[str, dict[tuple, int]] = {}
+        if donated:
+            self._plan_donations(donated)
         self._slabs: dict[tuple, Slab] = {}
         self._checked = any(launch.plan.checks for launch in self.launches)
         self._status: dict[torch.device, torch.Tensor] = {}
@@ -50,6 +57,8 @@ class Executable:
         memory = dict(tensors)
         memory.update(self._constants_on(device))
         memory.update(self._allocate(device, destinations))
+        if self.donated:
+            memory.update(self._donated_views(tensors))
         if self._checked:
             memory["status"] = self._status_on(device)
         memory["counter"] = self._counters_on(device)
@@ -58,7 +67,35 @@ class Executable:
         if self._checked:
             self._raise_failed_checks(memory["status"])
         result = self._outputs(memory)
+        for name in self.donated:  # the caller gave it up: a later use fails loudly
+            give_up(tensors[name])
         return result if out is None else self._into(out, result)
+
+    def _plan_donations(self, donated: dict) -> None:
+        """donated: input name -> its size in bytes. Buffers placed in a donated input leave
+        the slab, which is planned again without them."""
+        plans = [launch.plan for launch in self.launches]
+        remaining = list(self.slab_buffers)
+        for name, capacity in donated.items():
+            placed = place_in_donated(remaining, last_read_step(plans, name) + 1, capacity)
+            self.donated[name] = placed
+            remaining = [b for b in remaining if b.key not in placed]
+        self.slab_buffers = remaining
+        self.memory_plan = make_plan([b.interval for b in remaining], [b.name for b in remaining],
+                                     time_budget_s=0.02)
+        self.memory_plan.check()
+
+    def _donated_views(self, tensors) -> dict:
+        views = {}
+        sizes = {b.key: b for b in self._all_buffers}
+        for name, placed in self.donated.items():
+            x = tensors[name]
+            raw = torch.empty(0, dtype=torch.uint8, device=x.device).set_(
+                x.untyped_storage(), x.storage_offset() * x.element_size(), (x.numel() * x.element_size(),))
+            for key, offset in placed.items():
+                b = sizes[key]
+                views[key] = raw[offset:offset + b.nbytes].view(b.dtype.torch).view(b.shape)
+        return views
 
     def _slab_for(self, device) -> Slab:
         """This thread's slab on this device: allocated on the first call, then reused."""

@@ -297,6 +297,57 @@ def _time(s: float) -> str:
     return f"{s * 1e3:.1f} ms" if s < 1 else f"{s:.2f} s"
 
 
+def compiled_functions() -> dict[str, tuple[Callable, tuple]]:
+    """Small functions whose tjit graphs have intermediates (run in the interpreter without CUDA)."""
+    def two_stage(x):
+        return (x.softmax(0).t().contiguous() + 1).sum(0)
+
+    def scan_of_row_sums(x):
+        return x.sum(1).cumsum(0).flip(0) * 2
+
+    def norm_then_mix(x, w):
+        h = torch.nn.functional.layer_norm(x, x.shape[-1:])
+        return (h.t().contiguous() * w[:, None]).sum(1).softmax(0)
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    x, w = torch.randn(64, 48, device=dev), torch.randn(48, device=dev)
+    return {"two_stage": (two_stage, (x,)), "scan_of_row_sums": (scan_of_row_sums, (x,)),
+            "norm_then_mix": (norm_then_mix, (x, w))}
+
+
+def steady_state(calls: int = 5) -> list[dict]:
+    """Per compiled function: its slab against the lower bound, and what a steady-state call
+    allocates for intermediates (tjit.memory.stats; with CUDA also the caching allocator's
+    count, which includes the outputs, allocated per call by design)."""
+    import tjit
+    rows = []
+    for name, (fn, args) in compiled_functions().items():
+        cf = tjit.compile(fn)
+        cf(*args)
+        plan = tjit.explain(cf, *args).memory
+        before = tjit.memory.stats()["allocations"]
+        cuda_before = torch.cuda.memory_stats().get("allocation.all.allocated", 0) if torch.cuda.is_available() else 0
+        for _ in range(calls):
+            cf(*args)
+        cuda = (torch.cuda.memory_stats().get("allocation.all.allocated", 0) - cuda_before) / calls \
+            if torch.cuda.is_available() else None
+        rows.append({"function": name, "buffers": len(plan.intervals), "slab_bytes": plan.slab_size,
+                     "lower_bound": plan.lower_bound,
+                     "intermediate_allocations_per_call": (tjit.memory.stats()["allocations"] - before) / calls,
+                     "cuda_allocations_per_call": cuda})
+    return rows
+
+
+def print_steady_state(rows: list[dict]) -> None:
+    print("\ncompiled functions: slab against the lower bound, allocations per steady-state call")
+    print(f"{'function':<18} {'buffers':>7} {'slab B':>8} {'bound B':>8} {'intermediate allocs/call':>25} "
+          f"{'CUDA allocs/call (incl. outputs)':>33}")
+    for r in rows:
+        cuda = "-" if r["cuda_allocations_per_call"] is None else f"{r['cuda_allocations_per_call']:.1f}"
+        print(f"{r['function']:<18} {r['buffers']:>7} {r['slab_bytes']:>8} {r['lower_bound']:>8} "
+              f"{r['intermediate_allocations_per_call']:>25.1f} {cuda:>33}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", metavar="PATH", help="write the numbers as JSON")
@@ -329,9 +380,12 @@ def main() -> None:
                             optimum=int(path.stem.split(".")[1])))
 
     print_table(rows, list(dict.fromkeys(p for r in rows for p in r.ratio)))
+    progress("compiled functions, steady state ...")
+    compiled = steady_state()
+    print_steady_state(compiled)
     print(f"load average (1, 5, 15 min) at the end: {os.getloadavg()}: other work on the machine inflates the times")
     if args.json:
-        Path(args.json).write_text(json.dumps([asdict(r) for r in rows], indent=1))
+        Path(args.json).write_text(json.dumps({"traces": [asdict(r) for r in rows], "compiled": compiled}, indent=1))
 
 
 if __name__ == "__main__":

@@ -69,3 +69,10 @@ def test_mean_of_row_norms_is_one_kernel():
     x = torch.randn(50, 30)
     cf = check_against_eager(fn, x)
     assert len(tjit.explain(cf, x).kernels) == 1
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_totals_over_no_rows_are_still_written(reduction):
+    fn = lambda x, t: F.cross_entropy(x, t, reduction=reduction)  # noqa: E731
+    check_against_eager(fn, torch.randn(0, 5), torch.empty(0, dtype=torch.long))
+    check_against_eager(lambda x: x.norm(dim=1).sum() + 1, torch.randn(0, 4))

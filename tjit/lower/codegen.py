@@ -80,7 +80,7 @@ class KernelPlan:
     def writes_anything(self) -> bool:
         """A kernel with no element to write need not launch (a reduction over an empty axis
         still writes its identity, once per kept index)."""
-        return math.prod(s for d, s in enumerate(self.shape) if d not in self.reduced_axes) > 0
+        return bool(self.scratch) or math.prod(s for d, s in enumerate(self.shape) if d not in self.reduced_axes) > 0
 
     @functools.cached_property
     def bytes_read(self) -> int:
@@ -264,6 +264,8 @@ class _Emitter:
                          -(-math.prod(self.space.sizes[a] for a in d.axes) // d.width)
                          for d in self.space.loop_dims if d.kind == "group")
         grid *= math.prod(d.programs for d in self.space.loop_dims if d.kind == "split")
+        if self.totals:  # no rows: one program still finishes the totals (over nothing)
+            grid = max(grid, 1)
         return KernelPlan(name, source, list(self.buffers.values()), self.scalar_args, constexprs, (grid,),
                           self.shape, self.space, self.accesses, self.params, num_warps(self.space, self.widest),
                           self.load_passes, self.checks, self.scratch, self.domain.axes)

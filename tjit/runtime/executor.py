@@ -62,8 +62,12 @@ class Executable:
         if self._checked:
             memory["status"] = self._status_on(device)
         memory["counter"] = self._counters_on(device)
-        for k, launch in enumerate(self.launches):
-            self._launch(launch, memory, k)
+        try:
+            for k, launch in enumerate(self.launches):
+                self._launch(launch, memory, k)
+        except BaseException:
+            memory["counter"].zero_()  # a grid reduction cut short must not skew the next call's count
+            raise
         if self._checked:
             self._raise_failed_checks(memory["status"])
         result = self._outputs(memory)
@@ -122,19 +126,20 @@ class Executable:
 
     def _status_on(self, device) -> torch.Tensor:
         """One int32 per launch where a kernel reports a failed check (index out of range);
-        zero while all is well, so it is allocated once and kept."""
-        status = self._status.get(device)
-        if status is None:
-            status = self._status[device] = torch.zeros(len(self.launches), dtype=torch.int32, device=device)
-        return status
+        zero while all is well, so it is allocated once (per device and thread) and kept."""
+        return self._per_thread(self._status, device)
 
     def _counters_on(self, device) -> torch.Tensor:
         """One int32 per launch that counts finished programs of a grid reduction; the last
-        program resets it, so it is zeroed once and kept."""
-        counter = self._counters.get(device)
-        if counter is None:
-            counter = self._counters[device] = torch.zeros(len(self.launches), dtype=torch.int32, device=device)
-        return counter
+        program resets it, so it is zeroed once (per device and thread, like the slab) and kept."""
+        return self._per_thread(self._counters, device)
+
+    def _per_thread(self, table: dict, device) -> torch.Tensor:
+        key = (torch.device(device), threading.get_ident())
+        found = table.get(key)
+        if found is None:
+            found = table[key] = torch.zeros(len(self.launches), dtype=torch.int32, device=device)
+        return found
 
     def _raise_failed_checks(self, status: torch.Tensor) -> None:
         codes = status.tolist()  # one sync, as eager's checked indexing needs

@@ -120,10 +120,10 @@ WORKLOADS = [
     Workload("lcse_fused", logcumsumexp_fused, x_only, one_kernel=True, slow_scan=True,
              note="logcumsumexp(x.log_softmax(-1), -1).exp()"),
     Workload("full_sum", full_sum, lambda m, n: (rand(m * n),), flat=True,
-             note="x.sum(): one program loops (no split ThreadGroup reductions yet)"),
+             note="x.sum(): split across up to 1024 programs (ThreadGroup), the last one combines"),
     Workload("cross_entropy", cross_entropy,
              lambda m, n: (rand(m, n), torch.randint(0, n, (m,), device=DEVICE)),
-             note="mean reduction; reported 'unsupported' while tjit.UnsupportedOpError is raised"),
+             note="mean reduction, ignore_index: row reductions, the gather and the mean in one kernel"),
 ]
 
 
@@ -133,7 +133,7 @@ def sizes(quick: bool) -> dict:
     if quick:
         s = dict(fit=(4, 1024), loop=(2, 8192), sum_fit=(1, 4096), sum_loop=(1, 1 << 18))
     else:
-        # 2^24 elements summed by one looping program take ~80 s in the interpreter: 2^22 there
+        # 2^24 elements take ~40 s in the interpreter (which runs the programs one by one): 2^22 there
         s = dict(fit=(64, 2048), loop=(4, 65536), sum_fit=(1, 4096), sum_loop=(1, 1 << (24 if HAS_CUDA else 22)))
     if HAS_CUDA:
         s.update(scan_fit=s["fit"], scan_loop=s["loop"])
@@ -399,7 +399,7 @@ def describe_sizes(s: dict, quick: bool) -> str:
             f"fit {fmt('scan_fit')}, loop {fmt('scan_loop')}; full sum {s['sum_fit'][1]} / {s['sum_loop'][1]} elements")
     if not HAS_CUDA:
         text += ("; interpreter: smaller logcumsumexp rows (~4 ms per element there)" +
-                 ("" if quick else ", full sum over 2^22 not 2^24 (one looping program: 2^24 takes ~80 s)"))
+                 ("" if quick else ", full sum over 2^22 not 2^24 (the interpreter runs its programs one by one)"))
     return text
 
 

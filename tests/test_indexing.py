@@ -73,3 +73,16 @@ def test_cross_entropy_rows_fuse_with_their_gather():
     x, t = torch.randn(6, 10), _rows(6, 10)
     cf = check_against_eager(fn, x, t)
     assert len(tjit.explain(cf, x, t).kernels) == 1
+
+
+@pytest.mark.parametrize("fn, make", [
+    # a one-element index: the index is a scalar while the table's view is a block
+    (lambda x, i: x[i % x.shape[0]] + 1, lambda: (torch.randn(3, 35), torch.randint(0, 50, (1,)))),
+    # a gathered value that varies along a reduced axis, inside a reduction's kernel
+    (lambda x, i: x[::2].norm(dim=0, keepdim=True).amax(0, keepdim=True)[i % 1].mean(1),
+     lambda: (torch.randn(5, 19), torch.randint(0, 50, (4,)))),
+    (lambda x, i: torch.gather(x, 1, i.view(1, -1).expand(x.shape[0], -1) % x.shape[1]).softmax(1),
+     lambda: (torch.randn(6, 9), torch.randint(0, 50, (7,)))),
+])
+def test_gathers_whose_index_and_table_vary_differently(fn, make):
+    check_against_eager(fn, *make())

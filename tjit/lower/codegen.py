@@ -550,10 +550,15 @@ class _Emitter(GridReductionEmitter):
         if op.wrap_negative:
             lines.append(f"{idx} = tl.where({idx} < 0, {idx} + {size_arg}, {idx})")
         lines.append(f"{ok} = ({idx} >= 0) & ({idx} < {size_arg})")
-        mask = self._mask_for(n)
-        lines.append(f"tl.store({STATUS.param} + {idx} * 0, {len(self.checks)}, mask={mask} & ~{ok})")
+        # the index may vary where the table's view does not (and the reverse): the full mask
+        # when it varies along the reduced axes; tl.where broadcasts pointer and mask alike
+        mask = "mask" if self._varies_along_reduction(node) else self._mask_for(n)
+        # (ints, not bools: Triton's interpreter cannot combine a bool block with a bool scalar)
+        failed = f"(tl.where({mask}, 1, 0) * tl.where({ok}, 0, 1)) != 0"
+        lines.append(f"tl.store({STATUS.param} + tl.where({mask}, 0, 0), {len(self.checks)}, mask={failed})")
         step = f"{idx} * {self._scalar(f'a{n}_gather_stride', stride)}" if stride != 1 else idx
-        lines.append(f"{out} = tl.load({self._address(n)} + tl.where({ok}, {step}, 0), mask={mask})")
+        lines.append(f"{out} = tl.load({self._address(n)} + tl.where({mask}, tl.where({ok}, {step}, 0), 0), "
+                     f"mask={mask})")
         return out
 
     def _scan(self, node: GraphNode, src: str, lines: list[str], pre: Optional[list[str]] = None) -> str:

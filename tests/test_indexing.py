@@ -86,3 +86,11 @@ def test_cross_entropy_rows_fuse_with_their_gather():
 ])
 def test_gathers_whose_index_and_table_vary_differently(fn, make):
     check_against_eager(fn, *make())
+
+
+def test_gather_along_a_broadcast_axis_still_checks_its_index():
+    fn = lambda b, t: torch.gather(b.expand(4, 6), 0, t) * 2  # noqa: E731
+    b, t = torch.randn(6), torch.randint(0, 4, (3, 6))
+    check_against_eager(fn, b, t)
+    with pytest.raises(IndexError, match="out of bounds"):
+        tjit.compile(fn)(b, t + 10)

@@ -222,9 +222,10 @@ class Converter:
         if isinstance(node.op, Elementwise):
             src = [self.gather(s, axis, index, wrap_negative, what) for s in node.src]
             return self.b.node(node.op, node.dtype, tuple(src), View.contiguous(shape))
-        if isinstance(node.op, ViewOp) and node.view.strides[axis] == 0:
-            # constant along the axis: any in-range index reads the same element (bounds are
-            # still checked where some other operand reads memory)
+        if isinstance(node.op, ViewOp) and node.view.strides[axis] == 0 and \
+                isinstance(node.src[0].op, (Const, Reduce)):
+            # a literal or a row value, constant along the axis: any in-range index reads the
+            # same value (a broadcast input is still gathered, so its index is checked)
             view = View(shape, node.view.strides, node.view.offset)
             base = node.src[0]
             if view == base.view and isinstance(base.op, Reduce):

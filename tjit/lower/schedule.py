@@ -87,7 +87,7 @@ def schedule(shape: Sequence[int], access_strides: Sequence[Sequence[int]],
     if reduced:
         return _schedule_reduction(shape, access_strides, forced, primary, widest_itemsize, reduced,
                                    reduced_primary, splittable)
-    if forced is None or all(isinstance(s, Auto) for s in forced):
+    if not _is_forced(forced):
         order = memory_order(access_strides[primary]) if access_strides else list(range(len(shape)))
         shape = [shape[d] for d in order]
         access_strides = [[st[d] for d in order] for st in access_strides]
@@ -96,11 +96,13 @@ def schedule(shape: Sequence[int], access_strides: Sequence[Sequence[int]],
         return IterationSpace(sizes, strides, auto_dims(sizes, strides, block))
     sizes, strides, origin = simplify(shape, access_strides, merge=False)
     dims = tuple(_forced_dim(k, forced[origin[k][0]], sizes[k]) for k in range(len(sizes)))
-    block = math.prod(d.width for d in dims)
-    if block > MAX_BLOCK_NUMEL:
-        raise TjitError(f"axis strategies {list(forced)} on shape {list(shape)} need a block of {block} elements; "
-                        f"Triton allows {MAX_BLOCK_NUMEL}")
+    _check_block(dims, forced, shape)
     return IterationSpace(sizes, strides, dims)
+
+
+def _is_forced(forced) -> bool:
+    """Some axis strategy other than Auto was asked for."""
+    return forced is not None and not all(isinstance(s, Auto) for s in forced)
 
 
 def auto_dims(sizes: Sequence[int], strides: Sequence[Sequence[int]], block: int = AUTO_BLOCK) -> tuple[LoopDim, ...]:
@@ -153,13 +155,11 @@ def _schedule_reduction(shape, access_strides, forced, primary, widest, reduced,
     kept = [d for d in range(len(shape)) if d not in reduced]
     kept_order = sorted(kept, key=lambda d: -abs(access_strides[primary][d])) if access_strides else kept
     red_order = sorted(reduced, key=lambda d: -abs(access_strides[reduced_primary][d]))
-    order = kept_order + red_order
-    if forced is not None and not all(isinstance(s, Auto) for s in forced):
-        order = kept + list(reduced)
+    order = kept + list(reduced) if _is_forced(forced) else kept_order + red_order
     shape = [shape[d] for d in order]
     access_strides = [[st[d] for d in order] for st in access_strides]
     is_reduced = [k for k, d in enumerate(order) if d in reduced]
-    if forced is not None and not all(isinstance(s, Auto) for s in forced):
+    if _is_forced(forced):
         forced = [forced[d] for d in order]
         sizes, strides, origin = simplify(shape, access_strides, merge=False)
         dims = tuple(_forced_reduction_dim(k, forced[origin[k][0]], sizes[k], origin[k][0] in is_reduced)

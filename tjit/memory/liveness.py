@@ -67,8 +67,13 @@ def transient_buffers(plans) -> list[SlabBuffer]:
 def plan_memory(plans) -> tuple[MemoryPlan, list[SlabBuffer]]:
     """Offsets of every transient buffer in one slab (see tjit.memory.plan_offsets)."""
     buffers = transient_buffers(plans)
+    return plan_slab(buffers), buffers
+
+
+def plan_slab(buffers: list[SlabBuffer]) -> MemoryPlan:
+    """A checked slab plan for these buffers."""
     # a compile should stay fast: most graphs hit the lower bound at once, the rest get a
     # short search (the planner always keeps the best of its baselines)
     plan = make_plan([b.interval for b in buffers], [b.name for b in buffers], time_budget_s=PLAN_BUDGET_S)
     plan.check()  # a plan that overlaps two live buffers would be silently wrong: never ship one
-    return plan, buffers
+    return plan

@@ -18,8 +18,7 @@ from ..frontend.convert import Conversion, OutputSpec
 from ..lower import LoweredGraph
 from ..lower.codegen import BufferRef, KernelPlan
 from ..memory.donation import give_up, last_read_step, place_in_donated
-from ..memory.liveness import plan_memory
-from ..memory.planner import make_plan
+from ..memory.liveness import plan_memory, plan_slab
 from ..memory.slab import POOL, Slab
 from .counters import counters
 from .loader import load_kernel, note_launch_config
@@ -42,8 +41,7 @@ class Executable:
         # every intermediate at a planned offset in one slab (see tjit.memory), except those a
         # donated input's memory can hold once the kernels are done reading it
         self.memory_plan, self.slab_buffers = plan_memory([launch.plan for launch in self.launches])
-        self._all_buffers = list(self.slab_buffers)
-        self.donated: dict[str, dict[tuple, int]] = {}
+        self.donated: dict[str, list[tuple]] = {}  # input name -> (buffer, offset in its memory)
         if donated:
             self._plan_donations(donated)
         self._slabs: dict[tuple, Slab] = {}
@@ -82,23 +80,18 @@ class Executable:
         remaining = list(self.slab_buffers)
         for name, capacity in donated.items():
             placed = place_in_donated(remaining, last_read_step(plans, name) + 1, capacity)
-            self.donated[name] = placed
+            self.donated[name] = [(b, placed[b.key]) for b in remaining if b.key in placed]
             remaining = [b for b in remaining if b.key not in placed]
         self.slab_buffers = remaining
-        self.memory_plan = make_plan([b.interval for b in remaining], [b.name for b in remaining],
-                                     time_budget_s=0.02)
-        self.memory_plan.check()
+        self.memory_plan = plan_slab(remaining)
 
     def _donated_views(self, tensors) -> dict:
         views = {}
-        sizes = {b.key: b for b in self._all_buffers}
         for name, placed in self.donated.items():
             x = tensors[name]
             raw = torch.empty(0, dtype=torch.uint8, device=x.device).set_(
                 x.untyped_storage(), x.storage_offset() * x.element_size(), (x.numel() * x.element_size(),))
-            for key, offset in placed.items():
-                b = sizes[key]
-                views[key] = raw[offset:offset + b.nbytes].view(b.dtype.torch).view(b.shape)
+            views.update(_typed_views(raw, placed))
         return views
 
     def _slab_for(self, device) -> Slab:
@@ -111,11 +104,7 @@ class Executable:
         plan = self.memory_plan
         memory = POOL.allocate(plan.slab_size, device, self) if plan.slab_size else \
             torch.empty(0, dtype=torch.uint8, device=device)
-        views = {}
-        for buffer, offset in zip(self.slab_buffers, plan.offsets):
-            raw = memory[offset:offset + buffer.nbytes]
-            views[buffer.key] = raw.view(buffer.dtype.torch).view(buffer.shape)
-        slab = self._slabs[key] = Slab(memory, views)
+        slab = self._slabs[key] = Slab(memory, _typed_views(memory, zip(self.slab_buffers, plan.offsets)))
         return slab
 
     def slabs(self) -> list[Slab]:
@@ -261,6 +250,11 @@ class Executable:
         if (tuple(base.shape), tuple(base.stride()), base.storage_offset()) == (spec.shape, spec.stride, offset):
             return base
         return base.as_strided(spec.shape, spec.stride, offset)
+
+
+def _typed_views(raw: torch.Tensor, placed) -> dict:
+    """Each (buffer, byte offset) as a tensor of the buffer's type and shape inside raw (uint8)."""
+    return {b.key: raw[offset:offset + b.nbytes].view(b.dtype.torch).view(b.shape) for b, offset in placed}
 
 
 def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -121,7 +121,6 @@ class _Emitter(GridReductionEmitter):
         self.split = any(d.kind == "split" for d in self.space.loop_dims)
         self.red_dims = [k for k, d in enumerate(self.space.loop_dims) if d.reduce]
         self.red_axes = [a for k in self.red_dims for a in self.space.loop_dims[k].axes]
-        self.lines: list[str] = []
         self.params: list[str] = [b.param for b in self.buffers.values()]
         self.scalar_args: list[int] = []
         self.int64 = self._needs_int64()
@@ -172,17 +171,16 @@ class _Emitter(GridReductionEmitter):
 
     def _collect(self, output_strides):
         self.gather_access: dict[int, int] = {}
-        tables = set()
-        for store in self.group.stores:
-            for node in toposort([store.value], stop=is_kernel_input):
-                if isinstance(node.op, Gather) and id(node) not in self.gather_access:
-                    self._collect_gather(node)
-                    tables.add(id(node.src[0]))
+        read_directly = {id(s.value) for s in self.group.stores}  # leaves loaded at the kernel's own index
+        for node in toposort([s.value for s in self.group.stores], stop=is_kernel_input):
+            if isinstance(node.op, Gather) and id(node) not in self.gather_access:
+                self._collect_gather(node)
+            table_slot = isinstance(node.op, Gather)  # src[0] is a Gather's table: read at its own addresses
+            read_directly.update(id(s) for k, s in enumerate(node.src) if not (table_slot and k == 0))
         for store in self.group.stores:
             for leaf in expression_leaves(store.value):
                 base = buffer_of(leaf)
-                if base is None or id(leaf) in self.leaf_access or (id(leaf) in tables and not
-                                                                    self._read_directly(leaf)):
+                if base is None or id(leaf) in self.leaf_access or id(leaf) not in read_directly:
                     continue
                 view = leaf.view if isinstance(leaf.op, ViewOp) or isinstance(leaf.op, Input) else View.contiguous(leaf.shape)
                 self.leaf_access[id(leaf)] = len(self.accesses)
@@ -215,16 +213,6 @@ class _Emitter(GridReductionEmitter):
         self.accesses.append(Access(self._buffer_for_node(buffer_of(table)),
                                     self.domain.to_domain(View(node.shape, strides, view.offset)), False,
                                     (view.strides[axis], table.shape[axis], math.prod(node.shape))))
-
-    def _read_directly(self, leaf: GraphNode) -> bool:
-        """The leaf is an operand of something other than a Gather's table slot."""
-        for store in self.group.stores:
-            for node in toposort([store.value], stop=is_kernel_input):
-                if any(s is leaf for k, s in enumerate(node.src) if not (isinstance(node.op, Gather) and k == 0)):
-                    return True
-                if store.value is leaf:
-                    return True
-        return False
 
     def _needs_int64(self) -> bool:
         for a in self.accesses:
@@ -427,23 +415,27 @@ class _Emitter(GridReductionEmitter):
         """A value inside the loop body (row values are computed before the loop, in `pre`)."""
         if not self._varies_along_reduction(node):
             return self._row(node, pre, row)
-        if id(node) not in names and isinstance(node.op, Cumulative):
-            names[id(node)] = self._scan(node, self._full(node.src[0], body, names, pre, row), body, pre)
-        if id(node) not in names and isinstance(node.op, Gather):
-            n = self.gather_access[id(node)]
-            self.load_passes[n] = self.load_passes.get(n, 0) + 1
-            names[id(node)] = self._gather(node, self._full(node.src[1], body, names, pre, row), body)
-        if id(node) not in names and is_value_ref(node):
-            names[id(node)] = self._full(node.src[0], body, names, pre, row)
-        if id(node) not in names:
+        if id(node) in names:
+            return names[id(node)]
+        if isinstance(node.op, Cumulative):
+            var = self._scan(node, self._full(node.src[0], body, names, pre, row), body, pre)
+        elif isinstance(node.op, Gather):
+            self._count_pass(self.gather_access[id(node)])
+            var = self._gather(node, self._full(node.src[1], body, names, pre, row), body)
+        elif is_value_ref(node):
+            var = self._full(node.src[0], body, names, pre, row)
+        else:
             args = [self._full(s, body, names, pre, row) for s in node.src] if isinstance(node.op, Elementwise) else []
             if id(node) in self.leaf_access:
-                n = self.leaf_access[id(node)]
-                self.load_passes[n] = self.load_passes.get(n, 0) + 1
+                self._count_pass(self.leaf_access[id(node)])
             var = self._fresh()
             body.append(f"{var} = {self._expr(node, args)}")
-            names[id(node)] = var
-        return names[id(node)]
+        names[id(node)] = var
+        return var
+
+    def _count_pass(self, n: int) -> None:
+        """Access n is read once more (by another pass of a looped kernel)."""
+        self.load_passes[n] = self.load_passes.get(n, 0) + 1
 
     def _row(self, node, lines, row) -> str:
         """A value that does not vary along the reduced axes, computed once per row."""

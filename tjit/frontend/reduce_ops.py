@@ -142,12 +142,11 @@ def moments(cv, node, x: GraphNode, axes, acc: DType):
     """(mean, sum of squared deviations) as keepdim values. The mean is taken of x shifted by
     its first element per row (shift + sum(x - shift) / n; no shift when that element is
     not finite), which is exact for a constant row, as eager's Welford is (layer_norm of a
-    constant row is exactly 0). Written as
-    reductions whose second reads the first; the lowering computes them in one pass
-    (Welford) when it loops."""
+    constant row is exactly 0). Written as reductions whose second reads the first; the
+    lowering computes them in one pass (Welford) when it loops."""
     n = count(x, axes)
     xs = cv.cast(x, acc)
-    shift = None
+    first = None  # the keepdim shift
     if n and axes:
         first = xs
         for axis in axes:
@@ -160,11 +159,8 @@ def moments(cv, node, x: GraphNode, axes, acc: DType):
     else:
         xs_shifted = xs
     mean = _scaled(cv, X(cv, node, cv.reduce("add", xs_shifted, axes), acc), 1.0 / n if n else math.nan)
-    if shift is not None:
-        row_shift = cv.view(shift, ("slice", axes[0], 0, 1, 1))
-        for axis in axes[1:]:
-            row_shift = cv.view(row_shift, ("slice", axis, 0, 1, 1))
-        mean = cv.elementwise("add", [mean, row_shift], acc)
+    if first is not None:
+        mean = cv.elementwise("add", [mean, first], acc)
     centered = cv.elementwise("add", [xs, cv.elementwise("neg", [keepdim_view(cv, mean, xs.shape)], acc)], acc)
     m2 = cv.reduce("add", cv.elementwise("mul", [centered, centered], acc), axes)
     return mean, m2

@@ -396,7 +396,22 @@ def _isinf(cv, node, x):
 def _relu(cv, node, x):
     if node.args[0].meta["val"].dtype == torch.bool:
         raise UnsupportedOpError("aten.relu", "Boolean inputs not supported for relu (as in eager)")
-    return compute(cv, node, "max", [x, 0])
+    return _bounded(cv, node, x, 0, "le")
+
+
+def _bounded(cv, node, value, bound, bites: str) -> GraphNode:
+    """`bound` where `value bites bound` ("lt": clamp from below, "gt": from above), else
+    value: max/min written as a select, so NaN passes through and the gradient is eager's
+    (all of it to value where the bound does not bite, ties included; relu's "le" gives
+    none at 0, as eager's relu backward does)."""
+    dtype, shape = out_dtype(node), out_shape(node)
+    work = opmath(dtype)
+    nan_bound = work.is_float and not (_is_number(bound) and bound == bound)  # a NaN bound gives NaN
+    value, bound = (operand(cv, in_type(cv, a, dtype), work, shape) for a in (value, bound))
+    test = cv.elementwise(bites, [value, bound], DType.bool)
+    if nan_bound:
+        test = cv.elementwise("logical_or", [test, cv.elementwise("isnan", [bound], DType.bool)], DType.bool)
+    return cv.cast(cv.elementwise("where", [test, bound, value], work), dtype)
 
 
 @register(aten.gelu)
@@ -538,12 +553,11 @@ def _hardtanh(cv, node, x, min_val=-1.0, max_val=1.0):
 def _clamp(cv, node, x, min=None, max=None):
     if node.target in (aten.clamp_max.default, aten.clamp_max.Tensor):
         min, max = None, min
-    dtype = out_dtype(node)
-    value = operand(cv, x, dtype, out_shape(node))
+    value = operand(cv, x, out_dtype(node), out_shape(node))
     if min is not None:
-        value = compute(cv, node, "max", [value, min])
+        value = _bounded(cv, node, value, min, "lt")
     if max is not None:
-        value = compute(cv, node, "min", [value, max])
+        value = _bounded(cv, node, value, max, "gt")
     return value
 
 

@@ -134,14 +134,6 @@ def test_unsupported_ops_raise_naming_the_op_and_leave_inputs_untouched():
     assert torch.equal(x, original)
 
 
-def test_inputs_requiring_grad_are_refused_until_autograd_lands():
-    x = torch.randn(4, requires_grad=True)
-    with pytest.raises(tjit.UnsupportedOpError, match="require grad"):
-        tjit.compile(lambda x: x * 2)(x)
-    with torch.no_grad():
-        torch.testing.assert_close(tjit.compile(lambda x: x * 2)(x), x.detach() * 2)
-
-
 def test_methods_can_be_compiled():
     class Scale:
         def __init__(self, k):

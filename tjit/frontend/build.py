@@ -44,7 +44,7 @@ class ValueBuilder:
             return self.const(node.op.value, dtype)
         return self.elementwise("cast", [node], dtype)
 
-    def reduce(self, op: str, value: GraphNode, axes, dtype: Optional[DType] = None) -> GraphNode:
+    def reduce(self, op: str, value: GraphNode, axes, dtype: Optional[DType] = None, grad_to_first: bool = False) -> GraphNode:
         """`op` over `axes` of value, keeping them as size-1 axes. Reducing only size-1 axes
         is the identity (argmax: index 0), so a Reduce node never has the shape of its input."""
         rank = len(value.shape)
@@ -53,7 +53,7 @@ class ValueBuilder:
         if all(value.shape[a] == 1 for a in axes):
             return self.const(0, dtype) if op in ("argmax", "argmin") else self.cast(value, dtype)
         shape = tuple(1 if d in axes else s for d, s in enumerate(value.shape))
-        return self.b.node(Reduce(op, axes), dtype, (value,), View.contiguous(shape))
+        return self.b.node(Reduce(op, axes, grad_to_first=grad_to_first), dtype, (value,), View.contiguous(shape))
 
     def scan(self, op: str, value: GraphNode, axis: int, dtype: Optional[DType] = None) -> GraphNode:
         """The running `op` of value along `axis` (same shape). Along a size-1 axis it is the

@@ -101,8 +101,9 @@ def _max(cv, node, x, dim=None, keepdim=False):
         raise UnsupportedOpError(str(node.target), "elementwise max/min of two tensors goes through maximum")
     axes = reduced_axes(x, dim)
     _refuse_empty(node, x, axes, op)
-    values = cv.reduce(op, x, axes)
-    if not isinstance(node.meta["val"], (tuple, list)):
+    with_indices = isinstance(node.meta["val"], (tuple, list))
+    values = cv.reduce(op, x, axes, grad_to_first=with_indices)
+    if not with_indices:
         return as_result(cv, node, values)
     indices = cv.reduce("arg" + op, _arg_operand(cv, x), axes, DType.int64)
     return as_result(cv, node, values, 0), as_result(cv, node, indices, 1)
@@ -154,6 +155,7 @@ def moments(cv, node, x: GraphNode, axes, acc: DType):
         finite = cv.elementwise("lt", [cv.elementwise("abs", [first], acc),
                                        cv.expand_to(cv.const(math.inf, acc), first.shape)], DType.bool)
         first = cv.elementwise("where", [finite, first, cv.expand_to(cv.const(0.0, acc), first.shape)], acc)
+        first = cv.elementwise("stop_gradient", [first], acc)  # the results do not depend on it
         shift = cv.expand_to(first, xs.shape)
         xs_shifted = cv.elementwise("add", [xs, cv.elementwise("neg", [shift], acc)], acc)
     else:
@@ -224,7 +226,7 @@ def _shifted_exp(cv, x: GraphNode, dim: int, acc: DType):
     """(x - max, exp(x - max), sum of it) over `dim`, all in `acc`, keepdim. The lowering
     recognises sum(exp(a - c)) and computes it online (one read) when it loops."""
     xs = cv.cast(x, acc)
-    m = cv.reduce("max", xs, (dim,))
+    m = cv.elementwise("stop_gradient", [cv.reduce("max", xs, (dim,))], acc)  # the results do not depend on it
     shifted = cv.elementwise("add", [xs, cv.elementwise("neg", [keepdim_view(cv, m, xs.shape)], acc)], acc)
     e = cv.elementwise("exp", [shifted], acc)
     return shifted, e, cv.reduce("add", e, (dim,))

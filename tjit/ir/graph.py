@@ -52,10 +52,13 @@ class Elementwise:
 class Reduce:
     """Reduces src over `axes`; the result keeps them as size-1 axes (keepdim), so it
     broadcasts back over src's shape with a plain expand view. `op` is one of
-    REDUCE_OPS; max/min propagate NaN, argmax/argmin give int64 indices (first wins)."""
+    REDUCE_OPS; max/min propagate NaN, argmax/argmin give int64 indices (first wins).
+    `grad_to_first`: the gradient of max/min goes to the first extreme (torch.max(x, dim)),
+    not shared among ties (amax, torch.max(x))."""
     op: str
     axes: tuple[int, ...]
     axis_strategies: Strategies = None
+    grad_to_first: bool = False
 
 
 @dataclass(frozen=True)

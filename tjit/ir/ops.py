@@ -12,6 +12,7 @@ UNARY = frozenset({
     "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh",
     "sigmoid", "erf", "erfc", "floor", "ceil", "trunc", "round",
     "logical_not", "bitwise_not", "isnan", "isinf", "signbit",
+    "stop_gradient",  # the identity, through which no gradient flows (a value chosen for precision only)
 })
 BINARY = frozenset({
     "add", "mul", "truediv", "floordiv", "truncdiv", "rem", "fmod", "pow", "atan2",

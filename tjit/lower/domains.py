@@ -161,6 +161,16 @@ def grid_totals(value: GraphNode):
     cross-entropy's mean over rows of per-row losses: the kernel that computes the rows
     also combines them across its programs (the last program to finish does). None when
     the value has another form."""
+    totals = totals_of(value)
+    inner = [r for t in totals or () for r in reduces_in(t.src[0]) if isinstance(r.op, Reduce)]
+    if not totals or not inner:
+        return None
+    domain = domain_of_reduce(inner[0])
+    return (domain, totals) if totals_fit(totals, domain) else None
+
+
+def totals_of(value: GraphNode) -> Optional[list[GraphNode]]:
+    """The total reductions a scalar value is computed from, or None if it has another form."""
     if math.prod(value.shape) != 1:
         return None
     totals, stack, seen = [], [value], set()
@@ -179,14 +189,13 @@ def grid_totals(value: GraphNode):
             stack.extend(node.src)
         elif not (isinstance(node.op, Const) or (isinstance(node.op, ViewOp) and isinstance(node.src[0].op, Const))):
             return None
-    inner = [r for t in totals for r in reduces_in(t.src[0]) if isinstance(r.op, Reduce)]
-    if not totals or not inner:
-        return None
-    domain = domain_of_reduce(inner[0])
-    if not domain.axes or any(t.src[0].shape not in (domain.squeezed_shape, domain.row_shape) for t in totals) \
-            or domain.squeezed_shape == ():
-        return None
-    return domain, list({id(t): t for t in totals}.values())
+    return list({id(t): t for t in totals}.values()) or None
+
+
+def totals_fit(totals: list[GraphNode], domain: Domain) -> bool:
+    """Each total's source is a row value of `domain` (its rows, squeezed or keepdim)."""
+    return bool(domain.axes) and domain.squeezed_shape != () and \
+        all(t.src[0].shape in (domain.squeezed_shape, domain.row_shape) for t in totals)
 
 
 def read_from_buffers(value: GraphNode, buffers: dict[int, GraphNode]) -> GraphNode:

@@ -51,7 +51,7 @@ ANY_TYPE = {
     "ge": "{0} >= {1}", "where": "tl.where({0}, {1}, {2})",
     "logical_and": _AND.format("{0} != 0", "{1} != 0"), "logical_or": _OR.format("{0} != 0", "{1} != 0"),
     "logical_xor": _XOR.format("{0} != 0", "{1} != 0"), "logical_not": "{0} == 0", "isnan": "{0} != {0}",
-    "isinf": "tm.isinf({0})",
+    "isinf": "tm.isinf({0})", "stop_gradient": "{0}",
 }
 # ops whose operands' type is not the result type: they are rendered in the operand type
 OPERAND_TYPED = {"eq", "ne", "lt", "le", "gt", "ge", "isnan", "isinf", "cast", "signbit",

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Union
 
 from ..ir import Contiguous, Graph, GraphNode, Input, Mutation, ViewOp, toposort
-from .domains import Domain, is_kernel_input, read_from_buffers, store_domain
+from .domains import Domain, is_kernel_input, read_from_buffers, reduces_in, store_domain, totals_fit, totals_of
 
 
 @dataclass(frozen=True)
@@ -97,14 +97,29 @@ def place_in_domains(stores: list[Store]) -> list[Store]:
                 pending.append(Store(BufferTarget(buffers[id(node)]), node))
         store.value = read_from_buffers(store.value, buffers)
         pending.append(store)
+    _join_grid_totals(placed)
     order = {id(s): k for k, s in enumerate(stores)}
     return sorted(placed, key=lambda s: order.get(id(s), len(order)))
+
+
+def _join_grid_totals(placed: list[Store]) -> None:
+    """A scalar of totals over plain row values (cross-entropy's count of targets, when it
+    is kept for backward) is combined by a kernel that already combines totals over the
+    same rows, rather than by a kernel of its own."""
+    hosts = [s.domain for s in placed if s.totals]
+    for store in placed:
+        totals = None if store.totals or not hosts else totals_of(store.value)
+        if not totals or any(reduces_in(t.src[0]) for t in totals):
+            continue
+        host = next((d for d in hosts if totals_fit(totals, d)), None)
+        if host is not None:
+            store.domain, store.totals = host, tuple(totals)
 
 
 def group_kernels(graph: Graph) -> list[KernelGroup]:
     """Stores with the same domain and level share a kernel."""
     stores = place_in_domains(collect_stores(graph))
-    levels = _levels(stores)
+    levels = _sink_outputs(stores, _levels(stores))
     groups: dict[tuple, KernelGroup] = {}
     for store in stores:
         key = (levels[id(store)], store.domain)
@@ -112,6 +127,18 @@ def group_kernels(graph: Graph) -> list[KernelGroup]:
     for group in groups.values():
         group.stores = without_overwritten_stores(group.stores)
     return sorted(groups.values(), key=lambda g: g.level)
+
+
+def _sink_outputs(stores: list[Store], levels: dict[int, int]) -> dict[int, int]:
+    """An output store may run in any kernel from its earliest level on (no store reads an
+    output), so it joins the last kernel of its domain: a layer_norm backward's bias
+    gradient shares the weight gradient's kernel, which must wait for the row statistics."""
+    if any(isinstance(s.target, InputTarget) for s in stores):
+        return levels  # a later kernel may overwrite an input the store reads
+    last = {}
+    for s in stores:
+        last[s.domain] = max(last.get(s.domain, 0), levels[id(s)])
+    return {id(s): last[s.domain] if isinstance(s.target, OutputTarget) else levels[id(s)] for s in stores}
 
 
 def without_overwritten_stores(stores: list[Store]) -> list[Store]:

@@ -17,7 +17,9 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import torch
 
 from .. import debug
-from ..errors import CompileArgumentError, UnsupportedOpError
+from ..autograd.backward import plan_autograd
+from ..autograd.function import GradExecutable
+from ..errors import CompileArgumentError
 from ..frontend.trace import flatten_arguments, trace
 from ..ir import AxisStrategy
 from ..lower import lower
@@ -29,7 +31,7 @@ from .interpreter import check_device
 
 @dataclass
 class CompiledEntry:
-    executable: Executable
+    executable: Executable  # or a GradExecutable, when inputs require grad
     trace_seconds: float
     lower_seconds: float
     load_seconds: float
@@ -37,7 +39,7 @@ class CompiledEntry:
 
 
 def guard_key(flat: list[tuple[str, Any]]) -> tuple:
-    key = []
+    key = [torch.is_grad_enabled()]
     for name, v in flat:
         if isinstance(v, torch.Tensor):
             key.append((name, tuple(v.shape), v.stride(), v.dtype, v.device, v.requires_grad))
@@ -96,12 +98,21 @@ class CompiledFunction:
 
     def _compile(self, args, kwargs, key) -> CompiledEntry:
         t0 = time.perf_counter()
-        conversion = trace(self.fn, args, kwargs)
+        grad_inputs = _grad_inputs(self._flatten(args, kwargs))
+        with torch.no_grad():  # trace the forward only: tjit differentiates the IR itself
+            conversion = trace(self.fn, *_detached((args, kwargs)))
         t1 = time.perf_counter()
-        strides = {s.name: s.stride for s in conversion.outputs if s.kind == "computed"}
-        lowered = lower(conversion.graph, strides, self.axis_strategies)
-        t2 = time.perf_counter()
-        executable = Executable(conversion, lowered, self._donations(conversion, args, kwargs))
+        if grad_inputs:
+            if self.donate:
+                raise CompileArgumentError(f"donate={self.donate}: inputs {grad_inputs} require grad, and backward may "
+                                           "need them; donate only under torch.no_grad()")
+            executable = GradExecutable(conversion, plan_autograd(conversion.graph, grad_inputs), self.axis_strategies)
+            t2 = time.perf_counter()
+        else:
+            strides = {s.name: s.stride for s in conversion.outputs if s.kind == "computed"}
+            lowered = lower(conversion.graph, strides, self.axis_strategies)
+            t2 = time.perf_counter()
+            executable = Executable(conversion, lowered, self._donations(conversion, args, kwargs))
         t3 = time.perf_counter()
         entry = CompiledEntry(executable, t1 - t0, t2 - t1, t3 - t2, conversion.eager_ops)
         self._cache[key] = entry
@@ -175,11 +186,17 @@ def _check_call(fn, tensors: dict[str, torch.Tensor]) -> None:
         raise CompileArgumentError(f"{getattr(fn, '__name__', fn)}: tensors on several devices {sorted(map(str, devices))}")
     for device in devices:
         check_device(device)
-    if torch.is_grad_enabled():
-        needing = [n for n, t in tensors.items() if t.requires_grad]
-        if needing:
-            raise UnsupportedOpError("autograd", f"inputs {needing} require grad; tjit's backward is not built yet "
-                                     "(run under torch.no_grad() or detach them)")
+
+
+def _grad_inputs(flat: list[tuple[str, Any]]) -> list[str]:
+    """Tensor arguments that get a gradient: those that require grad, while grad mode is on."""
+    if not torch.is_grad_enabled():
+        return []
+    return [name for name, v in flat if isinstance(v, torch.Tensor) and v.requires_grad]
+
+
+def _detached(tree):
+    return torch.utils._pytree.tree_map(lambda v: v.detach() if isinstance(v, torch.Tensor) else v, tree)
 
 
 def _log_compile(fn, entry: CompiledEntry) -> None:

@@ -8,11 +8,12 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional, Sequence
 
 import torch
 
 from .. import debug
+from ..autograd import tape
 from ..errors import CompileArgumentError
 from ..frontend.convert import Conversion, OutputSpec
 from ..lower import LoweredGraph
@@ -24,6 +25,9 @@ from .counters import counters
 from .loader import load_kernel, note_launch_config
 
 
+TAPE_ALIGN = 128  # bytes: each saved value starts where a vectorised load may start
+
+
 @dataclass
 class Launch:
     plan: KernelPlan
@@ -32,9 +36,12 @@ class Launch:
 
 
 class Executable:
-    def __init__(self, conversion: Conversion, lowered: LoweredGraph, donated: dict = None):
+    def __init__(self, conversion: Conversion, lowered: LoweredGraph, donated: dict = None, tape: Sequence[str] = ()):
+        """tape: names of graph outputs that are kept for backward rather than returned;
+        each call allocates them together in one tape block (see tjit.autograd.tape)."""
         self.conversion, self.lowered = conversion, lowered
         self.graph = conversion.graph
+        self.tape = [(name, self.graph.outputs[name]) for name in tape]
         self._constant_copies: dict[torch.device, dict[str, torch.Tensor]] = {}
         self.launches = [Launch(p, load_kernel(p), list(p.buffers) + list(p.scalar_args))
                          for p in lowered.kernels if p.writes_anything]
@@ -50,8 +57,15 @@ class Executable:
         self._counters: dict[torch.device, torch.Tensor] = {}
 
     def __call__(self, tensors: dict[str, torch.Tensor], out=None):
-        device = next(iter(tensors.values())).device if tensors else torch.device("cpu")
+        device = _device_of(tensors)
         destinations = self._destinations(out, tensors, device) if out is not None else {}
+        result = self.assemble(self.run(tensors, destinations))
+        return result if out is None else self._into(out, result)
+
+    def run(self, tensors: dict[str, torch.Tensor], destinations: Optional[dict] = None) -> dict:
+        """Launch every kernel; returns the call's memory: ("output", name) -> each computed
+        output (tape outputs included), plus the inputs and this call's buffers."""
+        device = _device_of(tensors)
         memory = dict(tensors)
         memory.update(self._constants_on(device))
         memory.update(self._allocate(device, destinations))
@@ -68,10 +82,9 @@ class Executable:
             raise
         if self._checked:
             self._raise_failed_checks(memory["status"])
-        result = self._outputs(memory)
         for name in self.donated:  # the caller gave it up: a later use fails loudly
             give_up(tensors[name])
-        return result if out is None else self._into(out, result)
+        return memory
 
     def _plan_donations(self, donated: dict) -> None:
         """donated: input name -> its size in bytes. Buffers placed in a donated input leave
@@ -203,11 +216,22 @@ class Executable:
             elif spec.kind == "computed":
                 dtype = self.graph.outputs[spec.name].dtype.torch
                 out[("output", spec.name)] = torch.empty_strided(spec.shape, spec.stride, dtype=dtype, device=device)
+        if self.tape:
+            out.update(self._tape_views(device))
         out.update(self._slab_for(device).views)
         if poison:
             for t in out.values():
                 debug.poison(t)
         return out
+
+    def _tape_views(self, device) -> dict:
+        offsets, total = [], 0
+        for _, node in self.tape:
+            offsets.append(total)
+            total += -(-node.view.numel * node.dtype.itemsize // TAPE_ALIGN) * TAPE_ALIGN
+        block = tape.allocate(total, device)
+        return {("output", name): block[start:start + node.view.numel * node.dtype.itemsize].view(node.dtype.torch)
+                .view(node.shape) for (name, node), start in zip(self.tape, offsets)}
 
     def _launch(self, launch: Launch, memory, k: int) -> None:
         args = [self._bind(a, memory, k) if isinstance(a, BufferRef) else a for a in launch.args_template]
@@ -232,7 +256,8 @@ class Executable:
             return memory[("output", ref.name)]
         return memory[("buffer", id(ref.node))]
 
-    def _outputs(self, memory):
+    def assemble(self, memory):
+        """The function's results, in its own structure, from a call's memory."""
         flat = []
         for spec in self.conversion.outputs:
             flat.append(self._output(spec, memory, flat))
@@ -250,6 +275,10 @@ class Executable:
         if (tuple(base.shape), tuple(base.stride()), base.storage_offset()) == (spec.shape, spec.stride, offset):
             return base
         return base.as_strided(spec.shape, spec.stride, offset)
+
+
+def _device_of(tensors: dict) -> torch.device:
+    return next(iter(tensors.values())).device if tensors else torch.device("cpu")
 
 
 def _typed_views(raw: torch.Tensor, placed) -> dict:

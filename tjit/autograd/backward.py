@@ -1,0 +1,235 @@
+"""Reverse mode over the IR: the backward of a forward Graph is another Graph.
+
+plan_autograd decides, once per compiled form, what the forward keeps for backward. The
+backward graph reads forward values through `value(n)`, which recomputes them from the
+forward's inputs unless the forward saved them. Which values to save is a minimum cut (as
+torch's partitioner makes): between the forward inputs and the values the gradient
+formulas read, cut where the fewest bytes cross (totals over a whole tensor are not
+recomputed: each would cost the backward a kernel). Inputs are kept by reference and
+recomputing elementwise math from them is free in a memory-bound kernel, so ties go to the
+inputs, then to the forward's outputs, and only then to intermediates, which cost a store
+in the forward and tape memory until backward.
+
+backward_graph builds the backward for one layout of the incoming gradients (their strides
+are baked into the kernels, like any input's), then it is lowered like any forward graph.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import networkx as nx
+import torch
+
+from ..errors import UnsupportedOpError
+from ..frontend.build import ValueBuilder
+from ..ir import DType, Elementwise, Graph, GraphNode, Input, Reduce, View, toposort
+from .algebra import Algebra
+from .vjp import differentiable, vjp
+
+# input names of a backward graph besides the forward's (chosen not to meet a user's argument name)
+SAVED_PREFIX = "tjit_saved"
+
+
+def incoming_grad_name(output: str) -> str:
+    return f"tjit_grad_{output}"
+
+
+GradLayout = Optional[tuple[tuple[int, ...], tuple[int, ...], torch.dtype]]  # None: no gradient arrives
+
+
+@dataclass
+class AutogradPlan:
+    graph: Graph  # the forward graph
+    grad_inputs: tuple[str, ...]  # inputs that get a gradient
+    differentiable_outputs: tuple[str, ...]  # forward outputs whose gradient flows back
+    saved: dict[str, GraphNode]  # extra forward outputs kept for backward (SAVED_PREFIX + k)
+    saved_outputs: tuple[str, ...]  # forward outputs the backward reads
+    saved_inputs: tuple[str, ...]  # forward inputs the backward reads
+    _saved_ids: dict[int, str] = field(default_factory=dict, repr=False)  # forward node -> name it is read by
+
+    def forward_graph(self) -> Graph:
+        """The forward graph with the saved intermediates as extra outputs."""
+        return Graph(self.graph.input_names, {**self.graph.outputs, **self.saved}, self.graph.mutations,
+                     self.graph._inputs)
+
+
+def plan_autograd(graph: Graph, grad_inputs) -> AutogradPlan:
+    mutated = {m.name for m in graph.mutations}
+    refused = sorted(mutated & set(grad_inputs))
+    if refused:
+        raise UnsupportedOpError("in-place write", f"the function writes into input(s) {refused}, which require "
+                                 "grad (eager refuses in-place writes into leaves that require grad)")
+    needs = _needs_grad(graph, set(grad_inputs))
+    outputs = tuple(name for name, node in graph.outputs.items() if id(node) in needs)
+    plan = AutogradPlan(graph, tuple(grad_inputs), outputs, {}, (), ())
+    contiguous = {name: (graph.outputs[name].shape, None, graph.outputs[name].dtype.torch) for name in outputs}
+    recomputing = _Recompute(ValueBuilder(), {})
+    grads = _sweep(Algebra(recomputing.vb), plan, contiguous, recomputing, needs)
+    read = _read_by_backward(list(grads.values()), recomputing.origin)
+    _choose_saved(plan, read, mutated)
+    return plan
+
+
+def backward_graph(plan: AutogradPlan, layouts: dict[str, GradLayout]) -> tuple[Graph, dict[str, torch.Tensor]]:
+    """The backward graph for gradients arriving with these layouts: inputs are the
+    gradients (incoming_grad_name), the saved values and forward inputs it reads, and index
+    tables; outputs are "grad_<input>" for each input that gets a gradient."""
+    vb = ValueBuilder()
+    alg = Algebra(vb)
+    needs = _needs_grad(plan.graph, set(plan.grad_inputs))
+    grads = _sweep(alg, plan, layouts, _Recompute(vb, plan._saved_ids), needs)
+    outputs = {f"grad_{name}": alg.cast(g, plan.graph.input_node(name).dtype) for name, g in grads.items()}
+    names = sorted({n.op.name for n in toposort(outputs.values()) if isinstance(n.op, Input)})
+    return vb.b.finish(names, outputs), alg.constants
+
+
+# -- the reverse sweep -----------------------------------------------------------------------------
+class _Recompute:
+    """value(n): forward node n rebuilt in the backward builder from the forward's inputs,
+    or read from what the forward saved."""
+
+    def __init__(self, vb: ValueBuilder, saved: dict[int, str]):
+        self.vb, self.saved = vb, saved
+        self.memo: dict[int, GraphNode] = {}
+        self.origin: dict[int, GraphNode] = {}  # backward copy -> forward node
+
+    def __call__(self, node: GraphNode) -> GraphNode:
+        found = self.memo.get(id(node))
+        if found is not None:
+            return found
+        done = lambda n: id(n) in self.memo or id(n) in self.saved  # noqa: E731
+        for n in toposort([node], stop=done):
+            if id(n) in self.memo:
+                continue
+            if id(n) in self.saved:
+                copy = self.vb.b.input(self.saved[id(n)], n.dtype, _saved_view(n))
+            elif isinstance(n.op, Input):
+                copy = self.vb.b.input(n.op.name, n.dtype, n.view, n.op.version)
+            else:
+                copy = self.vb.b.node(n.op, n.dtype, [self.memo[id(s)] for s in n.src], n.view)
+            self.memo[id(n)] = copy
+            self.origin.setdefault(id(copy), n)
+        return self.memo[id(node)]
+
+
+def _saved_view(node: GraphNode) -> View:
+    return node.view if isinstance(node.op, Input) else View.contiguous(node.shape)
+
+
+def _needs_grad(graph: Graph, grad_inputs: set[str]) -> set[int]:
+    needs = set()
+    for node in graph.nodes():
+        if not differentiable(node):
+            continue
+        if isinstance(node.op, Input) and node.op.name in grad_inputs or any(id(s) in needs for s in node.src):
+            needs.add(id(node))
+    return needs
+
+
+def _sweep(alg: Algebra, plan: AutogradPlan, layouts: dict[str, GradLayout], value: _Recompute,
+           needs: set[int]) -> dict[str, GraphNode]:
+    """Gradients of the grad inputs, given each differentiable output's incoming gradient."""
+    pending: dict[int, list[GraphNode]] = {}
+    for name in plan.differentiable_outputs:
+        layout = layouts.get(name)
+        if layout is None:
+            continue
+        node = plan.graph.outputs[name]
+        shape, strides, dtype = layout
+        view = View(tuple(shape), tuple(strides)) if strides is not None else View.contiguous(shape)
+        incoming = alg.vb.b.input(incoming_grad_name(name), DType.from_torch(dtype), view)
+        pending.setdefault(id(node), []).append(alg.cast(incoming, node.dtype))
+    found = {}
+    roots = [plan.graph.outputs[name] for name in plan.differentiable_outputs]
+    for node in reversed(toposort(roots)):
+        contributions = pending.pop(id(node), None)
+        if not contributions or id(node) not in needs:
+            continue
+        grad = _total(alg, contributions, node.dtype)
+        if isinstance(node.op, Input):
+            found[node.op.name] = grad
+            continue
+        for src, g in zip(node.src, vjp(alg, node, grad, value)):
+            if g is not None and id(src) in needs:
+                pending.setdefault(id(src), []).append(g)
+    return found
+
+
+def _total(alg: Algebra, contributions: list[GraphNode], dtype: DType) -> GraphNode:
+    """The sum of a value's gradient contributions. Rounded ones (casts from one wider type)
+    are summed before rounding, once."""
+    wider = {c.src[0].dtype for c in contributions if isinstance(c.op, Elementwise) and c.op.op == "cast"}
+    if len(contributions) > 1 and len(wider) == 1 and all(isinstance(c.op, Elementwise) and c.op.op == "cast"
+                                                          for c in contributions):
+        contributions = [c.src[0] for c in contributions]
+    total = contributions[0]
+    for c in contributions[1:]:
+        total = alg.add(total, c)
+    return alg.cast(total, dtype)
+
+
+# -- what the forward keeps ---------------------------------------------------------------------------
+INFINITE = 1 << 62
+
+
+def _read_by_backward(roots: list[GraphNode], origin: dict[int, GraphNode]) -> list[GraphNode]:
+    """Forward nodes whose recomputed copies the gradient formulas read directly."""
+    read = {id(r): origin[id(r)] for r in roots if id(r) in origin}
+    for node in toposort(roots, stop=lambda n: id(n) in origin):
+        if id(node) not in origin:
+            read.update((id(s), origin[id(s)]) for s in node.src if id(s) in origin)
+    return list(read.values())
+
+
+def _choose_saved(plan: AutogradPlan, read: list[GraphNode], mutated: set[str]) -> None:
+    graph = plan.graph
+    output_of = {id(node): name for name, node in graph.outputs.items()}
+    flow = nx.DiGraph()
+    for node in toposort(read):
+        flow.add_edge(("in", id(node)), ("out", id(node)), capacity=_cost(node, output_of, mutated))
+        for s in node.src:
+            flow.add_edge(("out", id(s)), ("in", id(node)))  # no capacity: never cut
+        if isinstance(node.op, Input) or _is_total(node):
+            flow.add_edge("inputs", ("in", id(node)))  # a total: saved (or what it feeds), never recomputed
+    for node in read:
+        flow.add_edge(("out", id(node)), "backward")
+    if "inputs" not in flow:  # the formulas read no forward value at all
+        return
+    cut, (reachable, _) = nx.minimum_cut(flow, "inputs", "backward")
+    if cut >= INFINITE:
+        raise UnsupportedOpError("in-place write", f"the backward needs values of input(s) {sorted(mutated)} from "
+                                 "before the function wrote into them")
+    nodes = {id(n): n for n in toposort(read)}
+    saved_outputs, saved_inputs = [], []
+    for key, node in nodes.items():
+        if ("in", key) not in reachable or ("out", key) in reachable:
+            continue
+        if isinstance(node.op, Input):
+            saved_inputs.append(node.op.name)
+            plan._saved_ids[key] = node.op.name
+        elif key in output_of:
+            saved_outputs.append(output_of[key])
+            plan._saved_ids[key] = output_of[key]
+        else:
+            name = f"{SAVED_PREFIX}{len(plan.saved)}"
+            plan.saved[name] = node
+            plan._saved_ids[key] = name
+    plan.saved_inputs, plan.saved_outputs = tuple(saved_inputs), tuple(saved_outputs)
+
+
+def _is_total(node: GraphNode) -> bool:
+    """A reduction over every axis of its source (a loss's mean, cross-entropy's count of
+    targets). Recomputing it would cost the backward a kernel of its own before any element
+    can use it; saving it costs a few bytes."""
+    return isinstance(node.op, Reduce) and node.view.numel == 1 and node.src[0].view.numel > 1
+
+
+def _cost(node: GraphNode, output_of: dict[int, str], mutated: set[str]) -> int:
+    """Bytes to keep the node for backward, scaled so ties prefer inputs, then outputs."""
+    if isinstance(node.op, Input) and node.op.name in mutated:
+        return INFINITE
+    if not node.src and not isinstance(node.op, Input):  # literals are never saved
+        return INFINITE
+    preference = 0 if isinstance(node.op, Input) else 1 if id(node) in output_of else 2
+    return (node.view.numel * node.dtype.itemsize) * 1000 + preference

@@ -1,0 +1,123 @@
+"""A compiled form connected to torch's autograd.
+
+The forward kernels run inside a torch.autograd.Function; what backward needs is handed to
+torch as saved tensors (inputs and outputs by reference, intermediates in a tape block), so
+torch's own rules decide their lifetime: freed right after backward unless retain_graph,
+freed with the graph when the outputs die without backward, and checked against in-place
+changes between forward and backward. Backward runs the backward graph's fused kernels,
+compiled on the first backward for each layout of the incoming gradients.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Optional
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from ..errors import CompileArgumentError
+from ..frontend.convert import Conversion, OutputSpec
+from ..ir import contiguous_strides
+from ..lower import lower
+from .backward import AutogradPlan, GradLayout, backward_graph, incoming_grad_name
+
+
+class GradExecutable:
+    """Runs like an Executable, with outputs that carry a grad_fn."""
+
+    def __init__(self, conversion: Conversion, plan: AutogradPlan, strategies=None):
+        from ..runtime.executor import Executable  # the runtime imports the tape from this package
+        self._Executable = Executable
+        self.plan = plan
+        graph = plan.forward_graph()
+        strides = {s.name: s.stride for s in conversion.outputs if s.kind == "computed"}
+        strides.update({name: contiguous_strides(node.shape) for name, node in plan.saved.items()})
+        forward = Conversion(graph, conversion.outputs, conversion.output_tree, conversion.constants,
+                             conversion.eager_ops)
+        self.forward = Executable(forward, lower(graph, strides, strategies), tape=list(plan.saved))
+        self.output_names = [s.name for s in conversion.outputs if s.kind == "computed"]
+        self._backward: dict[tuple, object] = {}
+        self._lock = threading.Lock()
+
+    # what explain() and the logs read
+    @property
+    def graph(self):
+        return self.forward.graph
+
+    @property
+    def lowered(self):
+        return self.forward.lowered
+
+    @property
+    def memory_plan(self):
+        return self.forward.memory_plan
+
+    def __call__(self, tensors: dict[str, torch.Tensor], out=None):
+        if out is not None:
+            raise CompileArgumentError("out= is not differentiable: call the function without out=, or under "
+                                       "torch.no_grad() (eager refuses out= with inputs that require grad too)")
+        names = tuple(tensors)
+        outs = _Compiled.apply(self, names, *tensors.values())
+        memory = dict(tensors)
+        memory.update({("output", name): t for name, t in zip(self.output_names, outs)})
+        return self.forward.assemble(memory)
+
+    def saved_bytes(self, tensors: dict[str, torch.Tensor]) -> int:
+        """Bytes a call with these inputs keeps for backward (inputs and outputs included)."""
+        nodes = [self.plan.graph.outputs[n] for n in self.plan.saved_outputs] + list(self.plan.saved.values())
+        held = sum(n.view.numel * n.dtype.itemsize for n in nodes)
+        return held + sum(tensors[n].numel() * tensors[n].element_size() for n in self.plan.saved_inputs)
+
+    def backward_executable(self, layouts: dict[str, GradLayout]):
+        key = tuple(sorted(layouts.items()))
+        found = self._backward.get(key)
+        if found is None:
+            with self._lock:
+                found = self._backward.get(key) or self._compile_backward(key, layouts)
+        return found
+
+    def _compile_backward(self, key, layouts):
+        graph, constants = backward_graph(self.plan, layouts)
+        specs = [OutputSpec("computed", name=name, shape=node.shape, stride=contiguous_strides(node.shape))
+                 for name, node in graph.outputs.items()]
+        tree = torch.utils._pytree.tree_flatten([0] * len(specs))[1]
+        lowered = lower(graph, {s.name: s.stride for s in specs})
+        executable = self._backward[key] = self._Executable(Conversion(graph, specs, tree, constants, 0), lowered)
+        return executable
+
+
+class _Compiled(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, compiled: GradExecutable, names: tuple[str, ...], *tensors: torch.Tensor):
+        plan = compiled.plan
+        inputs = dict(zip(names, tensors))
+        memory = compiled.forward.run(inputs)
+        outs = tuple(memory[("output", name)] for name in compiled.output_names)
+        for m in plan.graph.mutations:  # written in place: autograd nodes that saved it must see that
+            torch.autograd.graph.increment_version(inputs[m.name])
+        ctx.save_for_backward(*[inputs[n] for n in plan.saved_inputs],
+                              *[memory[("output", n)] for n in plan.saved_outputs + tuple(plan.saved)])
+        ctx.compiled, ctx.names = compiled, names
+        ctx.set_materialize_grads(False)
+        constant = [t for name, t in zip(compiled.output_names, outs) if name not in plan.differentiable_outputs]
+        if constant:
+            ctx.mark_non_differentiable(*constant)
+        return outs
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, *grads: Optional[torch.Tensor]):
+        compiled: GradExecutable = ctx.compiled
+        plan = compiled.plan
+        tensors = dict(zip(plan.saved_inputs + plan.saved_outputs + tuple(plan.saved), ctx.saved_tensors))
+        layouts = {}
+        for name, g in zip(compiled.output_names, grads):
+            if g is not None and name in plan.differentiable_outputs:
+                layouts[name] = (tuple(g.shape), tuple(g.stride()), g.dtype)
+                tensors[incoming_grad_name(name)] = g
+        if not layouts:
+            return (None, None) + (None,) * len(ctx.names)
+        executable = compiled.backward_executable(layouts)
+        memory = executable.run(tensors)
+        found = {name[len("grad_"):]: memory[("output", name)] for name in executable.graph.outputs}
+        return (None, None) + tuple(found.get(name) for name in ctx.names)

@@ -1,0 +1,246 @@
+"""Vector-Jacobian products of the IR's ops.
+
+vjp(alg, node, grad, value) gives, for each source of a forward node, the gradient it gets
+from `grad` (the gradient of the node's value), or None. `value(n)` is forward node n as
+the backward graph sees it (recomputed there, or read from what the forward saved), so a
+rule may use any forward value it needs. The rules follow eager's derivative formulas,
+including how ties, zeros and NaN are treated where they differ from the textbook one.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from ..errors import UnsupportedOpError
+from ..ir import Const, Contiguous, Cumulative, DType, Elementwise, Gather, GraphNode, Input, Reduce, ViewOp
+from .algebra import LN2, TWO_OVER_SQRT_PI, Algebra
+from .views import view_transpose
+
+Grads = list[Optional[GraphNode]]
+ValueOf = Callable[[GraphNode], GraphNode]
+
+# above this many indices per gathered line, the table's gradient would need a scatter-add kernel
+MAX_ONE_HOT_INDICES = 16
+
+
+def differentiable(node: GraphNode) -> bool:
+    return node.dtype.is_float
+
+
+def vjp(alg: Algebra, node: GraphNode, grad: GraphNode, value: ValueOf) -> Grads:
+    op = node.op
+    if isinstance(op, (Input, Const)):
+        return []
+    if isinstance(op, Contiguous):
+        return [grad]
+    if isinstance(op, ViewOp):
+        return [view_transpose(alg, grad, node.view, node.src[0])]
+    if isinstance(op, Elementwise):
+        return _elementwise(alg, node, grad, value)
+    if isinstance(op, Reduce):
+        return [_reduce(alg, node, grad, value)]
+    if isinstance(op, Cumulative):
+        return [_cumulative(alg, node, grad, value)]
+    if isinstance(op, Gather):
+        return [_gather(alg, node, grad, value), None]
+    raise UnsupportedOpError(type(op).__name__, "no gradient rule for this IR op")
+
+
+# -- elementwise -------------------------------------------------------------------------------
+def _elementwise(alg: Algebra, node: GraphNode, g: GraphNode, value: ValueOf) -> Grads:
+    name = node.op.op
+    if name == "cast":
+        src = node.src[0]
+        return [alg.cast(g, src.dtype) if src.dtype.is_float else None]
+    rule = UNARY_RULES.get(name) or BINARY_RULES.get(name) or TERNARY_RULES.get(name)
+    if rule is None:  # piecewise constant (floor, sign, comparisons, bit ops...): no gradient
+        return [None] * len(node.src)
+    args = [value(s) for s in node.src]
+    grads = rule(alg, g, value(node), *args)
+    return [gs if gs is not None and differentiable(s) else None for s, gs in zip(node.src, grads)]
+
+
+def _unary(formula):
+    return lambda alg, g, y, x: (formula(alg, g, y, x),)
+
+
+def _rsqrt_of(alg, v):
+    return alg.ew("rsqrt", v)
+
+
+UNARY_RULES = {
+    "neg": _unary(lambda a, g, y, x: a.neg(g)),
+    "abs": _unary(lambda a, g, y, x: a.mul(g, a.ew("sign", x))),
+    "recip": _unary(lambda a, g, y, x: a.mul(a.neg(g), a.square(y))),
+    "exp": _unary(lambda a, g, y, x: a.mul(g, y)),
+    "exp2": _unary(lambda a, g, y, x: a.mul(g, a.mul(y, LN2))),
+    "expm1": _unary(lambda a, g, y, x: a.mul(g, a.add(y, 1))),
+    "log": _unary(lambda a, g, y, x: a.div(g, x)),
+    "log2": _unary(lambda a, g, y, x: a.div(g, a.mul(x, LN2))),
+    "log1p": _unary(lambda a, g, y, x: a.div(g, a.add(x, 1))),
+    "sqrt": _unary(lambda a, g, y, x: a.div(g, a.mul(y, 2))),
+    "rsqrt": _unary(lambda a, g, y, x: a.mul(g, a.mul(a.mul(a.square(y), y), -0.5))),
+    "sin": _unary(lambda a, g, y, x: a.mul(g, a.ew("cos", x))),
+    "cos": _unary(lambda a, g, y, x: a.mul(g, a.neg(a.ew("sin", x)))),
+    "tan": _unary(lambda a, g, y, x: a.mul(g, a.add(a.square(y), 1))),
+    "asin": _unary(lambda a, g, y, x: a.mul(g, _rsqrt_of(a, a.sub(1, a.square(x))))),
+    "acos": _unary(lambda a, g, y, x: a.neg(a.mul(g, _rsqrt_of(a, a.sub(1, a.square(x)))))),
+    "atan": _unary(lambda a, g, y, x: a.div(g, a.add(a.square(x), 1))),
+    "sinh": _unary(lambda a, g, y, x: a.mul(g, a.ew("cosh", x))),
+    "cosh": _unary(lambda a, g, y, x: a.mul(g, a.ew("sinh", x))),
+    "tanh": _unary(lambda a, g, y, x: a.mul(g, a.sub(1, a.square(y)))),
+    "asinh": _unary(lambda a, g, y, x: a.mul(g, _rsqrt_of(a, a.add(a.square(x), 1)))),
+    "acosh": _unary(lambda a, g, y, x: a.mul(g, _rsqrt_of(a, a.sub(a.square(x), 1)))),
+    "atanh": _unary(lambda a, g, y, x: a.div(g, a.sub(1, a.square(x)))),
+    "sigmoid": _unary(lambda a, g, y, x: a.mul(g, a.mul(y, a.sub(1, y)))),
+    "erf": _unary(lambda a, g, y, x: a.mul(g, a.mul(a.ew("exp", a.neg(a.square(x))), TWO_OVER_SQRT_PI))),
+    "erfc": _unary(lambda a, g, y, x: a.mul(g, a.mul(a.ew("exp", a.neg(a.square(x))), -TWO_OVER_SQRT_PI))),
+}
+
+
+def _pow(a: Algebra, g, y, base, exponent):
+    # eager: no gradient where the exponent is 0; for the exponent, none where base == 0 and
+    # exponent >= 0 (where 0 ** e is flat or its log is -inf)
+    d_base = a.where(a.test("eq", exponent, 0), 0.0, a.mul(g, a.mul(exponent, a.ew("pow", base, a.sub(exponent, 1)))))
+    flat = a.both(a.test("eq", base, 0), a.test("ge", exponent, 0))
+    d_exp = a.mul(g, a.where(flat, 0.0, a.mul(y, a.ew("log", base))))
+    return d_base, d_exp
+
+
+def _extreme(loses: str):
+    """maximum/minimum: the gradient goes to the operand that wins, shared on a tie (and to
+    both where one is NaN, as eager's formula gives)."""
+    def rule(a: Algebra, g, y, p, q):
+        share = a.where(a.test("eq", p, q), a.mul(g, 0.5), g)
+        return a.where(a.test(loses, p, q), 0.0, share), a.where(a.test(loses, q, p), 0.0, share)
+    return rule
+
+
+def _rounded_quotient(rounding: str):
+    """fmod / remainder: d/da = 1, d/db = -(a / b rounded toward zero / down)."""
+    def rule(a: Algebra, g, y, p, q):
+        return g, a.mul(a.neg(g), a.ew(rounding, a.div(p, q)))
+    return rule
+
+
+def _atan2(a: Algebra, g, y, p, q):
+    scale = a.div(g, a.add(a.square(p), a.square(q)))
+    return a.mul(scale, q), a.mul(scale, a.neg(p))
+
+
+BINARY_RULES = {
+    "add": lambda a, g, y, p, q: (g, g),
+    "mul": lambda a, g, y, p, q: (a.mul(g, q), a.mul(g, p)),
+    "truediv": lambda a, g, y, p, q: (a.div(g, q), a.div(a.mul(a.neg(g), p), a.square(q))),
+    "pow": _pow,
+    "max": _extreme("lt"),
+    "min": _extreme("gt"),
+    "fmod": _rounded_quotient("trunc"),
+    "rem": _rounded_quotient("floor"),
+    "atan2": _atan2,
+}
+
+TERNARY_RULES = {
+    "where": lambda a, g, y, c, p, q: (None, a.where(c, g, 0.0), a.where(c, 0.0, g)),
+    "fma": lambda a, g, y, p, q, r: (a.mul(g, q), a.mul(g, p), g),
+}
+
+
+# -- reductions ----------------------------------------------------------------------------------
+def _reduce(alg: Algebra, node: GraphNode, g: GraphNode, value: ValueOf) -> Optional[GraphNode]:
+    op, src = node.op, node.src[0]
+    if op.op in ("argmax", "argmin") or not differentiable(src):
+        return None
+    shape = src.shape
+    if op.op == "add":
+        return alg.expand(g, shape)
+    x, y = value(src), alg.expand(value(node), shape)
+    if op.op == "mul":
+        return _prod_grad(alg, op.axes, g, x, y)
+    if op.grad_to_first:  # torch.max(x, dim): all of it to the index eager returns
+        first = alg.vb.reduce("arg" + op.op, x, op.axes, DType.int64)
+        hit = alg.test("eq", alg.coordinate(shape, op.axes[0]), alg.expand(first, shape))
+        return alg.where(hit, alg.expand(g, shape), 0.0)
+    # amax / max of everything: shared evenly among the elements equal to the result
+    hit = alg.cast(alg.test("eq", x, y), x.dtype)
+    return alg.mul(alg.expand(alg.div(g, alg.sum(hit, op.axes)), shape), hit)
+
+
+def _prod_grad(alg: Algebra, axes, g, x, y) -> GraphNode:
+    """d prod / d x_i: prod / x_i without zeros; with one zero in the line, the product of
+    the others at the zero and 0 elsewhere; with two or more, 0 everywhere."""
+    shape = x.shape
+    zero = alg.test("eq", x, 0)
+    zeros = alg.expand(alg.sum(alg.cast(zero, DType.int64), axes), shape)
+    others = alg.expand(alg.vb.reduce("mul", alg.where(zero, 1.0, x), axes), shape)
+    at_lone_zero = alg.both(alg.test("eq", zeros, 1), zero)
+    local = alg.where(alg.test("eq", zeros, 0), alg.div(y, x), alg.where(at_lone_zero, others, 0.0))
+    return alg.mul(alg.expand(g, shape), local)
+
+
+# -- scans -------------------------------------------------------------------------------------
+def _cumulative(alg: Algebra, node: GraphNode, g: GraphNode, value: ValueOf) -> Optional[GraphNode]:
+    op, src = node.op, node.src[0]
+    if op.op in ("argmax", "argmin") or not differentiable(src):
+        return None
+    axis = op.axis
+    if op.op == "add":
+        return alg.reverse_scan("add", g, axis)
+    if op.op == "mul":
+        return _cumprod_grad(alg, axis, g, value(src), value(node))
+    if op.op == "logaddexp":
+        return _logcumsumexp_grad(alg, axis, g, value(src), value(node))
+    raise UnsupportedOpError(f"cum{op.op}", "its gradient is a scatter-add, which tjit cannot generate yet")
+
+
+def _cumprod_grad(alg: Algebra, axis: int, g, x, y) -> GraphNode:
+    """Before the first zero of the line: sum_{k>=i} g_k y_k / x_i. At the first zero z:
+    prod(x before z) * sum_{k>=z} g_k prod(x_{z+1..k}). After it: 0 (eager's formula)."""
+    zero = alg.test("eq", x, 0)
+    zeros_so_far = alg.vb.scan("add", alg.cast(zero, DType.int64), axis)
+    before = alg.test("eq", zeros_so_far, 0)
+    at_first_zero = alg.both(zero, alg.test("eq", zeros_so_far, 1))
+    simple = alg.div(alg.reverse_scan("add", alg.mul(g, y), axis), x)
+    after_zero_product = alg.vb.scan("mul", alg.where(alg.test("le", alg.sub(zeros_so_far, alg.cast(zero, DType.int64)), 0),
+                                                      1.0, x), axis)
+    prefix = alg.vb.reduce("mul", alg.where(before, x, 1.0), (axis,))
+    tail = alg.sum(alg.where(alg.test("ge", zeros_so_far, 1), alg.mul(g, after_zero_product), 0.0), (axis,))
+    at_zero = alg.expand(alg.mul(prefix, tail), x.shape)
+    return alg.where(before, simple, alg.where(at_first_zero, at_zero, 0.0))
+
+
+def _logcumsumexp_grad(alg: Algebra, axis: int, g, x, y) -> GraphNode:
+    """eager's stable form: the positive and negative parts of g each as a reverse
+    logcumsumexp in log space."""
+    lowest = float(-3.4028234663852886e38) if x.dtype is not DType.float64 else -1.7976931348623157e308
+    log_abs = alg.ew("log", alg.ew("abs", g))
+    parts = []
+    for sign in ("gt", "lt"):
+        log_part = alg.where(alg.test(sign, g, 0), log_abs, lowest)
+        parts.append(alg.ew("exp", alg.add(alg.reverse_scan("logaddexp", alg.sub(log_part, y), axis), x)))
+    return alg.sub(parts[0], parts[1])
+
+
+# -- indexed reads ---------------------------------------------------------------------------------
+def _gather(alg: Algebra, node: GraphNode, g: GraphNode, value: ValueOf) -> Optional[GraphNode]:
+    """table[..., j, ...] gets the sum of g over the positions whose index is j: for each of
+    the (few) indices per line, a one-hot select over the table, all fused."""
+    table, index = node.src
+    if not differentiable(table):
+        return None
+    axis, n = node.op.axis, table.shape[node.op.axis]
+    count = index.shape[axis]
+    if count > MAX_ONE_HOT_INDICES:
+        raise UnsupportedOpError(node.op.what, f"the gradient of the table ({count} indices per line, more than "
+                                 f"{MAX_ONE_HOT_INDICES}) needs a scatter-add, which tjit cannot generate yet; "
+                                 "detach the table or gather fewer indices")
+    idx = value(index)
+    if node.op.wrap_negative:
+        idx = alg.where(alg.test("lt", idx, 0), alg.add(idx, n), idx)
+    where_j = alg.coordinate(table.shape, axis)
+    total = None
+    for k in range(count):
+        pick = alg.view(alg.view(idx, "select", axis, k), "unsqueeze", axis)
+        part = alg.view(alg.view(g, "select", axis, k), "unsqueeze", axis)
+        term = alg.where(alg.test("eq", where_j, alg.expand(pick, table.shape)), alg.expand(part, table.shape), 0.0)
+        total = term if total is None else alg.add(total, term)
+    return total if total is not None else alg.zeros(table.shape, g.dtype)

@@ -27,6 +27,10 @@ class Explanation:
     kernels: list[KernelReport]
     eager_ops: int
     memory: Optional[MemoryPlan] = None  # the slab: every intermediate at its offset
+    # with inputs that require grad: the backward for dense incoming gradients, and the
+    # values the forward keeps for it (input, output and saved intermediate names)
+    backward: Optional["Explanation"] = None
+    saved: tuple[str, ...] = ()
 
     @property
     def bytes_moved(self) -> int:
@@ -42,6 +46,9 @@ class Explanation:
             lines.append(k.source)
         if self.memory is not None and self.memory.intervals:
             lines += ["", "memory plan (steps are kernel launches):", self.memory.format()]
+        if self.backward is not None:
+            lines += ["", f"saved for backward: {', '.join(self.saved) or 'nothing'}", "", "backward:",
+                      str(self.backward)]
         return "\n".join(lines)
 
 
@@ -54,6 +61,14 @@ def explain(fn, *args, **kwargs) -> Explanation:
     from .runtime.compiled import CompiledFunction
     compiled = fn if isinstance(fn, CompiledFunction) else CompiledFunction(fn)
     entry = compiled.entry_for(*args, **kwargs)
-    lowered = entry.executable.lowered
-    return Explanation(entry.executable.graph, [report(p) for p in lowered.kernels], entry.eager_ops,
-                       entry.executable.memory_plan)
+    explanation = _explain(entry.executable, entry.eager_ops)
+    plan = getattr(entry.executable, "plan", None)  # a GradExecutable: inputs require grad
+    if plan is not None:
+        explanation.backward = _explain(entry.executable.backward_executable(entry.executable.dense_layouts()), 0)
+        explanation.saved = plan.saved_inputs + plan.saved_outputs + tuple(plan.saved)
+    return explanation
+
+
+def _explain(executable, eager_ops: int) -> Explanation:
+    return Explanation(executable.graph, [report(p) for p in executable.lowered.kernels], eager_ops,
+                       executable.memory_plan)

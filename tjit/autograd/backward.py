@@ -64,9 +64,9 @@ def plan_autograd(graph: Graph, grad_inputs) -> AutogradPlan:
     outputs = tuple(name for name, node in graph.outputs.items() if id(node) in needs)
     plan = AutogradPlan(graph, tuple(grad_inputs), outputs, {}, (), ())
     contiguous = {name: (graph.outputs[name].shape, None, graph.outputs[name].dtype.torch) for name in outputs}
-    recomputing = _Recompute(ValueBuilder(), {})
+    recomputing = _Recompute(_ViewTracking(), {})
     grads = _sweep(Algebra(recomputing.vb), plan, contiguous, recomputing, needs)
-    read = _read_by_backward(list(grads.values()), recomputing.origin)
+    read = _read_by_backward(list(grads.values()), recomputing.vb.origin)
     _choose_saved(plan, read, mutated)
     return plan
 
@@ -75,7 +75,7 @@ def backward_graph(plan: AutogradPlan, layouts: dict[str, GradLayout]) -> tuple[
     """The backward graph for gradients arriving with these layouts: inputs are the
     gradients (incoming_grad_name), the saved values and forward inputs it reads, and index
     tables; outputs are "grad_<input>" for each input that gets a gradient."""
-    vb = ValueBuilder()
+    vb = ValueBuilder(indices_checked=True)
     alg = Algebra(vb)
     needs = _needs_grad(plan.graph, set(plan.grad_inputs))
     grads = _sweep(alg, plan, layouts, _Recompute(vb, plan._saved_ids), needs)
@@ -92,7 +92,6 @@ class _Recompute:
     def __init__(self, vb: ValueBuilder, saved: dict[int, str]):
         self.vb, self.saved = vb, saved
         self.memo: dict[int, GraphNode] = {}
-        self.origin: dict[int, GraphNode] = {}  # backward copy -> forward node
 
     def __call__(self, node: GraphNode) -> GraphNode:
         found = self.memo.get(id(node))
@@ -109,8 +108,25 @@ class _Recompute:
             else:
                 copy = self.vb.b.node(n.op, n.dtype, [self.memo[id(s)] for s in n.src], n.view)
             self.memo[id(n)] = copy
-            self.origin.setdefault(id(copy), n)
+            if isinstance(self.vb, _ViewTracking):
+                self.vb.origin.setdefault(id(copy), n)
         return self.memo[id(node)]
+
+
+class _ViewTracking(ValueBuilder):
+    """A builder that knows which nodes are forward values (recomputed) or views of them,
+    so the cut sees a view of a cast of a total as a read of the cast, not of the total the
+    view was pushed through."""
+
+    def __init__(self):
+        super().__init__(indices_checked=True)
+        self.origin: dict[int, GraphNode] = {}  # backward node -> the forward value it is (a view of)
+
+    def view(self, node: GraphNode, desc) -> GraphNode:
+        found = super().view(node, desc)
+        if id(node) in self.origin:
+            self.origin.setdefault(id(found), self.origin[id(node)])
+        return found
 
 
 def _saved_view(node: GraphNode) -> View:

@@ -68,6 +68,12 @@ class GradExecutable:
         held = sum(n.view.numel * n.dtype.itemsize for n in nodes)
         return held + sum(tensors[n].numel() * tensors[n].element_size() for n in self.plan.saved_inputs)
 
+    def dense_layouts(self) -> dict[str, GradLayout]:
+        """Gradients arriving dense (as loss.backward() gives a scalar loss's)."""
+        outputs = self.plan.graph.outputs
+        return {name: (outputs[name].shape, contiguous_strides(outputs[name].shape), outputs[name].dtype.torch)
+                for name in self.plan.differentiable_outputs}
+
     def backward_executable(self, layouts: dict[str, GradLayout]):
         key = tuple(sorted(layouts.items()))
         found = self._backward.get(key)

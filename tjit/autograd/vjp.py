@@ -200,8 +200,8 @@ def _cumprod_grad(alg: Algebra, axis: int, g, x, y) -> GraphNode:
     before = alg.test("eq", zeros_so_far, 0)
     at_first_zero = alg.both(zero, alg.test("eq", zeros_so_far, 1))
     simple = alg.div(alg.reverse_scan("add", alg.mul(g, y), axis), x)
-    after_zero_product = alg.vb.scan("mul", alg.where(alg.test("le", alg.sub(zeros_so_far, alg.cast(zero, DType.int64)), 0),
-                                                      1.0, x), axis)
+    zeros_before = alg.sub(zeros_so_far, alg.cast(zero, DType.int64))
+    after_zero_product = alg.vb.scan("mul", alg.where(alg.test("le", zeros_before, 0), 1.0, x), axis)
     prefix = alg.vb.reduce("mul", alg.where(before, x, 1.0), (axis,))
     tail = alg.sum(alg.where(alg.test("ge", zeros_so_far, 1), alg.mul(g, after_zero_product), 0.0), (axis,))
     at_zero = alg.expand(alg.mul(prefix, tail), x.shape)

@@ -11,8 +11,8 @@ from typing import Optional
 
 import torch
 
-from ..ir import (Const, Contiguous, Cumulative, DType, Elementwise, Gather, GraphBuilder, GraphNode, Input, Reduce, View,
-                  ViewOp)
+from ..ir import (Const, Contiguous, Cumulative, DType, Elementwise, Gather, GraphBuilder, GraphNode, Input, Reduce,
+                  View, ViewOp)
 
 ViewFn = tuple  # ("permute", dims) etc.: a hashable description of a movement op
 
@@ -25,8 +25,11 @@ def apply_view_desc(view: View, desc: ViewFn) -> Optional[View]:
 class ValueBuilder:
     """Creates IR values in one GraphBuilder."""
 
-    def __init__(self, builder: Optional[GraphBuilder] = None):
+    def __init__(self, builder: Optional[GraphBuilder] = None, indices_checked: bool = False):
+        """indices_checked: every index an indexed read will use is known to be in range (a
+        backward graph: its forward checked them)."""
         self.b = builder or GraphBuilder()
+        self.indices_checked = indices_checked
         self._view_memo: dict[tuple, GraphNode] = {}
 
     def const(self, value, dtype: DType) -> GraphNode:
@@ -44,7 +47,8 @@ class ValueBuilder:
             return self.const(node.op.value, dtype)
         return self.elementwise("cast", [node], dtype)
 
-    def reduce(self, op: str, value: GraphNode, axes, dtype: Optional[DType] = None, grad_to_first: bool = False) -> GraphNode:
+    def reduce(self, op: str, value: GraphNode, axes, dtype: Optional[DType] = None,
+               grad_to_first: bool = False) -> GraphNode:
         """`op` over `axes` of value, keeping them as size-1 axes. Reducing only size-1 axes
         is the identity (argmax: index 0), so a Reduce node never has the shape of its input."""
         rank = len(value.shape)
@@ -83,9 +87,10 @@ class ValueBuilder:
             src = [self.gather(s, axis, index, wrap_negative, what) for s in node.src]
             return self.b.node(node.op, node.dtype, tuple(src), View.contiguous(shape))
         if isinstance(node.op, ViewOp) and node.view.strides[axis] == 0 and \
-                isinstance(node.src[0].op, (Const, Reduce)):
+                (isinstance(node.src[0].op, (Const, Reduce)) or self.indices_checked):
             # a literal or a row value, constant along the axis: any in-range index reads the
-            # same value (a broadcast input is still gathered, so its index is checked)
+            # same value (a broadcast input is still gathered, so its index is checked, unless
+            # that was done before)
             view = View(shape, node.view.strides, node.view.offset)
             base = node.src[0]
             if view == base.view and isinstance(base.op, Reduce):
@@ -117,13 +122,13 @@ class ValueBuilder:
             node = self.materialize(node)
         if isinstance(node.op, ViewOp):
             new = apply_view_desc(node.view, desc)
-            if new is not None:
-                base = node.src[0]
+            base = node.src[0]
+            if new is not None and (not isinstance(base.op, Gather) or _keeps_elements(base.view, new)):
                 return base if new == base.view and isinstance(base.op, (Reduce, Gather)) else \
                     self.b.node(ViewOp(), node.dtype, node.src, new)
             node = self.materialize(node)
-        if isinstance(node.op, Gather) and _only_unit_axes_change(node.shape, desc):
-            # a gathered value squeezed or unsqueezed stays in registers (cross-entropy's row)
+        if isinstance(node.op, Gather) and _keeps_elements(node.view, apply_view_desc(node.view, desc)):
+            # a gathered value squeezed, unsqueezed or broadcast stays in registers (cross-entropy's row)
             return self.b.node(ViewOp(), node.dtype, (node,), apply_view_desc(node.view, desc))
         if not isinstance(node.op, (Input, Const, Contiguous, Reduce)):
             node = self.materialize(node)
@@ -145,11 +150,12 @@ class ValueBuilder:
         return self.view(node, ("expand", shape))
 
 
-def _only_unit_axes_change(shape, desc: ViewFn) -> bool:
-    """The movement op only inserts or removes size-1 axes."""
-    view = apply_view_desc(View.contiguous(tuple(shape)), desc)
-    return view is not None and [s for s in view.shape if s != 1] == [s for s in shape if s != 1] \
-        and view.offset == 0
+def _keeps_elements(dense: View, view: Optional[View]) -> bool:
+    """`view` of a dense value only inserts, removes or broadcasts axes: every element keeps
+    its place among the others."""
+    def placed(v):
+        return [(n, s) for n, s in zip(v.shape, v.strides) if n != 1 and s != 0]
+    return view is not None and view.offset == 0 and placed(view) == placed(dense)
 
 
 def _coerce_scalar(value, dtype: DType):

@@ -94,10 +94,10 @@ def is_value_ref(node: GraphNode) -> bool:
 
 
 def _is_row_alias(ref: GraphNode, domain: Domain) -> bool:
-    """A gathered row value squeezed or unsqueezed: the same registers in row and squeezed
-    space (the frontend only makes such views of a Gather)."""
+    """A gathered row value squeezed, unsqueezed or broadcast over the reduced axes: the same
+    registers in every space (the frontend only makes such views of a Gather)."""
     spaces = (domain.space_of(ref.src[0].shape), domain.space_of(ref.shape))
-    return bool(domain.axes) and all(s in ("row", "squeezed") for s in spaces)
+    return bool(domain.axes) and spaces[0] in ("row", "squeezed") and spaces[1] in ("row", "squeezed", "full")
 
 
 def is_kernel_input(node: GraphNode) -> bool:

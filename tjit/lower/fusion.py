@@ -98,8 +98,22 @@ def place_in_domains(stores: list[Store]) -> list[Store]:
         store.value = read_from_buffers(store.value, buffers)
         pending.append(store)
     _join_grid_totals(placed)
+    _join_row_stores(placed)
     order = {id(s): k for k, s in enumerate(stores)}
     return sorted(placed, key=lambda s: order.get(id(s), len(order)))
+
+
+def _join_row_stores(placed: list[Store]) -> None:
+    """A store with no reduction whose shape is the rows of a reduction kernel (a gathered
+    value per row, kept for a later kernel) is computed by that kernel, once per row."""
+    hosts = [s.domain for s in placed if s.domain.axes]
+    for store in placed:
+        if store.domain.axes or store.totals or reduces_in(store.value):
+            continue
+        host = next((d for d in hosts if store.shape in (d.row_shape, d.squeezed_shape) and d.squeezed_shape != ()),
+                    None)
+        if host is not None:
+            store.domain = host
 
 
 def _join_grid_totals(placed: list[Store]) -> None:

@@ -81,8 +81,13 @@ POOL = SlabPool()
 
 def stats() -> dict:
     """reserved_bytes (slabs and reservations held), slab_count, in_use_bytes (bytes of live
-    slabs), allocations (slabs allocated since start) and reuse_hits (calls that reused one)."""
-    return POOL.stats()
+    slabs), allocations (slabs allocated since start), reuse_hits (calls that reused one),
+    and tape_bytes / tape_blocks: values saved for backward that an autograd graph still
+    holds (zero once backward has run, or the outputs were dropped)."""
+    from ..autograd import tape
+    found = POOL.stats()
+    found["tape_bytes"], found["tape_blocks"] = tape.live_bytes()
+    return found
 
 
 def release() -> None:

@@ -24,6 +24,10 @@ CASES = {
     "index_negative": (lambda x, i: x[i - 5], lambda: (torch.randn(5, 3), _rows(8, 5))),
     "index_columns": (lambda x, i: x[:, i], lambda: (torch.randn(4, 6), _rows(3, 6))),
     "index_transposed_table": (lambda x, i: x.t()[i], lambda: (torch.randn(6, 4), _rows(5, 4))),
+    # one input gathered directly and through a broadcast view in one kernel: the view's
+    # source is not a load of its own
+    "same_table_twice": (lambda x, i: (x.gather(1, i), x[:, :1].expand(4, 9).gather(1, i)),
+                         lambda: (torch.randn(4, 9), torch.randint(0, 9, (4, 1)))),
 }
 
 

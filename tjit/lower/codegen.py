@@ -175,6 +175,8 @@ class _Emitter(GridReductionEmitter):
         for node in toposort([s.value for s in self.group.stores], stop=is_kernel_input):
             if isinstance(node.op, Gather) and id(node) not in self.gather_access:
                 self._collect_gather(node)
+            if is_kernel_input(node):
+                continue  # what a leaf views is read through the leaf
             table_slot = isinstance(node.op, Gather)  # src[0] is a Gather's table: read at its own addresses
             read_directly.update(id(s) for k, s in enumerate(node.src) if not (table_slot and k == 0))
         for store in self.group.stores:

@@ -29,6 +29,7 @@ bench: $(STAMP)
 	$(PY) bench/pointwise.py
 	$(PY) bench/reductions.py
 	$(PY) bench/memplan.py
+	$(PY) bench/autograd.py
 
 clean:
 	rm -rf $(VENV)

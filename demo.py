@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """tjit demo (`make demo`): compile a few real functions, check them against eager PyTorch,
 and show what tjit made of each: the IR, the Triton source, kernels against eager's op count,
-bytes moved against the minimum, and the compile time. Then the same functions through
-torch.compile(fn, backend="tjit").
+bytes moved against the minimum, and the compile time. Then a loss differentiated by tjit
+(forward and backward kernels, what it saves for backward against eager autograd), and the
+same functions through torch.compile(fn, backend="tjit").
 
 Without CUDA the kernels run on CPU through Triton's interpreter (tjit arranges that itself).
 """
@@ -74,6 +75,12 @@ def two_stage(x):
 def log_cumulative_probs(logits):
     """log of the running probability mass: a reduction, a scan and their neighbours."""
     return torch.logcumsumexp(logits.log_softmax(-1), -1).exp()
+
+
+def loss_fn(x, w, b, target):
+    """the autograd issue's example: layer_norm -> gelu -> cross-entropy, differentiated"""
+    h = torch.nn.functional.layer_norm(x, (x.shape[-1],), w, b)
+    return torch.nn.functional.cross_entropy(torch.nn.functional.gelu(h), target)
 
 
 def rand(*shape):
@@ -218,6 +225,80 @@ def demo_one(k: int, title: str, fn, make_args) -> None:
           f"{tjit.memory.stats()['allocations'] - slabs} allocation(s) for intermediates")
 
 
+def demo_autograd() -> None:
+    header("autograd: loss = loss_fn(x, w, b, target); loss.backward() with x, w, b requiring grad")
+    args = (rand(M, N), 1 + 0.1 * rand(N), 0.1 * rand(N), torch.randint(0, N, (M,), device=DEVICE))
+    leaves_ = lambda: [a.clone().requires_grad_(a.is_floating_point()) for a in args]  # noqa: E731
+    compiled = tjit.compile(loss_fn)
+    mine, theirs = leaves_(), leaves_()
+    before = tjit.counters.launches
+    loss = compiled(*mine)
+    forward_launches = tjit.counters.launches - before
+    ex = tjit.explain(compiled, *mine)
+    tape_held = tjit.memory.stats()["tape_bytes"]
+    loss.backward()
+    backward_launches = tjit.counters.launches - before - forward_launches
+    expected = loss_fn(*theirs)
+    expected.backward()
+    torch.testing.assert_close(loss, expected)
+    for name, a, b in zip("xwb", mine, theirs):
+        torch.testing.assert_close(a.grad, b.grad, msg=lambda m: f"grad of {name}: {m}")
+    for kernel in ex.backward.kernels:
+        print(f"-- backward kernel {kernel.name}: shape {list(kernel.shape)} " + "-" * 20)
+        for s in kernel.strategies:
+            print(f"# {s}")
+        print(kernel.source.rstrip())
+    executable = compiled.entry_for(*mine).executable
+    saved = executable.saved_bytes(dict(zip(("x", "w", "b", "target"), mine)))
+    eager_saved = _eager_saved_bytes(loss_fn, leaves_())
+    del loss
+    import gc
+    gc.collect()  # Triton's interpreter holds launched tensors in reference cycles until it runs
+    print("-- summary " + "-" * (WIDTH - 11))
+    print("matches eager:   yes (the loss and the gradients of x, w and b)")
+    print(f"kernels:         forward {forward_launches}, backward {backward_launches} (eager: "
+          f"{_eager_ops(loss_fn, leaves_())} aten op(s) forward and backward)")
+    print(f"saved:           {', '.join(ex.saved)}: {saved:,} B (eager autograd saves {eager_saved:,} B); "
+          "cheap values are recomputed in the backward kernels")
+    print(f"tape:            {tape_held:,} B held between forward and backward, "
+          f"{tjit.memory.stats()['tape_bytes']:,} B after backward")
+    torch._dynamo.reset()
+    through_dynamo, before = leaves_(), tjit.counters.launches
+    torch.compile(loss_fn, backend="tjit")(*through_dynamo).backward()
+    for name, a, b in zip("xwb", through_dynamo, theirs):
+        torch.testing.assert_close(a.grad, b.grad, msg=lambda m: f"torch.compile: grad of {name}: {m}")
+    print(f"torch.compile:   backend='tjit' gives the same gradients; "
+          f"{tjit.counters.launches - before} launch(es) forward and backward")
+
+
+def _eager_saved_bytes(fn, args) -> int:
+    seen = {}
+    with torch.autograd.graph.saved_tensors_hooks(
+            lambda t: seen.setdefault((t.data_ptr(), tuple(t.shape), t.stride()), t.numel() * t.element_size()) and t,
+            lambda t: t):
+        fn(*args)
+    return sum(seen.values())
+
+
+def _eager_ops(fn, args) -> int:
+    """aten ops eager runs for fn and its backward, views excluded (each launches a kernel)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            view = isinstance(out, torch.Tensor) and args and isinstance(args[0], torch.Tensor) and \
+                out.untyped_storage().data_ptr() == args[0].untyped_storage().data_ptr() and not func._schema.is_mutable
+            Count.ops += not view
+            return out
+
+    with Count():
+        fn(*args).backward()
+    return Count.ops
+
+
 def demo_dynamo(fn, make_args) -> None:
     torch._dynamo.reset()
     args = make_args()
@@ -242,6 +323,7 @@ def main() -> int:
     print(f"(one-time: importing torch._inductor, which make_fx loads on first use: {time.perf_counter() - t0:.1f} s)")
     for k, (title, fn, make_args) in enumerate(EXAMPLES, 1):
         demo_one(k, title, fn, make_args)
+    demo_autograd()
 
     header('the same functions through torch.compile(fn, backend="tjit")')
     for _, fn, make_args in EXAMPLES:

@@ -25,7 +25,7 @@ from ..errors import UnsupportedOpError
 from ..frontend.build import ValueBuilder
 from ..ir import DType, Elementwise, Graph, GraphNode, Input, Reduce, View, toposort
 from .algebra import Algebra
-from .vjp import differentiable, vjp
+from .vjp import ScatterGrad, differentiable, vjp
 
 # input names of a backward graph besides the forward's (chosen not to meet a user's argument name)
 SAVED_PREFIX = "tjit_saved"
@@ -66,22 +66,42 @@ def plan_autograd(graph: Graph, grad_inputs) -> AutogradPlan:
     contiguous = {name: (graph.outputs[name].shape, None, graph.outputs[name].dtype.torch) for name in outputs}
     recomputing = _Recompute(_ViewTracking(), {})
     grads = _sweep(Algebra(recomputing.vb), plan, contiguous, recomputing, needs)
-    read = _read_by_backward(list(grads.values()), recomputing.vb.origin)
+    roots = [n for dense, scattered in grads.values()
+             for n in [dense] + [v for s in scattered for v in (s.index, s.values)] if n is not None]
+    read = _read_by_backward(roots, recomputing.vb.origin)
     _choose_saved(plan, read, mutated)
     return plan
 
 
-def backward_graph(plan: AutogradPlan, layouts: dict[str, GradLayout]) -> tuple[Graph, dict[str, torch.Tensor]]:
+@dataclass
+class BackwardGraph:
+    graph: Graph
+    constants: dict[str, torch.Tensor]  # index tables the graph reads
+    # input name -> (axis, index output, values output) to scatter-add into its gradient
+    scatters: dict[str, list[tuple[int, str, str]]]
+
+
+def backward_graph(plan: AutogradPlan, layouts: dict[str, GradLayout]) -> BackwardGraph:
     """The backward graph for gradients arriving with these layouts: inputs are the
     gradients (incoming_grad_name), the saved values and forward inputs it reads, and index
-    tables; outputs are "grad_<input>" for each input that gets a gradient."""
+    tables; outputs are "grad_<input>" for each input that gets a gradient, and the indices
+    and values of each scatter-add into an input's gradient."""
     vb = ValueBuilder(indices_checked=True)
     alg = Algebra(vb)
     needs = _needs_grad(plan.graph, set(plan.grad_inputs))
     grads = _sweep(alg, plan, layouts, _Recompute(vb, plan._saved_ids), needs)
-    outputs = {f"grad_{name}": alg.cast(g, plan.graph.input_node(name).dtype) for name, g in grads.items()}
+    outputs, scatters = {}, {}
+    for name, (dense, scattered) in grads.items():
+        dtype = plan.graph.input_node(name).dtype
+        if dense is not None:
+            outputs[f"grad_{name}"] = alg.cast(dense, dtype)
+        for s in scattered:
+            k = len(outputs)
+            outputs[f"tjit_index{k}"] = alg.cast(s.index, DType.int64)
+            outputs[f"tjit_values{k}"] = alg.cast(s.values, dtype)
+            scatters.setdefault(name, []).append((s.axis, f"tjit_index{k}", f"tjit_values{k}"))
     names = sorted({n.op.name for n in toposort(outputs.values()) if isinstance(n.op, Input)})
-    return vb.b.finish(names, outputs), alg.constants
+    return BackwardGraph(vb.b.finish(names, outputs), alg.constants, scatters)
 
 
 # -- the reverse sweep -----------------------------------------------------------------------------
@@ -144,8 +164,9 @@ def _needs_grad(graph: Graph, grad_inputs: set[str]) -> set[int]:
 
 
 def _sweep(alg: Algebra, plan: AutogradPlan, layouts: dict[str, GradLayout], value: _Recompute,
-           needs: set[int]) -> dict[str, GraphNode]:
-    """Gradients of the grad inputs, given each differentiable output's incoming gradient."""
+           needs: set[int]) -> dict[str, tuple[Optional[GraphNode], list[ScatterGrad]]]:
+    """Gradients of the grad inputs, given each differentiable output's incoming gradient:
+    per input, its dense part (or None) and the scatter-adds into it."""
     pending: dict[int, list[GraphNode]] = {}
     for name in plan.differentiable_outputs:
         layout = layouts.get(name)
@@ -162,19 +183,26 @@ def _sweep(alg: Algebra, plan: AutogradPlan, layouts: dict[str, GradLayout], val
         contributions = pending.pop(id(node), None)
         if not contributions or id(node) not in needs:
             continue
-        grad = _total(alg, contributions, node.dtype)
         if isinstance(node.op, Input):
-            found[node.op.name] = grad
+            found[node.op.name] = (_total(alg, [c for c in contributions if isinstance(c, GraphNode)], node.dtype),
+                                   [c for c in contributions if isinstance(c, ScatterGrad)])
             continue
+        for c in contributions:
+            if isinstance(c, ScatterGrad):
+                raise UnsupportedOpError(c.what, "the gradient is a scatter-add into a computed value, which tjit "
+                                         "does not generate yet (into an input of the function it does)")
+        grad = _total(alg, contributions, node.dtype)
         for src, g in zip(node.src, vjp(alg, node, grad, value)):
             if g is not None and id(src) in needs:
                 pending.setdefault(id(src), []).append(g)
     return found
 
 
-def _total(alg: Algebra, contributions: list[GraphNode], dtype: DType) -> GraphNode:
-    """The sum of a value's gradient contributions. Rounded ones (casts from one wider type)
-    are summed before rounding, once."""
+def _total(alg: Algebra, contributions: list[GraphNode], dtype: DType) -> Optional[GraphNode]:
+    """The sum of a value's gradient contributions (None if there are none). Rounded ones
+    (casts from one wider type) are summed before rounding, once."""
+    if not contributions:
+        return None
     wider = {c.src[0].dtype for c in contributions if isinstance(c.op, Elementwise) and c.op.op == "cast"}
     if len(contributions) > 1 and len(wider) == 1 and all(isinstance(c.op, Elementwise) and c.op.op == "cast"
                                                           for c in contributions):

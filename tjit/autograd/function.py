@@ -83,13 +83,46 @@ class GradExecutable:
         return found
 
     def _compile_backward(self, key, layouts):
-        graph, constants = backward_graph(self.plan, layouts)
+        found = backward_graph(self.plan, layouts)
+        graph = found.graph
         specs = [OutputSpec("computed", name=name, shape=node.shape, stride=contiguous_strides(node.shape))
                  for name, node in graph.outputs.items()]
         tree = torch.utils._pytree.tree_flatten([0] * len(specs))[1]
         lowered = lower(graph, {s.name: s.stride for s in specs})
-        executable = self._backward[key] = self._Executable(Conversion(graph, specs, tree, constants, 0), lowered)
-        return executable
+        executable = self._Executable(Conversion(graph, specs, tree, found.constants, 0), lowered)
+        self._backward[key] = _Backward(executable, found.scatters)
+        return self._backward[key]
+
+
+class _Backward:
+    """The backward kernels, then the scatter-adds into input gradients (torch's)."""
+
+    def __init__(self, executable, scatters: dict[str, list[tuple[int, str, str]]]):
+        self.executable, self.scatters = executable, scatters
+
+    def __getattr__(self, name):  # graph, lowered, launches, slabs...: the kernels'
+        return getattr(self.executable, name)
+
+    def run(self, tensors: dict[str, torch.Tensor], inputs: dict[str, tuple]) -> dict[str, torch.Tensor]:
+        """Input name -> its gradient. `inputs`: name -> (shape, dtype) of each input."""
+        memory = self.executable.run(tensors)
+        found = {name[len("grad_"):]: t for (kind, name), t in _outputs(memory) if name.startswith("grad_")}
+        for name, scatters in self.scatters.items():
+            grad = found.get(name)
+            if grad is None:
+                shape, dtype = inputs[name]
+                grad = found[name] = torch.zeros(shape, dtype=dtype, device=_device(tensors))
+            for axis, index, values in scatters:
+                grad.scatter_add_(axis, memory[("output", index)], memory[("output", values)])
+        return found
+
+
+def _outputs(memory: dict):
+    return [(k, t) for k, t in memory.items() if isinstance(k, tuple) and k[0] == "output"]
+
+
+def _device(tensors: dict) -> torch.device:
+    return next(iter(tensors.values())).device
 
 
 class _Compiled(torch.autograd.Function):
@@ -104,6 +137,7 @@ class _Compiled(torch.autograd.Function):
         ctx.save_for_backward(*[inputs[n] for n in plan.saved_inputs],
                               *[memory[("output", n)] for n in plan.saved_outputs + tuple(plan.saved)])
         ctx.compiled, ctx.names = compiled, names
+        ctx.input_layouts = {n: (t.shape, t.dtype) for n, t in inputs.items() if n in plan.grad_inputs}
         ctx.set_materialize_grads(False)
         constant = [t for name, t in zip(compiled.output_names, outs) if name not in plan.differentiable_outputs]
         if constant:
@@ -123,7 +157,6 @@ class _Compiled(torch.autograd.Function):
                 tensors[incoming_grad_name(name)] = g
         if not layouts:
             return (None, None) + (None,) * len(ctx.names)
-        executable = compiled.backward_executable(layouts)
-        memory = executable.run(tensors)
-        found = {name[len("grad_"):]: memory[("output", name)] for name in executable.graph.outputs}
+        backward = compiled.backward_executable(layouts)
+        found = backward.run(tensors, ctx.input_layouts)
         return (None, None) + tuple(found.get(name) for name in ctx.names)

@@ -8,14 +8,26 @@ including how ties, zeros and NaN are treated where they differ from the textboo
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from dataclasses import dataclass
+from typing import Callable, Optional, Union
 
 from ..errors import UnsupportedOpError
 from ..ir import Const, Contiguous, Cumulative, DType, Elementwise, Gather, GraphNode, Input, Reduce, ViewOp
 from .algebra import LN2, TWO_OVER_SQRT_PI, Algebra
 from .views import view_transpose
 
-Grads = list[Optional[GraphNode]]
+@dataclass(frozen=True)
+class ScatterGrad:
+    """A gradient that is a scatter-add: zeros of the source's shape, plus `values` added at
+    `index` along `axis`. Built by the runtime (torch's scatter_add_) after the backward
+    kernels, so only an input of the function can receive one."""
+    axis: int
+    index: GraphNode  # int64, in range
+    values: GraphNode
+    what: str
+
+
+Grads = list[Optional[Union[GraphNode, ScatterGrad]]]
 ValueOf = Callable[[GraphNode], GraphNode]
 
 # above this many indices per gathered line, the table's gradient would need a scatter-add kernel
@@ -178,7 +190,7 @@ def _prod_grad(alg: Algebra, axes, g, x, y) -> GraphNode:
 
 
 # -- scans -------------------------------------------------------------------------------------
-def _cumulative(alg: Algebra, node: GraphNode, g: GraphNode, value: ValueOf) -> Optional[GraphNode]:
+def _cumulative(alg: Algebra, node: GraphNode, g: GraphNode, value: ValueOf):
     op, src = node.op, node.src[0]
     if op.op in ("argmax", "argmin") or not differentiable(src):
         return None
@@ -189,7 +201,9 @@ def _cumulative(alg: Algebra, node: GraphNode, g: GraphNode, value: ValueOf) -> 
         return _cumprod_grad(alg, axis, g, value(src), value(node))
     if op.op == "logaddexp":
         return _logcumsumexp_grad(alg, axis, g, value(src), value(node))
-    raise UnsupportedOpError(f"cum{op.op}", "its gradient is a scatter-add, which tjit cannot generate yet")
+    # cummax/cummin: each element gets the gradient of the positions whose running extreme it is
+    index = alg.vb.scan("arg" + op.op, value(src), axis, DType.int64)
+    return ScatterGrad(axis, index, g, f"cum{op.op}")
 
 
 def _cumprod_grad(alg: Algebra, axis: int, g, x, y) -> GraphNode:
@@ -221,21 +235,20 @@ def _logcumsumexp_grad(alg: Algebra, axis: int, g, x, y) -> GraphNode:
 
 
 # -- indexed reads ---------------------------------------------------------------------------------
-def _gather(alg: Algebra, node: GraphNode, g: GraphNode, value: ValueOf) -> Optional[GraphNode]:
+def _gather(alg: Algebra, node: GraphNode, g: GraphNode, value: ValueOf):
     """table[..., j, ...] gets the sum of g over the positions whose index is j: for each of
-    the (few) indices per line, a one-hot select over the table, all fused."""
+    the (few) indices per line, a one-hot select over the table, all fused; with more, a
+    scatter-add."""
     table, index = node.src
     if not differentiable(table):
         return None
     axis, n = node.op.axis, table.shape[node.op.axis]
     count = index.shape[axis]
-    if count > MAX_ONE_HOT_INDICES:
-        raise UnsupportedOpError(node.op.what, f"the gradient of the table ({count} indices per line, more than "
-                                 f"{MAX_ONE_HOT_INDICES}) needs a scatter-add, which tjit cannot generate yet; "
-                                 "detach the table or gather fewer indices")
     idx = value(index)
     if node.op.wrap_negative:
         idx = alg.where(alg.test("lt", idx, 0), alg.add(idx, n), idx)
+    if count > MAX_ONE_HOT_INDICES:  # a one-hot sum per index would cost too much: scatter
+        return ScatterGrad(axis, idx, g, node.op.what)
     where_j = alg.coordinate(table.shape, axis)
     total = None
     for k in range(count):

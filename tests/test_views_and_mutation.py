@@ -59,6 +59,16 @@ def test_view_ops_on_computed_values():
     check_against_eager(f, torch.randn(6, 10), torch.randn(6, 10))
 
 
+def test_split_chunk_unbind_and_diagonal():
+    def f(x, y):
+        z = x * y
+        a, b = z.chunk(2, -1)
+        parts = torch.split(z, [2, 3, 1], 0)
+        return (a * torch.sigmoid(b), parts[1] + 1, parts[2], torch.unbind(z, 1)[3].exp(),
+                torch.diagonal(z) * 2, torch.diagonal(z, 2), torch.diagonal(z, -1), x.split(4, 1)[2])
+    check_against_eager(f, torch.randn(6, 10), torch.randn(6, 10))
+
+
 def test_reshape_that_cannot_stay_a_view_materialises():
     def f(x):
         return (x + 1).reshape(-1), x.t().reshape(-1) * 2

@@ -11,8 +11,11 @@ by its view. The transpose goes in three steps:
 2. if the view reads every element of the source exactly once (permute, reshape, flip,
    transpose of any of them), the source lists the same offsets in the same order, so the
    gradient is a reshape and permute of the sorted one;
-3. otherwise (slices, selects, strided windows) each source element finds its view position
-   from its own offset by mixed-radix division, and reads the gradient there with an indexed
+3. otherwise, when the view is a slice or fixed index of each source axis (narrow, chunk,
+   select, x[::2], transposed or not), the gradient is padded back axis by axis: an indexed
+   read along each sliced axis (0 where the slice skips), a mask along each fixed one;
+4. else (a strided window mixing axes) each source element finds its view position from
+   its own offset by mixed-radix division, and reads the gradient there with an indexed
    read, or 0 if no view position reads it.
 
 Views that read an element twice through two different index tuples (overlapping
@@ -39,6 +42,9 @@ def view_transpose(alg: Algebra, grad: GraphNode, view: View, src: GraphNode) ->
     order, src_sizes, src_strides = source
     if offset == src.view.offset and _coalesce(sizes, strides) == _coalesce(src_sizes, src_strides):
         return _reordered(alg, grad, src, order, src_sizes)
+    window = _per_axis_window(sizes, strides, offset, src, order)
+    if window is not None:
+        return _padded(alg, grad, window, src)
     return _embedded(alg, grad, sizes, strides, offset, src)
 
 
@@ -107,6 +113,59 @@ def _reordered(alg: Algebra, grad: GraphNode, src: GraphNode, order, src_sizes) 
     if inverse != list(range(len(order))):
         flat = alg.view(flat, "permute", tuple(inverse))
     return alg.view(flat, "reshape", tuple(src.shape))
+
+
+def _per_axis_window(sizes, strides, offset, src: GraphNode, order):
+    """The view as a slice (start, step, size) or a fixed index (start, 0, 1) of each source
+    axis, its axes in the view's (sorted) order, or None when it is not one (a reshape
+    mixing axes, say). Keyed by source axis: (start, step, size, position in the view)."""
+    rest, starts = offset - src.view.offset, {}
+    for d in order:
+        starts[d], rest = divmod(rest, src.view.strides[d]) if rest >= 0 else (-1, rest)
+    if rest != 0 or any(not 0 <= starts[d] < src.shape[d] for d in order):
+        return None
+    window, free = {}, list(order)
+    for k, (n, s) in enumerate(zip(sizes, strides)):
+        d = next((d for d in free if s % src.view.strides[d] == 0), None)
+        if d is None:
+            return None
+        step = s // src.view.strides[d]
+        if starts[d] + (n - 1) * step >= src.shape[d]:
+            return None
+        window[d] = (starts[d], step, n, k)
+        free.remove(d)
+    for d in free:
+        window[d] = (starts[d], 0, 1, None)
+    return window
+
+
+def _padded(alg: Algebra, grad: GraphNode, window: dict, src: GraphNode) -> GraphNode:
+    """Per source axis, the gradient moved to where the view read: an indexed read along
+    each sliced axis (0 where the slice skips), a one-hot mask along each fixed index."""
+    by_axis = sorted(d for d, w in window.items() if w[3] is not None)
+    into_axes = [window[d][3] for d in by_axis]  # the gradient's axes, in source axis order
+    if into_axes != sorted(into_axes):
+        grad = alg.view(grad, "permute", tuple(into_axes))
+    shape = tuple(window[d][2] if d in window else 1 for d in range(len(src.shape)))
+    grad = alg.view(grad, "reshape", shape)
+    for d, (start, step, n, k) in sorted(window.items()):
+        if k is not None:
+            continue
+        target = tuple(src.shape[a] if a == d else s for a, s in enumerate(grad.shape))
+        hit = alg.test("eq", alg.coordinate(target, d), start)
+        grad = alg.where(hit, alg.expand(grad, target), 0.0)
+    for d in by_axis:
+        start, step, n, _ = window[d]
+        if (start, step, n) == (0, 1, src.shape[d]):
+            continue
+        target = tuple(src.shape[a] if a == d else s for a, s in enumerate(grad.shape))
+        offset = alg.sub(alg.coordinate(target, d), start)
+        position = alg.ew("floordiv", offset, step)
+        inside = alg.both(alg.both(alg.test("ge", offset, 0), alg.test("lt", position, n)),
+                          alg.test("eq", alg.sub(offset, alg.mul(position, step)), 0))
+        picked = alg.vb.gather(grad, d, alg.where(inside, position, 0), what="slice backward")
+        grad = alg.where(inside, picked, 0.0)
+    return grad
 
 
 def _embedded(alg: Algebra, grad: GraphNode, sizes, strides, offset, src: GraphNode) -> GraphNode:

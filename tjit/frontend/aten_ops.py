@@ -754,6 +754,26 @@ def _slice(cv, node, x, dim=0, start=None, end=None, step=1):
     return cv.view(x, ("slice", dim, start, end, step))
 
 
+@register(aten.split_with_sizes, aten.split)
+def _split(cv, node, x, sizes, dim=0):
+    """chunk / split: consecutive slices along dim (the last may be shorter)."""
+    extent = x.shape[dim] if x.shape else 1
+    if isinstance(sizes, int):
+        sizes = [min(sizes, extent - start) for start in range(0, extent, sizes)] if sizes else [extent]
+    starts = [sum(sizes[:k]) for k in range(len(sizes))]
+    return tuple(cv.view(x, ("slice", dim, start, start + size, 1)) for start, size in zip(starts, sizes))
+
+
+@register(aten.diagonal)
+def _diagonal(cv, node, x, offset=0, dim1=0, dim2=1):
+    return cv.view(x, ("diagonal", offset, dim1, dim2))
+
+
+@register(aten.unbind)
+def _unbind(cv, node, x, dim=0):
+    return tuple(cv.view(x, ("select", dim, k)) for k in range(x.shape[dim]))
+
+
 @register(aten.select)
 def _select(cv, node, x, dim, index):
     return cv.view(x, ("select", dim, index))

@@ -127,6 +127,19 @@ class View:
         return View(self.shape[:dim] + self.shape[dim + 1:], self.strides[:dim] + self.strides[dim + 1:],
                     self.offset + index * self.strides[dim])
 
+    def diagonal(self, offset: int = 0, dim1: int = 0, dim2: int = 1) -> "View":
+        """torch.diagonal: dims dim1 and dim2 replaced by their diagonal, appended last."""
+        d1, d2 = _normalize_dim(dim1, self.ndim, "diagonal"), _normalize_dim(dim2, self.ndim, "diagonal")
+        if d1 == d2:
+            raise ValueError(f"diagonal: dim1 and dim2 are both {d1}")
+        n1, n2 = self.shape[d1], self.shape[d2]
+        size = max(min(n1, n2 - offset), 0) if offset >= 0 else max(min(n1 + offset, n2), 0)
+        start = offset * self.strides[d2] if offset >= 0 else -offset * self.strides[d1]
+        keep = [d for d in range(self.ndim) if d not in (d1, d2)]
+        return View(tuple(self.shape[d] for d in keep) + (size,),
+                    tuple(self.strides[d] for d in keep) + (self.strides[d1] + self.strides[d2],),
+                    self.offset + (start if size > 0 else 0))
+
     def reshape(self, shape: Sequence[int]) -> Optional["View"]:
         """The same elements in row-major order under a new shape, or None when no single
         strided view can express it (the caller then materialises with Contiguous)."""

@@ -19,6 +19,7 @@ from ..errors import CompileArgumentError
 from ..frontend.convert import Conversion, OutputSpec
 from ..ir import contiguous_strides
 from ..lower import lower
+from ..runtime.executor import Executable
 from .backward import AutogradPlan, GradLayout, backward_graph, incoming_grad_name
 
 
@@ -26,8 +27,6 @@ class GradExecutable:
     """Runs like an Executable, with outputs that carry a grad_fn."""
 
     def __init__(self, conversion: Conversion, plan: AutogradPlan, strategies=None):
-        from ..runtime.executor import Executable  # the runtime imports the tape from this package
-        self._Executable = Executable
         self.plan = plan
         graph = plan.forward_graph()
         strides = {s.name: s.stride for s in conversion.outputs if s.kind == "computed"}
@@ -89,7 +88,7 @@ class GradExecutable:
                  for name, node in graph.outputs.items()]
         tree = torch.utils._pytree.tree_flatten([0] * len(specs))[1]
         lowered = lower(graph, {s.name: s.stride for s in specs})
-        executable = self._Executable(Conversion(graph, specs, tree, found.constants, 0), lowered)
+        executable = Executable(Conversion(graph, specs, tree, found.constants, 0), lowered)
         self._backward[key] = _Backward(executable, found.scatters)
         return self._backward[key]
 

@@ -155,10 +155,13 @@ class Allocations(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         if self.counting and not _is_view(func, args, out):
             self.ops += 1
+        given = {_storage_of(a).data_ptr() for a in tree_leaves((args, kwargs)) if _storage_of(a) is not None}
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes():
                 storage = t.untyped_storage()
                 key = storage.data_ptr()
+                if key in given:  # a view or an in-place op's result: not an allocation
+                    continue
                 if key not in self.live or self.live[key][0].expired():
                     self.live[key] = (StorageWeakRef(storage), storage.nbytes())
         self.peak = max(self.peak, self.live_bytes())
@@ -169,6 +172,12 @@ class Allocations(TorchDispatchMode):
             gc.collect()
         self.live = {k: v for k, v in self.live.items() if not v[0].expired()}
         return sum(n for _, n in self.live.values())
+
+
+def _storage_of(a):
+    if isinstance(a, torch.Tensor):
+        return a.untyped_storage()
+    return a if isinstance(a, torch.UntypedStorage) else None
 
 
 def _is_view(func, args, out) -> bool:

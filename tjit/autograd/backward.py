@@ -79,6 +79,9 @@ class BackwardGraph:
     constants: dict[str, torch.Tensor]  # index tables the graph reads
     # input name -> (axis, index output, values output) to scatter-add into its gradient
     scatters: dict[str, list[tuple[int, str, str]]]
+    # inputs an output depends on only through piecewise-constant ops (round, floor...):
+    # their gradient is zeros, as eager's is
+    zeros: tuple[str, ...] = ()
 
 
 def backward_graph(plan: AutogradPlan, layouts: dict[str, GradLayout]) -> BackwardGraph:
@@ -101,7 +104,8 @@ def backward_graph(plan: AutogradPlan, layouts: dict[str, GradLayout]) -> Backwa
             outputs[f"tjit_values{k}"] = alg.cast(s.values, dtype)
             scatters.setdefault(name, []).append((s.axis, f"tjit_index{k}", f"tjit_values{k}"))
     names = sorted({n.op.name for n in toposort(outputs.values()) if isinstance(n.op, Input)})
-    return BackwardGraph(vb.b.finish(names, outputs), alg.constants, scatters)
+    flat = tuple(name for name in plan.grad_inputs if name not in grads and id(plan.graph.input_node(name)) in needs)
+    return BackwardGraph(vb.b.finish(names, outputs), alg.constants, scatters, flat)
 
 
 # -- the reverse sweep -----------------------------------------------------------------------------

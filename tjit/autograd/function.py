@@ -89,15 +89,15 @@ class GradExecutable:
         tree = torch.utils._pytree.tree_flatten([0] * len(specs))[1]
         lowered = lower(graph, {s.name: s.stride for s in specs})
         executable = Executable(Conversion(graph, specs, tree, found.constants, 0), lowered)
-        self._backward[key] = _Backward(executable, found.scatters)
+        self._backward[key] = _Backward(executable, found.scatters, found.zeros)
         return self._backward[key]
 
 
 class _Backward:
     """The backward kernels, then the scatter-adds into input gradients (torch's)."""
 
-    def __init__(self, executable, scatters: dict[str, list[tuple[int, str, str]]]):
-        self.executable, self.scatters = executable, scatters
+    def __init__(self, executable, scatters: dict[str, list[tuple[int, str, str]]], zeros: tuple[str, ...]):
+        self.executable, self.scatters, self.zeros = executable, scatters, zeros
 
     def __getattr__(self, name):  # graph, lowered, launches, slabs...: the kernels'
         return getattr(self.executable, name)
@@ -106,6 +106,9 @@ class _Backward:
         """Input name -> its gradient. `inputs`: name -> (shape, dtype) of each input."""
         memory = self.executable.run(tensors)
         found = {name[len("grad_"):]: t for (kind, name), t in _outputs(memory) if name.startswith("grad_")}
+        for name in self.zeros:
+            shape, dtype = inputs[name]
+            found[name] = torch.zeros(shape, dtype=dtype, device=_device(tensors))
         for name, scatters in self.scatters.items():
             grad = found.get(name)
             if grad is None:

@@ -546,7 +546,9 @@ def _leaky_relu(cv, node, x, negative_slope=0.01):
 
 @register(aten.hardtanh)
 def _hardtanh(cv, node, x, min_val=-1.0, max_val=1.0):
-    return _clamp(cv, node, x, min_val, max_val)
+    # clamp's values; eager's hardtanh gradient stops at the bounds themselves (clamp's passes)
+    value = _bounded(cv, node, operand(cv, x, out_dtype(node), out_shape(node)), min_val, "le")
+    return _bounded(cv, node, value, max_val, "ge")
 
 
 @register(aten.clamp, aten.clamp_min, aten.clamp_max)

@@ -1,0 +1,351 @@
+"""tjit's autograd against eager: gradients of every op family, the torch autograd
+semantics a user relies on, the tape's lifetime, and a training loop whose memory stays
+flat. Every comparison runs eager and tjit on separate copies of fresh random inputs."""
+import gc
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tjit
+
+
+def leaves(args, requires=None):
+    """Copies of args; floating tensors require grad (or those whose index is in `requires`)."""
+    return [a.detach().clone().requires_grad_(a.is_floating_point() if requires is None else k in requires)
+            if isinstance(a, torch.Tensor) else a for k, a in enumerate(args)]
+
+
+def check_grads(fn, *args, requires=None, rtol=None, atol=None, incoming=None):
+    """Outputs and the gradients of every input that requires grad, tjit against eager, for
+    a random incoming gradient on each differentiable output."""
+    ours, theirs = leaves(args, requires), leaves(args, requires)
+    expected = fn(*theirs)
+    got = tjit.compile(fn)(*ours)
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    got = got if isinstance(got, tuple) else (got,)
+    incoming = incoming or [torch.randn(e.shape, dtype=e.dtype) for e in expected]
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=rtol, atol=atol, equal_nan=True)
+        assert g.requires_grad == e.requires_grad, "differentiable outputs differ from eager's"
+    pairs = [(g, e, w) for g, e, w in zip(got, expected, incoming) if e.requires_grad]
+    torch.autograd.backward([e for _, e, _ in pairs], [w for *_, w in pairs])
+    torch.autograd.backward([g for g, _, _ in pairs], [w for *_, w in pairs])
+    for k, (a, b) in enumerate(zip(ours, theirs)):
+        if isinstance(a, torch.Tensor) and a.requires_grad:
+            assert (a.grad is None) == (b.grad is None), f"input {k}: gradient {a.grad} where eager's is {b.grad}"
+            if b.grad is not None:
+                torch.testing.assert_close(a.grad, b.grad, rtol=rtol, atol=atol, equal_nan=True,
+                                           msg=lambda m: f"gradient of input {k}\n{m}")
+
+
+def randn(*shape, dtype=torch.float32):
+    return torch.randn(shape, dtype=dtype)
+
+
+# -- elementwise -------------------------------------------------------------------------------
+UNARY = {
+    "exp": torch.exp, "log": lambda x: torch.log(x.abs() + 0.1), "sqrt": lambda x: (x.abs() + 0.1).sqrt(),
+    "rsqrt": lambda x: (x.abs() + 0.1).rsqrt(), "sin": torch.sin, "cos": torch.cos,
+    "tanh": torch.tanh, "sigmoid": torch.sigmoid, "erf": torch.erf, "erfc": torch.erfc, "abs": torch.abs,
+    "neg": torch.neg, "reciprocal": lambda x: (x.abs() + 0.5).reciprocal(), "expm1": torch.expm1,
+    "log1p": lambda x: torch.log1p(x.abs()), "asin": lambda x: torch.asin(x.clamp(-0.9, 0.9)),
+    "acos": lambda x: torch.acos(x.clamp(-0.9, 0.9)), "atan": torch.atan, "sinh": torch.sinh, "cosh": torch.cosh,
+    "asinh": torch.asinh, "acosh": lambda x: torch.acosh(x.abs() + 1.5), "atanh": lambda x: torch.atanh(x.clamp(-0.9, 0.9)),
+    "silu": F.silu, "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "softplus": F.softplus,
+    "relu": F.relu, "relu_relu": lambda x: F.relu(F.relu(x) - 0.5), "leaky_relu": F.leaky_relu, "elu": F.elu,
+    "mish": F.mish, "hardtanh": F.hardtanh, "clamp": lambda x: x.clamp(-0.5, 0.5).clamp(-0.5, 0.5),
+    "pow_scalar": lambda x: x.abs() ** 1.5, "square": lambda x: x ** 2, "exp2": torch.exp2, "log2": lambda x: torch.log2(x.abs() + 1),
+    "floor_mix": lambda x: torch.floor(x) * x, "sign_mix": lambda x: torch.sign(x) * x * 2,
+}
+
+
+@pytest.mark.parametrize("name", UNARY)
+def test_unary_gradients(name):
+    x = randn(3, 37)
+    x[0, :4] = torch.tensor([0.0, 0.5, -0.5, 1.0])  # exact zeros and clamp bounds
+    check_grads(UNARY[name], x)
+
+
+BINARY = {
+    "add": lambda a, b: a + b * 2, "sub": lambda a, b: a - b, "mul": torch.mul, "div": lambda a, b: a / (b.abs() + 0.5),
+    "maximum_ties": lambda a, b: torch.maximum(a, b.round()), "minimum_ties": lambda a, b: torch.minimum(b.round(), a),
+    "pow": lambda a, b: (a.abs() + 0.1) ** b, "pow_base_zero": lambda a, b: (a * (a > 0)) ** b.abs(),
+    "atan2": torch.atan2, "fmod": lambda a, b: torch.fmod(a, b.abs() + 0.5),
+    "remainder": lambda a, b: torch.remainder(a, b.abs() + 0.5), "where": lambda a, b: torch.where(a > b, a * 2, b.exp()),
+    "lerp": lambda a, b: torch.lerp(a, b, 0.3), "addcmul": lambda a, b: torch.addcmul(a, a, b, value=0.5),
+    "hypot_like": lambda a, b: (a * a + b * b).sqrt(),
+}
+
+
+@pytest.mark.parametrize("name", BINARY)
+def test_binary_gradients(name):
+    a, b = randn(4, 9), randn(4, 9)
+    a[0, :3] = b[0, :3].round()  # ties for maximum/minimum
+    check_grads(BINARY[name], a, b)
+
+
+@pytest.mark.parametrize("shapes", [((4, 5), (5,)), ((4, 1), (1, 5)), ((2, 3, 4), ()), ((3, 1, 5), (4, 1))])
+def test_broadcast_gradients_are_reduced_over_expanded_dims(shapes):
+    a, b = randn(*shapes[0]), randn(*shapes[1])
+    check_grads(lambda a, b: torch.sigmoid(a * b) + b, a, b)
+
+
+# -- reductions, normalisations, losses -----------------------------------------------------------
+REDUCTIONS = {
+    "sum_dim": lambda x: x.sum(1), "sum_all": lambda x: x.sum(), "mean": lambda x: x.mean(0, keepdim=True),
+    "prod": lambda x: x.prod(1), "amax_ties": lambda x: x.round().amax(1), "amin": lambda x: x.amin(0),
+    "max_dim_ties": lambda x: torch.max(x.round(), 1)[0], "max_all_ties": lambda x: x.round().max(),
+    "var": lambda x: x.var(1), "std_correction0": lambda x: x.std(0, correction=0), "norm": lambda x: x.norm(dim=1),
+    "norm_all": lambda x: torch.linalg.vector_norm(x), "logsumexp": lambda x: x.logsumexp(1),
+    "softmax": lambda x: x.softmax(1), "log_softmax": lambda x: x.log_softmax(0),
+    "layer_norm": lambda x: F.layer_norm(x, (x.shape[-1],)), "var_mean": lambda x: torch.var_mean(x, 1),
+}
+
+
+@pytest.mark.parametrize("name", REDUCTIONS)
+def test_reduction_gradients(name):
+    check_grads(REDUCTIONS[name], randn(5, 33))
+
+
+@pytest.mark.parametrize("zeros", [0, 1, 2])
+def test_prod_and_cumprod_with_zeros(zeros):
+    x = randn(3, 8)
+    x[1, 2:2 + zeros] = 0.0
+    check_grads(lambda x: (x.prod(1), x.cumprod(1)), x)
+
+
+def test_layer_norm_and_rms_norm_with_parameters():
+    x, w, b = randn(6, 40), randn(40), randn(40)
+    check_grads(lambda x, w, b: F.layer_norm(x, (40,), w, b), x, w, b)
+    check_grads(lambda x, w: F.rms_norm(x, (40,), w), x, w)
+
+
+@pytest.mark.parametrize("options", [{}, {"ignore_index": 2}, {"reduction": "sum"}, {"reduction": "none"},
+                                     {"label_smoothing": 0.1}])
+def test_cross_entropy_and_nll(options):
+    x, t = randn(7, 11), torch.randint(0, 11, (7,))
+    t[0] = 2
+    check_grads(lambda x, t: F.cross_entropy(x, t, **options), x, t)
+    check_grads(lambda x, t: F.nll_loss(x.log_softmax(1), t, **{k: v for k, v in options.items()
+                                                                  if k != "label_smoothing"}), x, t)
+
+
+# -- scans -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("fn", [lambda x: x.cumsum(1), lambda x: x.cumsum(0) * x, lambda x: torch.logcumsumexp(x, 1),
+                                lambda x: torch.cummax(x, 1)[0], lambda x: torch.cummin(x, 0)[0]])
+def test_scan_gradients(fn):
+    check_grads(fn, randn(4, 19))
+
+
+def test_cummax_of_a_computed_value_is_refused():
+    x = randn(3, 5).requires_grad_()
+    with pytest.raises(tjit.UnsupportedOpError, match="scatter-add"):
+        tjit.compile(lambda x: torch.cummax(x * 2, 1)[0])(x)
+
+
+# -- views and layouts ---------------------------------------------------------------------------------
+VIEWS = {
+    "transpose": lambda x: x.t() * 2, "slice_steps": lambda x: x[1::2, ::3].exp(), "select": lambda x: x[2] + x[:, 1].sum(),
+    "narrow": lambda x: x.narrow(1, 2, 5), "glu": lambda x: (lambda a, b: a * torch.sigmoid(b))(*x.chunk(2, -1)),
+    "flip": lambda x: x.flip(0, 1) * x, "expand": lambda x: x[:, :1].expand(6, 10) * x,
+    "reshape": lambda x: x.reshape(3, 20).softmax(1), "diagonal": lambda x: torch.diagonal(x, 1),
+    "t_slice": lambda x: x.t()[1:3], "split": lambda x: torch.split(x, [3, 7], 1)[1].tanh(),
+}
+
+
+@pytest.mark.parametrize("name", VIEWS)
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "gaps"])
+def test_view_gradients(name, layout):
+    x = {"contiguous": randn(6, 10), "transposed": randn(10, 6).t(), "gaps": randn(6, 21)[:, ::2][:, :10]}[layout]
+    check_grads(VIEWS[name], x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_low_precision_gradients(dtype):
+    x, w = randn(4, 64, dtype=dtype), randn(64, dtype=dtype)
+    check_grads(lambda x, w: F.gelu(F.layer_norm(x, (64,), w)) * x, x, w, rtol=2e-2, atol=2e-2)
+
+
+def test_gradcheck_in_float64():
+    x, w = randn(3, 6, dtype=torch.float64), randn(6, dtype=torch.float64)
+    x.requires_grad_(), w.requires_grad_()
+    f = tjit.compile(lambda x, w: (F.layer_norm(x, (6,), w) * x.softmax(1)).cumsum(1)[:, 1:])
+    assert torch.autograd.gradcheck(lambda x, w: f(x, w), (x, w))
+
+
+# -- indexed reads ---------------------------------------------------------------------------------------
+def test_gather_with_duplicate_indices():
+    x, i = randn(5, 9), torch.tensor([[0, 0, 3], [8, 8, 8], [1, 2, 1], [4, 4, 0], [5, 6, 5]])
+    check_grads(lambda x, i: torch.gather(x.exp(), 1, i) * 2, x, i)
+
+
+@pytest.mark.parametrize("count", [5, 40])
+def test_index_select_and_embedding_scatter_duplicates(count):
+    w, i = randn(11, 6), torch.randint(0, 11, (count,))
+    i[:3] = 4
+    check_grads(lambda w, i: torch.index_select(w, 0, i).sigmoid(), w, i)
+    check_grads(lambda w, i: F.embedding(i.int(), w) * 3, w, i)
+    check_grads(lambda w, i: w[i - 11], w, i)
+
+
+def test_embedding_of_a_scaled_table_scatters_into_the_input():
+    check_grads(lambda w, i: F.embedding(i, w * 2 + 1), randn(11, 6), torch.randint(0, 11, (40,)))
+
+
+def test_embedding_of_a_computed_table_with_many_indices_is_refused():
+    w, i = randn(11, 6).requires_grad_(), torch.randint(0, 11, (40,))
+    with pytest.raises(tjit.UnsupportedOpError, match="scatter-add"):
+        tjit.compile(lambda w, i: F.embedding(i, w.cumsum(0)))(w, i)
+
+
+# -- in-place ops ---------------------------------------------------------------------------------------
+def test_in_place_ops_on_intermediates():
+    def f(x):
+        h = x * 2
+        h.add_(1)
+        h.relu_()
+        out = h * x
+        return out.sigmoid_()
+    check_grads(f, randn(4, 7))
+
+
+def test_in_place_write_into_an_input_that_does_not_require_grad():
+    def f(x, buf):
+        buf.copy_(x.detach() * 0 + 1)
+        return (x * 3).sum()
+    x, buf = randn(3, 4), torch.zeros(3, 4)
+    ours = leaves([x, buf], requires={0})
+    tjit.compile(f)(*ours).backward()
+    assert torch.equal(ours[1], torch.ones(3, 4))
+    torch.testing.assert_close(ours[0].grad, torch.full((3, 4), 3.0))
+
+
+def test_in_place_write_into_an_input_that_requires_grad_is_refused():
+    x = randn(3, 4).requires_grad_()
+    y = x * 1  # a non-leaf: eager would allow it, tjit refuses writing through its input
+    with pytest.raises(tjit.UnsupportedOpError, match="in-place"):
+        tjit.compile(lambda y: y.mul_(2))(y)
+
+
+# -- torch autograd semantics -------------------------------------------------------------------------------
+def test_autograd_grad_accumulation_and_retain_graph():
+    f = tjit.compile(lambda x, w: ((x * w).tanh() ** 2).sum())
+    x, w = randn(3, 5).requires_grad_(), randn(5).requires_grad_()
+    (gx,) = torch.autograd.grad(f(x, w), x)
+    expected = torch.autograd.grad(((x * w).tanh() ** 2).sum(), x)[0]
+    torch.testing.assert_close(gx, expected)
+    loss = f(x, w)
+    loss.backward(retain_graph=True)
+    once = w.grad.clone()
+    loss.backward()
+    torch.testing.assert_close(w.grad, 2 * once)
+    f(x, w).backward()
+    torch.testing.assert_close(w.grad, 3 * once)
+
+
+def test_outputs_only_some_used_views_of_inputs_and_integer_outputs():
+    def f(x):
+        return x.exp(), x.t(), x.argmax(1), x.sum(0)
+    x = randn(4, 6).requires_grad_()
+    a, b, idx, s = tjit.compile(f)(x)
+    assert not idx.requires_grad and b.requires_grad
+    (a[:, 1].sum() + b.sum() * 2).backward()
+    expected = torch.full((4, 6), 2.0)
+    expected[:, 1] += x.detach()[:, 1].exp()
+    torch.testing.assert_close(x.grad, expected)
+
+
+def test_inputs_without_grad_and_no_grad_mode():
+    f = tjit.compile(lambda x, w: x * w)
+    x, w = randn(3, 4), randn(4).requires_grad_()
+    f(x, w).sum().backward()
+    assert x.grad is None and w.grad is not None
+    with torch.no_grad():
+        assert f(x, w).grad_fn is None
+
+
+def test_double_backward_and_out_are_refused():
+    f = tjit.compile(lambda x: (x ** 3).sum())
+    x = randn(4).requires_grad_()
+    (g,) = torch.autograd.grad(f(x), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice|does not require grad|once_differentiable"):
+        torch.autograd.grad(g.sum(), x)
+    with pytest.raises(tjit.CompileArgumentError, match="out="):
+        tjit.compile(lambda x: x * 2)(x, out=torch.empty(4))
+
+
+# -- kernels and the tape ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name,fn,make", [
+    ("layer_norm", lambda x, w, b: F.layer_norm(x, (64,), w, b), lambda: (randn(8, 64), randn(64), randn(64))),
+    ("rms_norm", lambda x, w: F.rms_norm(x, (64,), w), lambda: (randn(8, 64), randn(64))),
+    ("softmax", lambda x: x.softmax(-1), lambda: (randn(8, 64),)),
+    ("cross_entropy", lambda x, t: F.cross_entropy(x, t), lambda: (randn(8, 64), torch.randint(0, 64, (8,)))),
+])
+def test_backward_runs_in_at_most_two_kernels(name, fn, make):
+    args = leaves(make())
+    f = tjit.compile(fn)
+    out = f(*args)
+    out.backward(torch.randn(out.shape))  # compiles the backward
+    out = f(*args)
+    before = tjit.counters.launches
+    out.backward(torch.randn(out.shape))
+    assert tjit.counters.launches - before <= 2, name
+
+
+def tape_bytes() -> int:
+    gc.collect()  # Triton's interpreter holds launched tensors in reference cycles until it runs
+    return tjit.memory.stats()["tape_bytes"]
+
+
+def test_tape_is_freed_after_backward_and_when_outputs_are_dropped():
+    f = tjit.compile(lambda x, t: F.cross_entropy(x, t))  # keeps a count of targets on the tape
+    x, t = randn(6, 9).requires_grad_(), torch.randint(0, 9, (6,))
+    start = tape_bytes()
+    loss = f(x, t)
+    assert tape_bytes() > start
+    loss.backward()
+    assert tape_bytes() == start
+    loss = f(x, t)
+    del loss
+    assert tape_bytes() == start
+    loss = f(x, t)
+    loss.backward(retain_graph=True)
+    assert tape_bytes() > start
+    loss.backward()
+    del loss
+    assert tape_bytes() == start
+
+
+def test_a_thousand_training_steps_keep_memory_flat():
+    def loss_fn(x, w, b, target):
+        return F.cross_entropy(F.gelu(F.layer_norm(x, (16,), w, b)), target)
+
+    def sgd(w, b, gw, gb):
+        w.sub_(gw * 0.1)
+        b.sub_(gb * 0.1)
+
+    x, target = randn(8, 16), torch.randint(0, 16, (8,))
+    w, b = torch.ones(16).requires_grad_(), torch.zeros(16).requires_grad_()
+    step_loss, update = tjit.compile(loss_fn), tjit.compile(sgd)
+    start, losses, rss = tape_bytes(), [], {}
+    for k in range(1000):
+        loss = step_loss(x, w, b, target)
+        loss.backward()
+        with torch.no_grad():
+            update(w, b, w.grad, b.grad)
+        w.grad = b.grad = None
+        losses.append(loss.item())
+        del loss
+        if k % 200 == 199:
+            assert tape_bytes() == start, f"tape bytes after step {k}"
+            rss[k] = _resident_bytes()
+    assert losses[-1] < 0.7 * losses[0]
+    assert len(step_loss._cache) == 1 and len(update._cache) == 1
+    assert rss[999] - rss[399] < 4 << 20, f"resident memory grew {(rss[999] - rss[399]) >> 10} KiB"
+
+
+def _resident_bytes() -> int:
+    import resource
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()

@@ -51,11 +51,13 @@ UNARY = {
     "neg": torch.neg, "reciprocal": lambda x: (x.abs() + 0.5).reciprocal(), "expm1": torch.expm1,
     "log1p": lambda x: torch.log1p(x.abs()), "asin": lambda x: torch.asin(x.clamp(-0.9, 0.9)),
     "acos": lambda x: torch.acos(x.clamp(-0.9, 0.9)), "atan": torch.atan, "sinh": torch.sinh, "cosh": torch.cosh,
-    "asinh": torch.asinh, "acosh": lambda x: torch.acosh(x.abs() + 1.5), "atanh": lambda x: torch.atanh(x.clamp(-0.9, 0.9)),
+    "asinh": torch.asinh, "acosh": lambda x: torch.acosh(x.abs() + 1.5),
+    "atanh": lambda x: torch.atanh(x.clamp(-0.9, 0.9)),
     "silu": F.silu, "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "softplus": F.softplus,
     "relu": F.relu, "relu_relu": lambda x: F.relu(F.relu(x) - 0.5), "leaky_relu": F.leaky_relu, "elu": F.elu,
     "mish": F.mish, "hardtanh": F.hardtanh, "clamp": lambda x: x.clamp(-0.5, 0.5).clamp(-0.5, 0.5),
-    "pow_scalar": lambda x: x.abs() ** 1.5, "square": lambda x: x ** 2, "exp2": torch.exp2, "log2": lambda x: torch.log2(x.abs() + 1),
+    "pow_scalar": lambda x: x.abs() ** 1.5, "square": lambda x: x ** 2, "exp2": torch.exp2,
+    "log2": lambda x: torch.log2(x.abs() + 1),
     "floor_mix": lambda x: torch.floor(x) * x, "sign_mix": lambda x: torch.sign(x) * x * 2,
 }
 
@@ -72,7 +74,8 @@ BINARY = {
     "maximum_ties": lambda a, b: torch.maximum(a, b.round()), "minimum_ties": lambda a, b: torch.minimum(b.round(), a),
     "pow": lambda a, b: (a.abs() + 0.1) ** b, "pow_base_zero": lambda a, b: (a * (a > 0)) ** b.abs(),
     "atan2": torch.atan2, "fmod": lambda a, b: torch.fmod(a, b.abs() + 0.5),
-    "remainder": lambda a, b: torch.remainder(a, b.abs() + 0.5), "where": lambda a, b: torch.where(a > b, a * 2, b.exp()),
+    "remainder": lambda a, b: torch.remainder(a, b.abs() + 0.5),
+    "where": lambda a, b: torch.where(a > b, a * 2, b.exp()),
     "lerp": lambda a, b: torch.lerp(a, b, 0.3), "addcmul": lambda a, b: torch.addcmul(a, a, b, value=0.5),
     "hypot_like": lambda a, b: (a * a + b * b).sqrt(),
 }
@@ -146,7 +149,8 @@ def test_cummax_of_a_computed_value_is_refused():
 
 # -- views and layouts ---------------------------------------------------------------------------------
 VIEWS = {
-    "transpose": lambda x: x.t() * 2, "slice_steps": lambda x: x[1::2, ::3].exp(), "select": lambda x: x[2] + x[:, 1].sum(),
+    "transpose": lambda x: x.t() * 2, "slice_steps": lambda x: x[1::2, ::3].exp(),
+    "select": lambda x: x[2] + x[:, 1].sum(),
     "narrow": lambda x: x.narrow(1, 2, 5), "glu": lambda x: (lambda a, b: a * torch.sigmoid(b))(*x.chunk(2, -1)),
     "flip": lambda x: x.flip(0, 1) * x, "expand": lambda x: x[:, :1].expand(6, 10) * x,
     "reshape": lambda x: x.reshape(3, 20).softmax(1), "diagonal": lambda x: torch.diagonal(x, 1),

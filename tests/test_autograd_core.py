@@ -171,10 +171,22 @@ def test_low_precision_gradients(dtype):
     check_grads(lambda x, w: F.gelu(F.layer_norm(x, (64,), w)) * x, x, w, rtol=2e-2, atol=2e-2)
 
 
-def test_gradcheck_in_float64():
-    x, w = randn(3, 6, dtype=torch.float64), randn(6, dtype=torch.float64)
-    x.requires_grad_(), w.requires_grad_()
-    f = tjit.compile(lambda x, w: (F.layer_norm(x, (6,), w) * x.softmax(1)).cumsum(1)[:, 1:])
+GRADCHECK = {  # one function per op family, in float64 against finite differences
+    "elementwise": lambda x, w: torch.atan2(F.gelu(x), w.exp()) * torch.maximum(x, w),
+    "reductions": lambda x, w: (x.prod(1, keepdim=True) + x.amax(0) * w).var(1) + x.norm(dim=0).sum(),
+    "normalisations": lambda x, w: F.layer_norm(x, (6,), w) * x.softmax(1) + F.rms_norm(x, (6,), w).log_softmax(0),
+    "scans": lambda x, w: x.cumprod(1) + torch.logcumsumexp(x * w, 0) + torch.cummax(x, 1)[0],
+    "views": lambda x, w: (x.t()[1:4, ::2].sum(1) * torch.diagonal(x) + x.flip(1)[2, :3] * w[1:4]
+                           + x.reshape(2, 9)[1, :3]),
+    "indexed": lambda x, w: F.embedding(torch.tensor([0, 2, 2, 1] * 5), x) * w + torch.gather(x, 1, torch.tensor(
+        [[0, 0], [5, 1], [2, 2]])).sum(),
+}
+
+
+@pytest.mark.parametrize("family", GRADCHECK)
+def test_gradcheck_in_float64(family):
+    x, w = randn(3, 6, dtype=torch.float64).requires_grad_(), randn(6, dtype=torch.float64).requires_grad_()
+    f = tjit.compile(GRADCHECK[family])
     assert torch.autograd.gradcheck(lambda x, w: f(x, w), (x, w))
 
 

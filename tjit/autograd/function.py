@@ -65,7 +65,8 @@ class GradExecutable:
         """Bytes a call with these inputs keeps for backward (inputs and outputs included)."""
         nodes = [self.plan.graph.outputs[n] for n in self.plan.saved_outputs] + list(self.plan.saved.values())
         held = sum(n.view.numel * n.dtype.itemsize for n in nodes)
-        return held + sum(tensors[n].numel() * tensors[n].element_size() for n in self.plan.saved_inputs)
+        known = {**self.forward.conversion.constants, **tensors}
+        return held + sum(known[n].numel() * known[n].element_size() for n in self.plan.saved_inputs)
 
     def dense_layouts(self) -> dict[str, GradLayout]:
         """Gradients arriving dense (as loss.backward() gives a scalar loss's)."""
@@ -136,7 +137,8 @@ class _Compiled(torch.autograd.Function):
         outs = tuple(memory[("output", name)] for name in compiled.output_names)
         for m in plan.graph.mutations:  # written in place: autograd nodes that saved it must see that
             torch.autograd.graph.increment_version(inputs[m.name])
-        ctx.save_for_backward(*[inputs[n] for n in plan.saved_inputs],
+        known = {**inputs, **compiled.forward.constants_on(_device(inputs))}  # tensors the function made
+        ctx.save_for_backward(*[known[n] for n in plan.saved_inputs],
                               *[memory[("output", n)] for n in plan.saved_outputs + tuple(plan.saved)])
         ctx.compiled, ctx.names = compiled, names
         ctx.input_layouts = {n: (t.shape, t.dtype) for n, t in inputs.items() if n in plan.grad_inputs}

@@ -67,7 +67,7 @@ class Executable:
         output (tape outputs included), plus the inputs and this call's buffers."""
         device = _device_of(tensors)
         memory = dict(tensors)
-        memory.update(self._constants_on(device))
+        memory.update(self.constants_on(device))
         memory.update(self._allocate(device, destinations))
         if self.donated:
             memory.update(self._donated_views(tensors))
@@ -150,7 +150,7 @@ class Executable:
                 status.zero_()
                 raise IndexError(launch.plan.checks[code - 1])
 
-    def _constants_on(self, device) -> dict[str, torch.Tensor]:
+    def constants_on(self, device) -> dict[str, torch.Tensor]:
         """Tensors the function created from Python data (torch.tensor([...])) live on the
         CPU; kernels on another device get a copy made once."""
         copies = self._constant_copies.get(device)

@@ -97,43 +97,15 @@ def place_in_domains(stores: list[Store]) -> list[Store]:
                 pending.append(Store(BufferTarget(buffers[id(node)]), node))
         store.value = read_from_buffers(store.value, buffers)
         pending.append(store)
-    _join_grid_totals(placed)
-    _join_row_stores(placed)
     order = {id(s): k for k, s in enumerate(stores)}
     return sorted(placed, key=lambda s: order.get(id(s), len(order)))
-
-
-def _join_row_stores(placed: list[Store]) -> None:
-    """A store with no reduction whose shape is the rows of a reduction kernel (a gathered
-    value per row, kept for a later kernel) is computed by that kernel, once per row."""
-    hosts = [s.domain for s in placed if s.domain.axes]
-    for store in placed:
-        if store.domain.axes or store.totals or reduces_in(store.value):
-            continue
-        host = next((d for d in hosts if store.shape in (d.row_shape, d.squeezed_shape) and d.squeezed_shape != ()),
-                    None)
-        if host is not None:
-            store.domain = host
-
-
-def _join_grid_totals(placed: list[Store]) -> None:
-    """A scalar of totals over plain row values (cross-entropy's count of targets, when it
-    is kept for backward) is combined by a kernel that already combines totals over the
-    same rows, rather than by a kernel of its own."""
-    hosts = [s.domain for s in placed if s.totals]
-    for store in placed:
-        totals = None if store.totals or not hosts else totals_of(store.value)
-        if not totals or any(reduces_in(t.src[0]) for t in totals):
-            continue
-        host = next((d for d in hosts if totals_fit(totals, d)), None)
-        if host is not None:
-            store.domain, store.totals = host, tuple(totals)
 
 
 def group_kernels(graph: Graph) -> list[KernelGroup]:
     """Stores with the same domain and level share a kernel."""
     stores = place_in_domains(collect_stores(graph))
     levels = _sink_outputs(stores, _levels(stores))
+    _join_reduction_kernels(stores, levels)
     groups: dict[tuple, KernelGroup] = {}
     for store in stores:
         key = (levels[id(store)], store.domain)
@@ -153,6 +125,31 @@ def _sink_outputs(stores: list[Store], levels: dict[int, int]) -> dict[int, int]
     for s in stores:
         last[s.domain] = max(last.get(s.domain, 0), levels[id(s)])
     return {id(s): last[s.domain] if isinstance(s.target, OutputTarget) else levels[id(s)] for s in stores}
+
+
+def _join_reduction_kernels(stores: list[Store], levels: dict[int, int]) -> None:
+    """Stores that need no reduction of their own are computed by a reduction kernel of
+    the same level whose rows they are: a value per row (a gathered value kept for a later
+    kernel) once per row, and a scalar of totals over plain row values (cross-entropy's
+    count of targets, kept for backward) with the totals that kernel already combines."""
+    if any(isinstance(s.target, InputTarget) for s in stores):
+        return  # kernel order then also protects inputs from early overwrites: keep it as placed
+    hosts = {(levels[id(s)], s.domain): bool(s.totals) for s in stores if s.domain.axes}
+    for store in stores:
+        level, computed = levels[id(store)], reduces_in(store.value)
+        if store.totals:
+            continue
+        if not computed and not store.domain.axes:
+            rows = [d for (lv, d) in hosts if lv == level and store.shape in (d.row_shape, d.squeezed_shape)
+                    and d.squeezed_shape != ()]
+            if rows:
+                store.domain = rows[0]
+            continue
+        totals = totals_of(store.value)
+        if totals and not any(reduces_in(t.src[0]) for t in totals):
+            combining = [d for (lv, d), has in hosts.items() if has and lv == level and totals_fit(totals, d)]
+            if combining:
+                store.domain, store.totals = combining[0], tuple(totals)
 
 
 def without_overwritten_stores(stores: list[Store]) -> list[Store]:

@@ -98,3 +98,10 @@ def test_gather_along_a_broadcast_axis_still_checks_its_index():
     check_against_eager(fn, b, t)
     with pytest.raises(IndexError, match="out of bounds"):
         tjit.compile(fn)(b, t + 10)
+
+
+def test_a_gathered_row_joins_the_reduction_kernel_of_its_rows():
+    fn = lambda x, i: (x.softmax(1), torch.gather(x, 1, i) * 2)  # noqa: E731
+    x, i = torch.randn(6, 40), torch.randint(0, 40, (6, 1))
+    cf = check_against_eager(fn, x, i)
+    assert len(tjit.explain(cf, x, i).kernels) == 1

@@ -252,8 +252,6 @@ def demo_autograd() -> None:
     saved = executable.saved_bytes(dict(zip(("x", "w", "b", "target"), mine)))
     eager_saved = _eager_saved_bytes(loss_fn, leaves_())
     del loss
-    import gc
-    gc.collect()  # Triton's interpreter holds launched tensors in reference cycles until it runs
     print("-- summary " + "-" * (WIDTH - 11))
     print("matches eager:   yes (the loss and the gradients of x, w and b)")
     print(f"kernels:         forward {forward_launches}, backward {backward_launches} (eager: "

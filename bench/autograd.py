@@ -17,8 +17,8 @@ training step, the update. Per workload it reports
     torch.autograd.graph.saved_tensors_hooks);
   * peak memory of a step: the most bytes of tensors allocated during the step and alive at
     once (tracked op by op with a dispatch mode; on CPU the garbage collector runs at each op,
-    since Triton's interpreter keeps launched tensors in reference cycles). tjit's column adds
-    the slabs its compiled forward and backward keep between calls;
+    so no reference cycle of Triton's interpreter holds memory longer than on a GPU). tjit's
+    column adds the slabs its compiled forward and backward keep between calls;
   * whether the gradients match eager's (torch.testing.assert_close);
   * the training loop: tape bytes after the last step (tjit.memory.stats) and resident memory
     growth between a warm step and the last one.

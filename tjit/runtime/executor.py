@@ -5,6 +5,7 @@ layouts) was computed at trace time; a call only allocates and binds pointers.
 """
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from ..memory.donation import give_up, last_read_step, place_in_donated
 from ..memory.liveness import plan_memory, plan_slab
 from ..memory.slab import POOL, Slab
 from .counters import counters
+from .interpreter import interpreting
 from .loader import load_kernel, note_launch_config
 
 
@@ -53,6 +55,7 @@ class Executable:
             self._plan_donations(donated)
         self._slabs: dict[tuple, Slab] = {}
         self._checked = any(launch.plan.checks for launch in self.launches)
+        self._interpreting = interpreting()
         self._status: dict[torch.device, torch.Tensor] = {}
         self._counters: dict[torch.device, torch.Tensor] = {}
 
@@ -82,6 +85,10 @@ class Executable:
             raise
         if self._checked:
             self._raise_failed_checks(memory["status"])
+        if self._interpreting:
+            # Triton's interpreter keeps each launch's tensors in a closure cycle; collect it
+            # now, so memory (the tape's included) is freed when torch lets it go, as on a GPU
+            gc.collect(0)
         for name in self.donated:  # the caller gave it up: a later use fails loudly
             give_up(tensors[name])
         return memory

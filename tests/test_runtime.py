@@ -91,6 +91,22 @@ def test_torch_compile_backend():
     assert tjit.counters.launches - before == 1
 
 
+def test_torch_compile_backend_differentiates_with_tjit():
+    def loss_fn(x, w, b, target):
+        h = torch.nn.functional.layer_norm(x, (x.shape[-1],), w, b)
+        return torch.nn.functional.cross_entropy(torch.nn.functional.gelu(h), target)
+    args = [torch.randn(6, 12), torch.randn(12), torch.randn(12)]
+    target = torch.randint(0, 12, (6,))
+    ours, theirs = ([a.clone().requires_grad_() for a in args] for _ in range(2))
+    torch._dynamo.reset()
+    before = tjit.counters.launches
+    torch.compile(loss_fn, backend="tjit")(*ours, target).backward()
+    assert tjit.counters.launches - before == 3  # one forward kernel, two backward kernels
+    loss_fn(*theirs, target).backward()
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a.grad, b.grad)
+
+
 def test_explain_reports_graph_kernels_and_bytes():
     def f(x, y):
         return torch.relu(x + y) * 2

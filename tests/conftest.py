@@ -17,7 +17,7 @@ from tjit.runtime.loader import launched_kernels  # noqa: E402
 _checked: set = set()
 
 
-def check_gpu_compiles():
+def check_gpu_compiles(allow_spills: bool = False):
     from tjit.lower.gpu_compile import compile_launched
     for plan, args in launched_kernels():
         key = (plan.name, tuple(sorted(plan.constexprs.items())), tuple(a if not isinstance(a, tuple) else a[0] for a in args))
@@ -25,10 +25,11 @@ def check_gpu_compiles():
             continue
         _checked.add(key)
         report = compile_launched(plan, args)
-        assert report.spills == 0, f"{plan.name} spills {report.spills} bytes at sm_90:\n{plan.source}"
+        assert allow_spills or report.spills == 0, f"{plan.name} spills {report.spills} bytes at sm_90:\n{plan.source}"
 
 
 @pytest.fixture(autouse=True)
-def _every_kernel_compiles_for_sm90():
+def _every_kernel_compiles_for_sm90(request):
     yield
-    check_gpu_compiles()
+    # a test marked spills_at_sm90 (a known gap, with its reason) must still compile
+    check_gpu_compiles(allow_spills=request.node.get_closest_marker("spills_at_sm90") is not None)

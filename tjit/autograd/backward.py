@@ -104,8 +104,24 @@ def backward_graph(plan: AutogradPlan, layouts: dict[str, GradLayout]) -> Backwa
             outputs[f"tjit_values{k}"] = alg.cast(s.values, dtype)
             scatters.setdefault(name, []).append((s.axis, f"tjit_index{k}", f"tjit_values{k}"))
     names = sorted({n.op.name for n in toposort(outputs.values()) if isinstance(n.op, Input)})
-    flat = tuple(name for name in plan.grad_inputs if name not in grads and id(plan.graph.input_node(name)) in needs)
+    reached = _reached_through_floats([plan.graph.outputs[n] for n in plan.differentiable_outputs
+                                       if layouts.get(n) is not None], needs)
+    flat = tuple(name for name in plan.grad_inputs if name not in grads and id(plan.graph.input_node(name)) in reached)
     return BackwardGraph(vb.b.finish(names, outputs), alg.constants, scatters, flat)
+
+
+def _reached_through_floats(roots: list[GraphNode], needs: set[int]) -> set[int]:
+    """Nodes a gradient could flow to from `roots` along differentiable values only (eager
+    gives zeros where such a path crosses round() or floor(), nothing where it crosses a
+    comparison)."""
+    reached, stack = set(), [r for r in roots if id(r) in needs]
+    while stack:
+        node = stack.pop()
+        if id(node) in reached:
+            continue
+        reached.add(id(node))
+        stack.extend(s for s in node.src if id(s) in needs)
+    return reached
 
 
 # -- the reverse sweep -----------------------------------------------------------------------------
@@ -160,7 +176,7 @@ def _saved_view(node: GraphNode) -> View:
 def _needs_grad(graph: Graph, grad_inputs: set[str]) -> set[int]:
     needs = set()
     for node in graph.nodes():
-        if not differentiable(node):
+        if not differentiable(node) or isinstance(node.op, Elementwise) and node.op.op == "stop_gradient":
             continue
         if isinstance(node.op, Input) and node.op.name in grad_inputs or any(id(s) in needs for s in node.src):
             needs.add(id(node))

@@ -13,7 +13,6 @@ import threading
 from typing import Optional
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from ..errors import CompileArgumentError
 from ..frontend.convert import Conversion, OutputSpec
@@ -149,8 +148,10 @@ class _Compiled(torch.autograd.Function):
         return outs
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, *grads: Optional[torch.Tensor]):
+        if torch.is_grad_enabled():  # create_graph=True: the gradients would be taken as constants
+            raise RuntimeError("tjit: double backward (create_graph=True) is not supported; tjit's backward "
+                               "kernels are not differentiable themselves")
         compiled: GradExecutable = ctx.compiled
         plan = compiled.plan
         tensors = dict(zip(plan.saved_inputs + plan.saved_outputs + tuple(plan.saved), ctx.saved_tensors))

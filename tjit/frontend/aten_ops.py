@@ -671,7 +671,15 @@ def _arg_dtype(node: fx.Node, k: int) -> DType:
 
 
 # -- casts, copies, creation ---------------------------------------------------------------------
-@register(aten._to_copy, aten.clone, aten.lift_fresh_copy, aten.alias, aten.detach, aten.positive)
+@register(aten.detach)
+def _detach(cv, node, x):
+    """The same values, through which no gradient flows (x.detach(), x.data)."""
+    if not isinstance(x, GraphNode) or not x.dtype.is_float:
+        return x
+    return cv.elementwise("stop_gradient", [x], x.dtype)
+
+
+@register(aten._to_copy, aten.clone, aten.lift_fresh_copy, aten.alias, aten.positive)
 def _copy_like(cv, node, x, *args, **kwargs):
     if isinstance(x, GraphNode) and node.meta["val"].device != node.args[0].meta["val"].device:
         raise UnsupportedOpError(str(node.target), "moving a tensor to another device")

@@ -45,6 +45,7 @@ class Conversion:
     output_tree: Any  # pytree spec of the outputs
     constants: dict[str, torch.Tensor]  # get_attr tensors, bound as extra inputs
     eager_ops: int  # kernels eager would launch: one per non-view aten op
+    stops_gradients: bool = False  # the function ran torch under torch.no_grad() somewhere
 
 
 def storage_key(t: torch.Tensor):
@@ -137,9 +138,30 @@ class Converter(ValueBuilder):
 
     def value(self, node: fx.Node):
         val = node.meta.get("val")
+        if node.target is torch.ops.aten.detach.default:  # shares the input's memory, not its gradient
+            return self.env[node]
         if isinstance(val, torch.Tensor) and storage_key(val) in self.input_storage:
-            return self.read_input_storage(node, val)
+            found = self.read_input_storage(node, val)
+            if found.dtype.is_float and self._detached(node):  # a view of x.detach()
+                found = self.elementwise("stop_gradient", [found], found.dtype)
+            return found
         return self.env[node]
+
+    def _detached(self, node: fx.Node) -> bool:
+        """The value is read through a detach (x.detach().t(), ...): it carries no gradient."""
+        stack, seen = [node], set()
+        while stack:
+            n = stack.pop()
+            if n.target is torch.ops.aten.detach.default:
+                return True
+            if n in seen or n.op != "call_function":
+                continue
+            seen.add(n)
+            val = n.meta.get("val")
+            key = storage_key(val) if isinstance(val, torch.Tensor) else None
+            stack.extend(a for a in n.all_input_nodes
+                         if isinstance(a.meta.get("val"), torch.Tensor) and storage_key(a.meta["val"]) == key)
+        return False
 
     def input_view(self, name: str, val: torch.Tensor) -> View:
         base = self.input_meta[name]

@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.overrides import TorchFunctionMode
 
 from ..errors import UnsupportedOpError
 from .convert import Conversion, Converter
@@ -33,7 +34,8 @@ def decomposition_table():
 
 aten = torch.ops.aten
 KEPT_WHOLE = (aten.clamp_min, aten.clamp_max, aten.silu, aten.softplus, aten.mish, aten.hardsigmoid, aten.hardswish,
-              aten.frac, aten.celu, aten.selu, aten.lerp, aten.addcmul, aten.addcdiv)
+              aten.frac, aten.celu, aten.selu, aten.lerp, aten.addcmul, aten.addcdiv,
+              aten.detach)  # its decomposition (alias) would lose where the gradient stops
 
 
 def fake_trace(fn: Callable, tensors: list) -> torch.fx.GraphModule:
@@ -41,6 +43,20 @@ def fake_trace(fn: Callable, tensors: list) -> torch.fx.GraphModule:
     torch._dynamo, which make_fx uses internally: about a second, once.)"""
     return make_fx(fn, decomposition_table=decomposition_table(), tracing_mode="fake",
                    _allow_non_fake_inputs=True)(*tensors)
+
+
+class GradModeWatch(TorchFunctionMode):
+    """Notes whether the function calls torch with grad mode off (a `torch.no_grad()` block
+    inside it): the aten graph does not show that, and tjit's backward would not know."""
+
+    def __init__(self):
+        super().__init__()
+        self.saw_no_grad = False
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if not torch.is_grad_enabled() and func is not torch._C._set_grad_enabled:  # tracing toggles it too
+            self.saw_no_grad = True
+        return func(*args, **(kwargs or {}))
 
 
 def flatten_arguments(fn: Callable, args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
@@ -73,14 +89,18 @@ def trace(fn: Callable, args: tuple, kwargs: dict) -> Conversion:
         values = {name: (next(it) if isinstance(v, torch.Tensor) else v) for name, v in flat}
         return _call_with(fn, args, kwargs, flat, values)
 
+    watch = GradModeWatch()
     try:
-        gm = fake_trace(with_tensors, tensors)
+        with torch.enable_grad(), watch:
+            gm = fake_trace(with_tensors, [t.detach() for t in tensors])
     except UnsupportedOpError:
         raise
     except Exception as e:  # data-dependent control flow and the like
         raise UnsupportedOpError(getattr(fn, "__name__", str(fn)), f"tracing failed: {type(e).__name__}: {e}") from e
     try:
-        return Converter(gm, tensor_names).run()
+        conversion = Converter(gm, tensor_names).run()
+        conversion.stops_gradients = watch.saw_no_grad
+        return conversion
     except UnsupportedOpError as e:
         if e.where or e.target is None:
             raise

@@ -19,7 +19,7 @@ import torch
 from .. import debug
 from ..autograd.backward import plan_autograd
 from ..autograd.function import GradExecutable
-from ..errors import CompileArgumentError
+from ..errors import CompileArgumentError, UnsupportedOpError
 from ..frontend.trace import flatten_arguments, trace
 from ..ir import AxisStrategy
 from ..lower import lower
@@ -40,9 +40,12 @@ class CompiledEntry:
 
 def guard_key(flat: list[tuple[str, Any]]) -> tuple:
     key = [torch.is_grad_enabled()]
-    for name, v in flat:
+    storages: dict[int, tuple[int, int]] = {}  # which tensors share memory is traced in
+    for k, (name, v) in enumerate(flat):
         if isinstance(v, torch.Tensor):
-            key.append((name, tuple(v.shape), v.stride(), v.dtype, v.device, v.requires_grad))
+            first, offset = storages.setdefault(v.untyped_storage().data_ptr(), (k, v.storage_offset()))
+            alias = (first, v.storage_offset() - offset) if first != k else None
+            key.append((name, tuple(v.shape), v.stride(), v.dtype, v.device, v.requires_grad, alias))
         else:
             try:
                 hash(v)
@@ -99,9 +102,14 @@ class CompiledFunction:
     def _compile(self, args, kwargs, key) -> CompiledEntry:
         t0 = time.perf_counter()
         grad_inputs = _grad_inputs(self._flatten(args, kwargs))
-        with torch.no_grad():  # trace the forward only: tjit differentiates the IR itself
-            conversion = trace(self.fn, *_detached((args, kwargs)))
+        conversion = trace(self.fn, *_detached((args, kwargs)))  # the forward only: tjit differentiates it
         t1 = time.perf_counter()
+        if grad_inputs:
+            _check_no_shared_memory(self.fn, self._flatten(args, kwargs), grad_inputs)
+        if grad_inputs and conversion.stops_gradients:
+            raise UnsupportedOpError(getattr(self.fn, "__name__", str(self.fn)),
+                                     f"a torch.no_grad() block inside a function whose inputs {grad_inputs} require "
+                                     "grad: tjit's backward cannot see where it stops gradients (use .detach())")
         if grad_inputs:
             if self.donate:
                 raise CompileArgumentError(f"donate={self.donate}: inputs {grad_inputs} require grad, and backward may "
@@ -193,6 +201,23 @@ def _grad_inputs(flat: list[tuple[str, Any]]) -> list[str]:
     if not torch.is_grad_enabled():
         return []
     return [name for name, v in flat if isinstance(v, torch.Tensor) and v.requires_grad]
+
+
+def _check_no_shared_memory(fn, flat, grad_inputs) -> None:
+    """Two different views of one storage are one input to the kernels; their gradients
+    could not be told apart, so that is refused when gradients are wanted (the same tensor
+    passed twice is fine: its gradient is the sum either way)."""
+    seen: dict[int, tuple] = {}
+    for name, v in flat:
+        if not isinstance(v, torch.Tensor):
+            continue
+        key = v.untyped_storage().data_ptr()
+        first = seen.get(key)
+        if first is not None and v.numel() and (name in grad_inputs or first[0] in grad_inputs) \
+                and first[1] != (tuple(v.shape), v.stride(), v.storage_offset()):
+            raise UnsupportedOpError(getattr(fn, "__name__", str(fn)), f"inputs {first[0]!r} and {name!r} are different "
+                                     "views of one tensor and one requires grad; pass separate tensors (e.g. .clone())")
+        seen.setdefault(key, (name, (tuple(v.shape), v.stride(), v.storage_offset())))
 
 
 def _detached(tree):

@@ -11,6 +11,7 @@ os.environ["TJIT_POISON"] = "1"
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 
 import pytest  # noqa: E402
+import torch  # noqa: E402
 
 from tjit.runtime.loader import launched_kernels  # noqa: E402
 
@@ -26,6 +27,16 @@ def check_gpu_compiles(allow_spills: bool = False):
         _checked.add(key)
         report = compile_launched(plan, args)
         assert allow_spills or report.spills == 0, f"{plan.name} spills {report.spills} bytes at sm_90:\n{plan.source}"
+
+
+@pytest.fixture
+def fresh_seed():
+    """A new torch seed per test (printed, so a failure can be replayed): test modules that
+    draw their inputs from torch's global generator use it."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    torch.manual_seed(seed)
+    print(f"torch seed {seed}")  # shown with a failure
+    yield
 
 
 @pytest.fixture(autouse=True)

@@ -17,7 +17,6 @@ kernel counts of the normalisations' backward, and a 1000-step training loop.
 from __future__ import annotations
 
 import gc
-import os
 import re
 import resource
 import time
@@ -30,18 +29,11 @@ import tjit
 from helpers import clone_args
 
 pytestmark = [
+    pytest.mark.usefixtures("fresh_seed"),
     pytest.mark.filterwarnings("ignore::RuntimeWarning"),  # numpy, inside the interpreter, on inf/nan
 ]
 
 inf = float("inf")
-
-
-@pytest.fixture(autouse=True)
-def _fresh_seed():
-    seed = int.from_bytes(os.urandom(4), "little")
-    torch.manual_seed(seed)
-    print(f"torch seed {seed}")  # shown with a failure
-    yield
 
 
 # -- the differential check ----------------------------------------------------------------------------
@@ -1030,21 +1022,16 @@ def test_a_thousand_training_steps():
     assert rss[1000] - rss[200] < 4 << 20, f"resident memory grew {(rss[1000] - rss[200]) >> 10} KiB"
     assert seconds < 60, f"1000 steps took {seconds:.1f} s"
     # the trained parameters match eager's training from the same start (up to rounding)
-    we, be = torch.ones(16).requires_grad_(), torch.zeros(16).requires_grad_()
-    for _ in range(5):
-        loss_fn(x, we, be, target).backward()
-        with torch.no_grad():
-            we -= 0.5 * we.grad
-            be -= 0.5 * be.grad
-        we.grad = be.grad = None
-    wt, bt = torch.ones(16).requires_grad_(), torch.zeros(16).requires_grad_()
-    for _ in range(5):
-        step_loss(x, wt, bt, target).backward()
-        with torch.no_grad():
-            wt -= 0.5 * wt.grad
-            bt -= 0.5 * bt.grad
-        wt.grad = bt.grad = None
-    torch.testing.assert_close((wt, bt), (we, be))
+    def five_steps(fn):
+        w, b = torch.ones(16).requires_grad_(), torch.zeros(16).requires_grad_()
+        for _ in range(5):
+            fn(x, w, b, target).backward()
+            with torch.no_grad():
+                w -= 0.5 * w.grad
+                b -= 0.5 * b.grad
+            w.grad = b.grad = None
+        return w, b
+    torch.testing.assert_close(five_steps(step_loss), five_steps(loss_fn))
 
 
 def _resident_bytes() -> int:

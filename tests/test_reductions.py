@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 
 import pytest
 import torch
@@ -41,19 +40,12 @@ from helpers import assert_matches_eager, check_against_eager
 # eager's verdict on rejected inputs is checked here; fake tensors log each rejection loudly
 logging.getLogger("torch._subclasses.fake_tensor").setLevel(logging.CRITICAL)
 pytestmark = [
+    pytest.mark.usefixtures("fresh_seed"),
     pytest.mark.filterwarnings("ignore::RuntimeWarning"),  # numpy, inside the interpreter, on inf/nan
     pytest.mark.filterwarnings("ignore:.*degrees of freedom is <= 0:UserWarning"),  # eager, on var of 0 or 1 element
 ]
 
 inf, nan = math.inf, math.nan
-
-
-@pytest.fixture(autouse=True)
-def _fresh_seed():
-    seed = int.from_bytes(os.urandom(4), "little")
-    torch.manual_seed(seed)
-    print(f"torch seed {seed}")  # shown with a failure
-    yield
 
 
 def forced(*strategies):

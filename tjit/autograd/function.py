@@ -106,14 +106,16 @@ class _Backward:
         """Input name -> its gradient. `inputs`: name -> (shape, dtype) of each input."""
         memory = self.executable.run(tensors)
         found = {name[len("grad_"):]: t for (kind, name), t in _outputs(memory) if name.startswith("grad_")}
-        for name in self.zeros:
+        def zeros(name):
             shape, dtype = inputs[name]
-            found[name] = torch.zeros(shape, dtype=dtype, device=_device(tensors))
+            return torch.zeros(shape, dtype=dtype, device=_device(tensors))
+
+        for name in self.zeros:
+            found[name] = zeros(name)
         for name, scatters in self.scatters.items():
             grad = found.get(name)
             if grad is None:
-                shape, dtype = inputs[name]
-                grad = found[name] = torch.zeros(shape, dtype=dtype, device=_device(tensors))
+                grad = found[name] = zeros(name)
             for axis, index, values in scatters:
                 grad.scatter_add_(axis, memory[("output", index)], memory[("output", values)])
         return found

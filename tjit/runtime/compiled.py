@@ -101,19 +101,12 @@ class CompiledFunction:
 
     def _compile(self, args, kwargs, key) -> CompiledEntry:
         t0 = time.perf_counter()
-        grad_inputs = _grad_inputs(self._flatten(args, kwargs))
+        flat = self._flatten(args, kwargs)
+        grad_inputs = _grad_inputs(flat)
         conversion = trace(self.fn, *_detached((args, kwargs)))  # the forward only: tjit differentiates it
         t1 = time.perf_counter()
         if grad_inputs:
-            _check_no_shared_memory(self.fn, self._flatten(args, kwargs), grad_inputs)
-        if grad_inputs and conversion.stops_gradients:
-            raise UnsupportedOpError(getattr(self.fn, "__name__", str(self.fn)),
-                                     f"a torch.no_grad() block inside a function whose inputs {grad_inputs} require "
-                                     "grad: tjit's backward cannot see where it stops gradients (use .detach())")
-        if grad_inputs:
-            if self.donate:
-                raise CompileArgumentError(f"donate={self.donate}: inputs {grad_inputs} require grad, and backward may "
-                                           "need them; donate only under torch.no_grad()")
+            self._check_differentiable(conversion, flat, grad_inputs)
             executable = GradExecutable(conversion, plan_autograd(conversion.graph, grad_inputs), self.axis_strategies)
             t2 = time.perf_counter()
         else:
@@ -127,6 +120,17 @@ class CompiledFunction:
         counters.traces += 1
         _log_compile(self.fn, entry)
         return entry
+
+    def _check_differentiable(self, conversion, flat, grad_inputs) -> None:
+        """What tjit's backward cannot follow is refused before anything runs."""
+        _check_no_shared_memory(self.fn, flat, grad_inputs)
+        if conversion.stops_gradients:
+            raise UnsupportedOpError(getattr(self.fn, "__name__", str(self.fn)),
+                                     f"a torch.no_grad() block inside a function whose inputs {grad_inputs} require "
+                                     "grad: tjit's backward cannot see where it stops gradients (use .detach())")
+        if self.donate:
+            raise CompileArgumentError(f"donate={self.donate}: inputs {grad_inputs} require grad, and backward may "
+                                       "need them; donate only under torch.no_grad()")
 
     def _donations(self, conversion, args, kwargs) -> dict:
         """Donated input name -> its bytes, after checking that donating it is sound."""

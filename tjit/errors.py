@@ -25,3 +25,8 @@ class UnsupportedOpError(TjitError, NotImplementedError):
 
 class CompileArgumentError(TjitError, TypeError):
     """A compiled function was called with arguments tjit cannot accept."""
+
+
+class EagerError(TjitError, RuntimeError):
+    """An error eager PyTorch raises for the same call (an in-place write into memory its
+    inputs overlap), raised by tjit at trace time with eager's message, before anything runs."""

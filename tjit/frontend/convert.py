@@ -21,6 +21,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from ..errors import UnsupportedOpError
 from ..ir import Const, Contiguous, DType, GraphNode, Input, Mutation, View, ViewOp, Graph
 from .build import ValueBuilder
+from .overlap import check_in_place
 
 @dataclass(frozen=True)
 class OutputSpec:
@@ -183,6 +184,7 @@ class Converter(ValueBuilder):
     def assign(self, target: fx.Node, value: GraphNode) -> GraphNode:
         """Write `value` into the tensor `target` as an in-place op does."""
         val = self.meta(target)
+        check_in_place(str(self.current.target), val, self._tensor_operands(self.current, skip=target))
         value = self.expand_to(self.cast(value, DType.from_torch(val.dtype)), tuple(val.shape))
         key = storage_key(val)
         if key in self.input_storage:
@@ -197,6 +199,16 @@ class Converter(ValueBuilder):
         for node in self.same_tensor_nodes(target, key):
             self.env[node] = value
         return value
+
+    def _tensor_operands(self, node: fx.Node, skip: fx.Node) -> list[torch.Tensor]:
+        """The tensors an FX node reads, other than `skip` (the tensor it writes)."""
+        found = []
+        flat, _ = torch.utils._pytree.tree_flatten((node.args, node.kwargs))
+        for arg in flat:
+            val = arg.meta.get("val") if isinstance(arg, fx.Node) and arg is not skip else None
+            if isinstance(val, torch.Tensor):
+                found.append(val)
+        return found
 
     def materialize_readers_of(self, name: str) -> None:
         """Values computed from an input that is about to be overwritten, and still needed

@@ -13,6 +13,7 @@ from typing import Optional, Union
 
 from ..ir import Contiguous, Graph, GraphNode, Input, Mutation, ViewOp, toposort
 from .domains import Domain, is_kernel_input, read_from_buffers, reduces_in, store_domain, totals_fit, totals_of
+from .hazards import gather_tables, reads_older_version, same_program_access, stage
 
 
 @dataclass(frozen=True)
@@ -101,9 +102,36 @@ def place_in_domains(stores: list[Store]) -> list[Store]:
     return sorted(placed, key=lambda s: order.get(id(s), len(order)))
 
 
+def stage_hazardous_reads(stores: list[Store]) -> list[Store]:
+    """A write into an input whose own value reads that input's older contents where
+    another program of its kernel may write them first (x.add_(x.flip(0))) reads a copy
+    staged by an earlier kernel instead (see hazards.py)."""
+    staged: list[Store] = []
+    for store in stores:
+        if isinstance(store.target, InputTarget):
+            for leaf in _hazardous_reads(store, store):
+                buffer = stage(leaf)
+                copy = Store(BufferTarget(buffer), leaf, Domain(leaf.shape))
+                staged.append(copy)
+                store.value = buffer if store.value is leaf else read_from_buffers(store.value, {id(leaf): buffer})
+        staged.append(store)
+    return staged
+
+
+def _hazardous_reads(reader: Store, writer: Store) -> list[GraphNode]:
+    """Leaves of `reader` that read the input `writer` overwrites, as it was before, at an
+    address some other program of a kernel running both may have written already."""
+    mutation = writer.target.mutation
+    tables = gather_tables(reader.value)
+    return [leaf for leaf in expression_leaves(reader.value)
+            if reads_older_version(leaf, mutation.name, mutation.version)
+            and (id(leaf) in tables or reader.domain != writer.domain
+                 or not same_program_access(leaf.view, mutation.view, writer.domain))]
+
+
 def group_kernels(graph: Graph) -> list[KernelGroup]:
     """Stores with the same domain and level share a kernel."""
-    stores = place_in_domains(collect_stores(graph))
+    stores = stage_hazardous_reads(place_in_domains(collect_stores(graph)))
     levels = _sink_outputs(stores, _levels(stores))
     _join_reduction_kernels(stores, levels)
     groups: dict[tuple, KernelGroup] = {}
@@ -205,14 +233,15 @@ def _levels(stores: list[Store]) -> dict[int, int]:
 
 
 def _write_after_read(store: Store, stores: list[Store], reads):
+    """(store, strict?) for each store that reads or writes an older version of the input
+    `store` writes: strict (an earlier kernel) unless every such access meets the write in
+    the same program."""
     mutation = store.target.mutation
     for other in stores:
         if other is store:
             continue
-        for leaf, base in reads[id(other)]:
-            if base is not None and isinstance(base.op, Input) and base.op.name == mutation.name \
-                    and base.op.version < mutation.version:
-                yield other, not (other.domain == store.domain and leaf.view == mutation.view)
+        if any(reads_older_version(leaf, mutation.name, mutation.version) for leaf, _ in reads[id(other)]):
+            yield other, bool(_hazardous_reads(other, store))
         if isinstance(other.target, InputTarget) and other.target.mutation.name == mutation.name \
                 and other.target.mutation.version < mutation.version:
             yield other, not (other.domain == store.domain and other.target.mutation.view == mutation.view)

@@ -1,0 +1,67 @@
+"""Write-after-read hazards between the programs of one kernel.
+
+A kernel's programs run in any order (the interpreter runs them one after another, a GPU
+all at once), so a kernel that writes an input in place may read that input's older
+contents only where each address is read by the very program that writes it, before it
+writes it. That holds when the read and the write reach the same address at every point of
+the kernel's iteration domain (x.mul_(2), softmax written back into x: a row is read and
+written by one program). It does not hold for a flipped, transposed or shifted view of the
+written tensor, or for an indexed read of it: another program may already have
+overwritten the element. Such reads are staged: copied into a slab buffer by an earlier
+kernel, which the writing kernel then reads.
+"""
+from __future__ import annotations
+
+from ..ir import Contiguous, Gather, GraphNode, Input, View, ViewOp, toposort
+from .domains import Domain, is_kernel_input
+
+
+def reads_older_version(leaf: GraphNode, name: str, version: int) -> bool:
+    """The leaf reads input `name` as it was before write number `version`."""
+    base = leaf.src[0] if isinstance(leaf.op, ViewOp) else leaf
+    return isinstance(base.op, Input) and base.op.name == name and base.op.version < version
+
+
+def gather_tables(value: GraphNode) -> set[int]:
+    """ids of the leaves a store's expression reads at data-dependent addresses."""
+    return {id(n.src[0]) for n in toposort([value], stop=is_kernel_input) if isinstance(n.op, Gather)}
+
+
+def same_program_access(read: View, write: View, domain: Domain) -> bool:
+    """Every address the write reaches at a point of `domain` is read only at points of the
+    same row, so by the program that writes it. (Along the reduced axes a row is one
+    program's: persistent or looped, never split when it also stores a full-shape value.)"""
+    if domain.space_of(read.shape) is None or domain.space_of(write.shape) is None:
+        return False
+    r, w = _normal(domain.to_domain(read)), _normal(domain.to_domain(write))
+    if r.offset != w.offset:
+        return False
+    for d in range(len(domain.shape)):
+        if d in domain.axes:
+            if w.strides[d] not in (0, r.strides[d]):
+                return False
+        elif r.strides[d] != w.strides[d]:
+            return False
+    return not domain.axes or _injective(r)
+
+
+def _normal(view: View) -> View:
+    """Strides of size-1 axes never matter."""
+    return View(view.shape, tuple(0 if size == 1 else st for size, st in zip(view.shape, view.strides)), view.offset)
+
+
+def _injective(view: View) -> bool:
+    """No two points of the view share an address (checked the simple way: ordered by
+    stride, each axis steps past everything the smaller ones reach)."""
+    reach = 0
+    for size, stride in sorted(((s, abs(st)) for s, st in zip(view.shape, view.strides) if s > 1),
+                               key=lambda p: p[1]):
+        if stride <= reach:
+            return False
+        reach += (size - 1) * stride
+    return True
+
+
+def stage(leaf: GraphNode) -> GraphNode:
+    """A slab buffer holding a copy of what `leaf` reads."""
+    return GraphNode(Contiguous(), leaf.dtype, (leaf,), View.contiguous(leaf.shape))

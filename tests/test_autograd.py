@@ -12,14 +12,13 @@ Covered: elementwise op families at their awkward points (exact zeros, clamp bou
 float16/bfloat16 and float64 (gradcheck) inputs, in-place ops, torch's autograd semantics
 (accumulation, retain_graph, autograd.grad, hooks, no_grad, double backward, out=), what
 tjit refuses (UnsupportedOpError at the call, never a wrong gradient), the tape's lifetime,
-kernel counts of the normalisations' backward, and a 1000-step training loop.
+kernel counts of the normalisations' backward (the 1000-step training loop is in
+test_autograd_core.py).
 """
 from __future__ import annotations
 
 import gc
 import re
-import resource
-import time
 
 import pytest
 import torch
@@ -989,55 +988,6 @@ def test_tape_is_freed_after_backward_and_when_outputs_are_dropped():
     assert start < tape_bytes() < held
     del outs
     assert tape_bytes() == start
-
-
-def test_a_thousand_training_steps():
-    def loss_fn(x, w, b, target):
-        return F.cross_entropy(F.rms_norm(x, (16,), w) + b, target)
-
-    x, target = randn(8, 16), torch.randint(0, 16, (8,))
-    w, b = torch.ones(16).requires_grad_(), torch.zeros(16).requires_grad_()
-    step_loss = tjit.compile(loss_fn)
-    traces = tjit.counters.traces
-    start = tape_bytes()  # 0, unless an earlier failed test in this process still holds outputs
-    losses, rss = [], {}
-    started = time.perf_counter()
-    for k in range(1, 1001):
-        loss = step_loss(x, w, b, target)
-        loss.backward()
-        with torch.no_grad():
-            w -= 0.5 * w.grad
-            b -= 0.5 * b.grad
-        w.grad = b.grad = None
-        losses.append(loss.item())
-        del loss
-        if k % 100 == 0:
-            assert tape_bytes() == start, f"tape bytes after step {k}"
-        if k in (200, 1000):
-            rss[k] = _resident_bytes()
-    seconds = time.perf_counter() - started
-    assert losses[-1] < 0.5 * losses[0], (losses[0], losses[-1])
-    assert tjit.counters.traces - traces == 1 and len(step_loss._cache) == 1, "traced more than once"
-    assert len(step_loss.entry_for(x, w, b, target).executable._backward) == 1, "backward compiled more than once"
-    assert rss[1000] - rss[200] < 4 << 20, f"resident memory grew {(rss[1000] - rss[200]) >> 10} KiB"
-    assert seconds < 60, f"1000 steps took {seconds:.1f} s"
-    # the trained parameters match eager's training from the same start (up to rounding)
-    def five_steps(fn):
-        w, b = torch.ones(16).requires_grad_(), torch.zeros(16).requires_grad_()
-        for _ in range(5):
-            fn(x, w, b, target).backward()
-            with torch.no_grad():
-                w -= 0.5 * w.grad
-                b -= 0.5 * b.grad
-            w.grad = b.grad = None
-        return w, b
-    torch.testing.assert_close(five_steps(step_loss), five_steps(loss_fn))
-
-
-def _resident_bytes() -> int:
-    gc.collect()
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize()
 
 
 # -- 11. kernel counts -------------------------------------------------------------------------------------------

@@ -7,6 +7,8 @@ import torch.nn.functional as F
 
 import tjit
 
+inf = float("inf")
+
 
 def leaves(args, requires=None):
     """Copies of args; floating tensors require grad (or those whose index is in `requires`)."""
@@ -69,7 +71,7 @@ def test_unary_gradients(name):
 
 BINARY = {
     "add": lambda a, b: a + b * 2, "sub": lambda a, b: a - b, "mul": torch.mul, "div": lambda a, b: a / (b.abs() + 0.5),
-    "maximum_ties": lambda a, b: torch.maximum(a, b.round()), "minimum_ties": lambda a, b: torch.minimum(b.round(), a),
+    "maximum_ties": torch.maximum, "minimum_ties": lambda a, b: torch.minimum(b, a),
     "pow": lambda a, b: (a.abs() + 0.1) ** b, "pow_base_zero": lambda a, b: (a * (a > 0)) ** b.abs(),
     "atan2": torch.atan2, "fmod": lambda a, b: torch.fmod(a, b.abs() + 0.5),
     "remainder": lambda a, b: torch.remainder(a, b.abs() + 0.5),
@@ -82,7 +84,7 @@ BINARY = {
 @pytest.mark.parametrize("name", BINARY)
 def test_binary_gradients(name):
     a, b = randn(4, 9), randn(4, 9)
-    a[0, :3] = b[0, :3].round()  # ties for maximum/minimum
+    a[0, :3] = b[0, :3]  # exact ties for maximum/minimum, both sides carrying gradient
     check_grads(BINARY[name], a, b)
 
 
@@ -95,8 +97,8 @@ def test_broadcast_gradients_are_reduced_over_expanded_dims(shapes):
 # -- reductions, normalisations, losses -----------------------------------------------------------
 REDUCTIONS = {
     "sum_dim": lambda x: x.sum(1), "sum_all": lambda x: x.sum(), "mean": lambda x: x.mean(0, keepdim=True),
-    "prod": lambda x: x.prod(1), "amax_ties": lambda x: x.round().amax(1), "amin": lambda x: x.amin(0),
-    "max_dim_ties": lambda x: torch.max(x.round(), 1)[0], "max_all_ties": lambda x: x.round().max(),
+    "prod": lambda x: x.prod(1), "amax": lambda x: x.amax(1), "amin": lambda x: x.amin(0),
+    "max_dim": lambda x: torch.max(x, 1)[0], "max_all": lambda x: x.max(),
     "var": lambda x: x.var(1), "std_correction0": lambda x: x.std(0, correction=0), "norm": lambda x: x.norm(dim=1),
     "norm_all": lambda x: torch.linalg.vector_norm(x), "logsumexp": lambda x: x.logsumexp(1),
     "softmax": lambda x: x.softmax(1), "log_softmax": lambda x: x.log_softmax(0),
@@ -107,6 +109,94 @@ REDUCTIONS = {
 @pytest.mark.parametrize("name", REDUCTIONS)
 def test_reduction_gradients(name):
     check_grads(REDUCTIONS[name], randn(5, 33))
+
+
+def with_tied_extremes(shape, dim):
+    """Random values whose maximum and minimum along `dim` (None: over everything) each occur
+    at two or three positions, exactly: built in the input itself, so the tied elements
+    carry gradient (ties made by round() would get none, and test nothing)."""
+    x = randn(*shape)
+    big = x.abs().max().item() + 1
+    if dim is None:
+        flat = x.view(-1)
+        n = flat.numel()
+        flat[[1, n // 2, n - 1]] = big  # a three-way tie for the maximum
+        flat[[0, n // 3]] = -big  # a two-way tie for the minimum
+        return x
+    lines = x.movedim(dim, -1)  # a view: each line along dim is a row of it
+    offsets = torch.rand(lines.shape[:-1])  # a different extreme per line
+    n = lines.shape[-1]
+    lines[..., 1] = lines[..., n - 2] = big + offsets
+    lines[..., 0] = lines[..., n // 2] = -big - offsets
+    lines[0, n - 1] = big + offsets[0]  # three-way in the first line
+    return x
+
+
+TIES = {  # name -> (fn, the reduced dim the ties are along)
+    "max": (lambda x: x.max(), None),
+    "min": (lambda x: x.min(), None),
+    "amax_all": (lambda x: x.amax((0, 1)), None),
+    "amax": (lambda x: x.amax(1), 1),
+    "amax_dim0": (lambda x: x.amax(0, keepdim=True), 0),
+    "amin": (lambda x: x.amin(1), 1),
+    "amin_dim0": (lambda x: x.amin(0), 0),
+    "max_dim": (lambda x: torch.max(x, 1), 1),  # values and (not differentiable) indices
+    "max_dim0_keepdim": (lambda x: torch.max(x, 0, keepdim=True).values * 2, 0),
+    "min_dim": (lambda x: torch.min(x, 1), 1),
+    "min_dim0": (lambda x: torch.min(x, 0)[0], 0),
+    "norm_inf": (lambda x: torch.linalg.vector_norm(x, inf, dim=1), 1),
+}
+
+
+def check_tie_grads(fn, *args):
+    """check_grads, and exactly the elements that eager gives gradient get one (a tie's
+    gradient split wrongly, or given to the wrong one of the tied elements, fails here)."""
+    ours, theirs = leaves(args), leaves(args)
+    expected, got = fn(*theirs), tjit.compile(fn)(*ours)
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    got = got if isinstance(got, tuple) else (got,)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=0, atol=0)  # ties are exact: so are the values and indices
+    pairs = [(g, e, torch.randn(e.shape)) for g, e in zip(got, expected) if e.requires_grad]
+    torch.autograd.backward([e for _, e, _ in pairs], [w for *_, w in pairs])
+    torch.autograd.backward([g for g, _, _ in pairs], [w for *_, w in pairs])
+    for k, (a, b) in enumerate(zip(ours, theirs)):
+        assert torch.equal(a.grad != 0, b.grad != 0), f"input {k}: gradient where eager has none, or none where it has"
+        torch.testing.assert_close(a.grad, b.grad, msg=lambda m: f"gradient of input {k}\n{m}")
+
+
+@pytest.mark.parametrize("shape", [(5, 7), (3, 5000)], ids=["small", "long_rows"])
+@pytest.mark.parametrize("name", TIES)
+def test_gradients_of_tied_extremes(name, shape):
+    fn, dim = TIES[name]
+    if shape == (3, 5000) and dim == 0:
+        shape = (5000, 3)  # the reduced dim is the long one
+    check_tie_grads(fn, with_tied_extremes(shape, dim))
+
+
+def test_gradient_of_a_full_max_over_many_programs_with_ties():
+    x = with_tied_extremes((70_000,), None)  # split across programs under Auto
+    check_tie_grads(lambda x: (x.max(), x.amin()), x)
+
+
+def ties_between(a, b, every=2):
+    """a with exact copies of b's elements (same shape) at every `every`-th position."""
+    a = a.clone()
+    a.view(-1)[::every] = b.reshape(-1)[::every]
+    return a, b
+
+
+@pytest.mark.parametrize("op", [torch.maximum, torch.minimum, torch.max, torch.min], ids=lambda f: f.__name__)
+def test_gradients_of_binary_extremes_at_ties(op):
+    check_tie_grads(op, *ties_between(randn(4, 9), randn(4, 9)))
+    check_tie_grads(op, *ties_between(randn(3, 3000), randn(3, 3000), every=3))  # several programs
+    # broadcast: a tie's half-gradients of b are summed over the broadcast dim
+    b = randn(9)
+    a = randn(4, 9)
+    a[1:3] = b
+    check_tie_grads(op, a, b)
+    check_tie_grads(lambda x: op(x, x) * 3, randn(4, 9))  # every element ties with itself
+    check_tie_grads(lambda x: op(x, x.flip(0)), randn(5, 9))  # the middle row ties with itself
 
 
 @pytest.mark.parametrize("zeros", [0, 1, 2])
@@ -344,7 +434,11 @@ def test_tape_is_freed_after_backward_and_when_outputs_are_dropped():
     assert tape_bytes() == start
 
 
-def test_a_thousand_training_steps_keep_memory_flat():
+def test_a_thousand_training_steps():
+    """1000 SGD steps: the tape is freed every step, resident memory stays flat, nothing is
+    traced or compiled twice, and every step's loss, gradients and update are eager's at the
+    same parameters (compared step by step, so no threshold depends on the random data and
+    rounding differences cannot accumulate over the steps)."""
     def loss_fn(x, w, b, target):
         return F.cross_entropy(F.gelu(F.layer_norm(x, (16,), w, b)), target)
 
@@ -353,26 +447,29 @@ def test_a_thousand_training_steps_keep_memory_flat():
         b.sub_(gb * 0.1)
 
     x, target = randn(8, 16), torch.randint(0, 16, (8,))
-    params = [torch.ones(16).requires_grad_(), torch.zeros(16).requires_grad_()]  # trained by tjit
-    eager = [p.detach().clone().requires_grad_() for p in params]  # the same model, trained eagerly
+    w, b = torch.ones(16).requires_grad_(), torch.zeros(16).requires_grad_()
     step_loss, update = tjit.compile(loss_fn), tjit.compile(sgd)
-    start, losses, rss = tape_bytes(), [], {}
+    traces, start, rss = tjit.counters.traces, tape_bytes(), {}
     for k in range(1000):
-        for fn, apply_update, (w, b) in ((step_loss, update, params), (loss_fn, sgd, eager)):
-            loss = fn(x, w, b, target)
-            loss.backward()
-            with torch.no_grad():
-                apply_update(w, b, w.grad, b.grad)
-            w.grad = b.grad = None
-            losses.append(loss.item())
-            del loss
+        ew, eb = w.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
+        expected = loss_fn(x, ew, eb, target)
+        expected.backward()
+        loss = step_loss(x, w, b, target)
+        loss.backward()
+        torch.testing.assert_close(loss, expected, msg=lambda m: f"loss at step {k}\n{m}")
+        torch.testing.assert_close((w.grad, b.grad), (ew.grad, eb.grad), msg=lambda m: f"gradients at step {k}\n{m}")
+        with torch.no_grad():
+            update(w, b, w.grad, b.grad)
+            sgd(ew, eb, ew.grad, eb.grad)
+        torch.testing.assert_close((w, b), (ew, eb), msg=lambda m: f"parameters after step {k}\n{m}")
+        w.grad = b.grad = None
+        del loss
         if k % 200 == 199:
             assert tape_bytes() == start, f"tape bytes after step {k}"
             rss[k] = _resident_bytes()
-    assert losses[-2] < losses[0], "training did not lower the loss"
-    for mine, theirs in zip(params, eager):  # 1000 steps of tjit's gradients follow eager's
-        torch.testing.assert_close(mine, theirs, rtol=1e-3, atol=1e-4)
+    assert tjit.counters.traces - traces == 2, "traced more than once"
     assert len(step_loss._cache) == 1 and len(update._cache) == 1
+    assert len(step_loss.entry_for(x, w, b, target).executable._backward) == 1, "backward compiled more than once"
     assert rss[999] - rss[399] < 4 << 20, f"resident memory grew {(rss[999] - rss[399]) >> 10} KiB"
 
 

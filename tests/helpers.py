@@ -46,3 +46,12 @@ def check_against_eager(fn, *args, compiled=None, **compile_options):
         if isinstance(e, torch.Tensor):
             assert_matches_eager(g, e, f"{getattr(fn, '__name__', fn)} input {k} after the call")
     return compiled
+
+
+def launches(compiled, *args, **kwargs) -> int:
+    """The kernels one call of compiled launches (on copies of args, so in-place writes and
+    donations leave the caller's tensors alone): what kernel counts are about, rather than
+    the plans tjit.explain lists (a plan that writes nothing is never launched)."""
+    before = tjit.counters.launches
+    compiled(*clone_args(args), **kwargs)
+    return tjit.counters.launches - before

@@ -4,9 +4,15 @@ import threading
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import tjit
-from helpers import check_against_eager
+from tjit.ir import DType
+from tjit.memory.donation import last_read_step, place_in_donated
+from tjit.memory.liveness import SlabBuffer
+from tjit.memory.planner import DEFAULT_ALIGNMENT
+from helpers import assert_matches_eager, check_against_eager
 
 
 def three_kernels(x):
@@ -186,6 +192,184 @@ def test_unsound_donations_are_refused(fn, arg, message):
         tjit.compile(fn, donate=(arg,))(x)
 
 
+# -- donation across programs ----------------------------------------------------------------
+# Triton's interpreter runs a kernel's programs one after another, and a program that writes
+# where it has just read hides a buffer handed out too early. So each kernel below reads its
+# source in reverse or transposed, across several programs: program 0 writes first the bytes
+# the last program reads. Each step is a scan (a materialised buffer, not recomputed by its
+# consumer), in float64 (exact enough to compare with eager at float64's tolerance).
+R, C = 32, 128  # each intermediate is 4096 float64 (32 KiB); the donated input holds two
+
+
+def scans_after(first):
+    """`first` is x's only reader (a scan); three scans follow, each reading the last reversed."""
+    def fn(x, *rest):  # donate=("x",) names the parameter
+        a = first(x, *rest)
+        b = a.flip(1).cumsum(0)  # programs over columns, reading columns from the end
+        c = b.flip(0).cumsum(1)  # over rows, reading rows from the end
+        return c.flip(1).cumsum(0)
+    return fn
+
+
+FIRST_READS = {  # how the first kernel reads the donated x -> (an (R, C) scan of x, x's shape)
+    "rows_reversed": (lambda x: (x[:, :C] + x[:, C:]).flip(0).cumsum(1), (R, 2 * C)),
+    "transposed": (lambda x: (x[:C] + x[C:]).t().flip(1).cumsum(0), (2 * C, R)),
+    "gathered": (lambda x, i: (x[:, :C] + x[:, C:])[i].cumsum(1), (R, 2 * C)),  # i: the rows reversed
+}
+
+
+def donated_placements(cf, *args):
+    """(x's last reading step, [(buffer, offset in x)]) from the executable's donation plan."""
+    executable = cf.entry_for(*args).executable
+    return last_read_step([launch.plan for launch in executable.launches], "x"), executable.donated["x"]
+
+
+def check_placements(last_read, placed, capacity):
+    """Every buffer in the donated memory is born after x's last reader, fits, and shares
+    no byte with another buffer alive at a common step."""
+    for b, offset in placed:
+        assert b.first > last_read, f"{b.name} is written at step {b.first}; x is read until step {last_read}"
+        assert 0 <= offset and offset + b.nbytes <= capacity and offset % DEFAULT_ALIGNMENT == 0
+    for k, (a, oa) in enumerate(placed):
+        for b, ob in placed[:k]:
+            if a.first < b.end and b.first < a.end:
+                assert oa + a.nbytes <= ob or ob + b.nbytes <= oa, f"{a.name} and {b.name} overlap"
+
+
+@pytest.mark.parametrize("first", FIRST_READS)
+def test_donated_memory_is_reused_only_after_its_last_reader(first):
+    read, shape = FIRST_READS[first]
+    fn = scans_after(read)
+    x = torch.randn(shape, dtype=torch.float64)
+    args = (x, torch.arange(R - 1, -1, -1)) if first == "gathered" else (x,)  # rows reversed again
+    expected = fn(*args)
+    plain = tjit.compile(fn)(*args)
+    cf = tjit.compile(fn, donate=("x",))
+    last_read, placed = donated_placements(cf, *args)
+    assert last_read == 0 and len(placed) >= 2, "the test needs intermediates in x's memory"
+    check_placements(last_read, placed, x.numel() * x.element_size())
+    kernels = [launch.plan for launch in cf.entry_for(*args).executable.launches]
+    assert kernels[0].grid[0] > 1, "x's reader should span several programs"
+    got = cf(*args)
+    assert torch.equal(got, plain), "the same kernels on the same values: only the memory differs"
+    assert_matches_eager(got, expected)
+
+
+def test_each_donated_input_is_reused_after_its_own_last_reader():
+    def fn(x, y):
+        a = x.flip(0).cumsum(1)  # x's last reader: step 0
+        b = (a + y.flip(0)).flip(1).cumsum(0)  # y's last reader
+        c = b.flip(0).cumsum(1)
+        return c.flip(1).cumsum(0)
+    x, y = torch.randn(R, 2 * C, dtype=torch.float64), torch.randn(R, 2 * C, dtype=torch.float64)
+    fn_ = lambda x, y: fn(x[:, :C], y[:, :C])  # noqa: E731: buffers half the size of each input
+    expected, plain = fn_(x, y), tjit.compile(fn_)(x, y)
+    cf = tjit.compile(fn_, donate=("y", "x"))
+    executable = cf.entry_for(x, y).executable
+    plans = [launch.plan for launch in executable.launches]
+    for name in ("x", "y"):
+        check_placements(last_read_step(plans, name), executable.donated[name], x.numel() * 8)
+    assert executable.donated["x"] and last_read_step(plans, "y") > last_read_step(plans, "x")
+    got = cf(x, y)
+    assert torch.equal(got, plain)
+    assert_matches_eager(got, expected)
+
+
+def test_a_donated_slice_uses_only_its_own_memory():
+    """A contiguous slice (with a storage offset) of a larger tensor can be donated: the
+    memory around it is the caller's and stays untouched."""
+    fn = scans_after(FIRST_READS["rows_reversed"][0])
+    base = torch.randn(R + 7, 2 * C, dtype=torch.float64)
+    x = base[3:R + 3]
+    assert x.is_contiguous() and x.storage_offset() > 0
+    expected, plain, before = fn(x), tjit.compile(fn)(x), base.clone()
+    cf = tjit.compile(fn, donate=("x",))
+    got = cf(x)
+    assert torch.equal(got, plain)
+    assert_matches_eager(got, expected)
+    assert torch.equal(base[:3], before[:3]) and torch.equal(base[R + 3:], before[R + 3:])
+    assert not torch.equal(base[3:R + 3], before[3:R + 3]), "x's memory held the intermediates"
+
+
+def test_a_donated_tensor_with_size_one_dims_of_any_stride():
+    # contiguous by torch's rules (a size-1 dim's stride does not matter), laid out as one run
+    fn = scans_after(lambda x: (x[:, 0, :C] + x[:, 0, C:]).flip(0).cumsum(1))
+    x = torch.randn(R, 2 * C, dtype=torch.float64).unsqueeze(1).as_strided((R, 1, 2 * C), (2 * C, 7, 1))
+    assert x.is_contiguous()
+    expected, plain = fn(x), tjit.compile(fn)(x)
+    got = tjit.compile(fn, donate=("x",))(x)
+    assert torch.equal(got, plain)
+    assert_matches_eager(got, expected)
+
+
+@pytest.mark.parametrize("layout", ["transposed", "stepped_rows", "column_slice", "expanded"])
+def test_non_contiguous_donations_are_refused_and_leave_the_tensor_usable(layout):
+    x = {"transposed": torch.randn(2 * C, R, dtype=torch.float64).t(),
+         "stepped_rows": torch.randn(2 * R, 2 * C, dtype=torch.float64)[::2],
+         "column_slice": torch.randn(R, 2 * C + 5, dtype=torch.float64)[:, :2 * C],
+         "expanded": torch.randn(1, 2 * C, dtype=torch.float64).expand(R, 2 * C)}[layout]
+    fn = scans_after(FIRST_READS["rows_reversed"][0])
+    before = x.clone()
+    with pytest.raises(tjit.CompileArgumentError, match="contiguous"):
+        tjit.compile(fn, donate=("x",))(x)
+    assert type(x) is torch.Tensor and torch.equal(x, before), "a refused donation gives nothing up"
+    check_against_eager(fn, x)  # and the function runs on that layout without donating it
+
+
 def test_only_contiguous_tensors_can_be_donated():
     with pytest.raises(tjit.CompileArgumentError, match="contiguous"):
         tjit.compile(scan_of_row_sums, donate=("x",))(torch.randn(32, 64).t())
+
+
+@pytest.mark.xfail(strict=True, reason="executor._donated_views views x's bytes from its storage offset as the "
+                   "intermediates' dtype: an offset that is not a multiple of their element size raises "
+                   "(\"storage_offset() must be divisible by 4\"); the offset is not part of the cache key either")
+def test_a_donated_narrow_dtype_slice_at_an_odd_offset_hosts_wider_intermediates():
+    def fn(x):
+        return scans_after(lambda x: (x[:, :C] + x[:, C:]).float().flip(0).cumsum(1))(x)
+    base = torch.randint(-50, 50, (R * 2 * C + 1,), dtype=torch.int16)
+    x = base[1:].view(R, 2 * C)  # storage offset 2 bytes; intermediates are float32
+    expected = fn(x)
+    cf = tjit.compile(fn, donate=("x",))
+    assert cf.entry_for(x).executable.donated["x"], "the test needs intermediates in x's memory"
+    assert_matches_eager(cf(x), expected)
+
+
+@pytest.mark.xfail(strict=True, reason="Executable.run gives up donated inputs only after a call that succeeds: when "
+                   "an index check fails, x has already held intermediates and is left usable, with other values")
+def test_a_donated_input_is_given_up_even_when_the_call_raises():
+    fn = lambda x, i: scans_after(FIRST_READS["rows_reversed"][0])(x)[i]  # noqa: E731
+    x, i = torch.randn(R, 2 * C, dtype=torch.float64), torch.tensor([0, R])
+    cf = tjit.compile(fn, donate=("x",))
+    assert cf.entry_for(x, i).executable.donated["x"]
+    with pytest.raises(IndexError):
+        cf(x, i)
+    with pytest.raises(RuntimeError, match="donated"):  # never silently other values
+        x + 1
+
+
+@st.composite
+def donation_cases(draw):
+    n = draw(st.integers(0, 12))
+    buffers = []
+    for k in range(n):
+        first = draw(st.integers(0, 6))
+        end = draw(st.integers(first + 1, 8))
+        shape = (draw(st.sampled_from([0, 1, 3, 16, 17, 100, 1000])),)
+        buffers.append(SlabBuffer(("buffer", k), f"b{k}", shape, DType.float32, first, end))
+    return buffers, draw(st.integers(0, 7)), draw(st.sampled_from([0, 64, 100, 4000, 10_000]))
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+@given(donation_cases())
+def test_place_in_donated_never_hands_out_memory_early_or_twice(case):
+    buffers, free_from, capacity = case
+    placed = place_in_donated(buffers, free_from, capacity)
+    by_key = {b.key: b for b in buffers}
+    check_placements(free_from - 1, [(by_key[k], offset) for k, offset in placed.items()], capacity)
+    # first fit: a buffer born in time that fits in an empty donated memory is placed
+    if buffers and capacity:
+        first = min((b for b in buffers if b.first >= free_from and 0 < b.nbytes), default=None,
+                    key=lambda b: (b.first, -b.nbytes))
+        if first is not None and first.interval[0] <= capacity:
+            assert first.key in placed

@@ -6,9 +6,11 @@ present and triton is not imported yet.
 """
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 
+import numpy as np
 import torch
 
 from ..errors import CompileArgumentError
@@ -23,22 +25,129 @@ def restore_patches_after_device_calls() -> None:
     """Work around Triton's interpreter leaving `tl` patched after a call to a @triton.jit
     helper inside a kernel (tl.sigmoid, tl.cdiv, tjit's own helpers): it patches the
     language for the helper and never restores it, which breaks every later compile for a
-    real GPU in the same process. Same behaviour, with the patch scope restored."""
+    real GPU in the same process. Same behaviour, with the patch scope restored. A helper
+    whose language modules the calling kernel has patched already is not patched again
+    (the same patches; repatching costs milliseconds per call, which a scan's combine
+    function calling helpers pays at every step)."""
     from triton.runtime import interpreter as ti
     if getattr(ti.InterpretedFunction.__call__, "_tjit_restores", False):
         return
 
     def call(self, *args, **kwargs):
-        scope = ti._patch_lang(self.fn)
+        langs = [v for v in self.fn.__globals__.values() if inspect.ismodule(v) and v in (ti.tl, ti.tl.core)]
+        scope = None if langs and all(_patched(lang) for lang in langs) else ti._patch_lang(self.fn)
         try:
             return self.rewrite()(*args, **kwargs)
         except Exception as e:
             raise ti.InterpreterError(repr(e)) from e
         finally:
-            scope.restore()
+            if scope is not None:
+                scope.restore()
 
     call._tjit_restores = True
     ti.InterpretedFunction.__call__ = call
+
+
+def _patched(lang) -> bool:
+    """Whether the interpreter's patches of a language module (triton.language or its core)
+    are in place: they replace its static_assert, among the rest."""
+    return getattr(getattr(lang, "static_assert", None), "__name__", "") == "_new_static_assert"
+
+
+def install_patches() -> None:
+    """Everything tjit changes in Triton's interpreter (once per process, when interpreting)."""
+    restore_patches_after_device_calls()
+    vectorise_custom_reductions_and_scans()
+
+
+def vectorise_custom_reductions_and_scans() -> None:
+    """Triton's interpreter runs `tl.reduce` and `tl.associative_scan` with a combine function
+    of the kernel's own (tjit's logcumsumexp, cumprod carries, cummax, products) one element
+    at a time: a Python call of the combine function per element, minutes for a (64, 513)
+    logcumsumexp. Combine functions are elementwise, so these run them on whole blocks
+    instead: a scan as Hillis-Steele's (log2(n) calls, each combining every element with the
+    one `step` before it), a reduction as a pairwise tree (log2(n) calls). The results are
+    those of the same associative combine, in another order (the order a GPU uses is neither);
+    `reverse` scans are flipped around this by the interpreter as before."""
+    from triton.runtime import interpreter as ti
+    if getattr(ti.ScanOps.generic_scan, "_tjit_vectorised", False):
+        return
+    global _interpreters_reduce, _interpreters_scan
+    _interpreters_reduce, _interpreters_scan = ti.ReduceOps.generic_reduce, ti.ScanOps.generic_scan
+    ti.ScanOps.generic_scan = _block_scan
+    ti.ReduceOps.generic_reduce = _tree_reduce
+
+
+def _along(axis: int, ndim: int, part: slice) -> tuple:
+    """The index of `part` of axis `axis` (all of the other axes)."""
+    return tuple(part if d == axis else slice(None) for d in range(ndim))
+
+
+def _combine_blocks(op, earlier: list, later: list, like: list) -> list:
+    """op's combine function applied to two tuples of numpy blocks (earlier values first), as
+    numpy arrays of the types of `like` (what the interpreter's own loop stores). Blocks keep
+    power-of-two shapes, as Triton's block types must."""
+    to = [lambda data, arg=arg: op.to_tensor(data, arg.dtype) for arg in like]
+    with np.errstate(all="ignore"):  # lanes whose result is not used may overflow
+        found = op.combine_fn.fn(*[t(v) for t, v in zip(to, earlier)], *[t(v) for t, v in zip(to, later)])
+    found = found if isinstance(found, tuple) else (found,)
+    out = []
+    for value, data in zip(found, earlier):
+        value = value.handle.data if hasattr(value, "handle") else value
+        out.append(np.broadcast_to(np.asarray(value), data.shape).astype(data.dtype))
+    return out
+
+
+def _block_scan(self, input):
+    """ScanOps.generic_scan by whole blocks (Hillis-Steele): in the step of width w, each
+    element at a position >= w is combined with the one w before it (a rolled copy of the
+    block, so shapes stay powers of two; the wrapped lanes are discarded)."""
+    axis = self.axis
+    values = [arg.handle.data for arg in input]
+    n = values[0].shape[axis]
+    position = np.arange(n).reshape([n if d == axis else 1 for d in range(values[0].ndim)])
+    step = 1
+    while step < n:
+        combined = _combine_blocks(self, [np.roll(v, step, axis) for v in values], values, input)
+        values = [np.where(position >= step, c, v) for v, c in zip(values, combined)]
+        step *= 2
+    return [self.to_tensor(v, arg.dtype) for v, arg in zip(values, input)]
+
+
+_block_scan._tjit_vectorised = True
+_interpreters_reduce = _interpreters_scan = None  # Triton's own (element by element)
+
+
+def _tree_reduce(self, input):
+    """ReduceOps.generic_reduce by whole blocks: neighbours combined pairwise, earlier element
+    first as in the interpreter's own left-to-right loop, halving a power-of-two extent each
+    step (another extent, which Triton's blocks never have, takes the interpreter's loop).
+    With axis None every operand is flattened (the interpreter's own flattens only the first
+    of several)."""
+    original_axis = self.axis
+    axis = 0 if original_axis is None else original_axis  # None: over all elements, flattened
+    values = [arg.handle.data.reshape(-1) if original_axis is None else arg.handle.data for arg in input]
+    input_shape = values[0].shape
+    n = input_shape[axis]
+    if n & (n - 1) or n == 0:
+        return _interpreters_reduce(self, input)
+    ndim = len(input_shape)
+    while values[0].shape[axis] > 1:
+        values = _combine_blocks(self, [v[_along(axis, ndim, slice(0, None, 2))] for v in values],
+                                 [v[_along(axis, ndim, slice(1, None, 2))] for v in values], input)
+    ret = []
+    for arg, data in zip(input, values):  # packed as the interpreter's own generic_reduce does
+        data = np.squeeze(data, axis)
+        if self.keep_dims:
+            if original_axis is not None:
+                data = np.expand_dims(data, axis)
+            else:
+                for _ in range(len(input_shape)):
+                    data = np.expand_dims(data, 0)
+        elif original_axis is None:
+            data = data.item()
+        ret.append(self.to_tensor(data, arg.dtype))
+    return ret
 
 
 def interpreting() -> bool:

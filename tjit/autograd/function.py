@@ -25,14 +25,14 @@ from .backward import AutogradPlan, GradLayout, backward_graph, incoming_grad_na
 class GradExecutable:
     """Runs like an Executable, with outputs that carry a grad_fn."""
 
-    def __init__(self, conversion: Conversion, plan: AutogradPlan, strategies=None):
-        self.plan = plan
+    def __init__(self, conversion: Conversion, plan: AutogradPlan, strategies=None, device: str = "cuda"):
+        self.plan, self.device = plan, device  # the device type kernels are generated for
         graph = plan.forward_graph()
         strides = {s.name: s.stride for s in conversion.outputs if s.kind == "computed"}
         strides.update({name: contiguous_strides(node.shape) for name, node in plan.saved.items()})
         forward = Conversion(graph, conversion.outputs, conversion.output_tree, conversion.constants,
                              conversion.eager_ops)
-        self.forward = Executable(forward, lower(graph, strides, strategies), tape=list(plan.saved))
+        self.forward = Executable(forward, lower(graph, strides, strategies, device), tape=list(plan.saved))
         self.output_names = [s.name for s in conversion.outputs if s.kind == "computed"]
         self._backward: dict[tuple, object] = {}
         self._lock = threading.Lock()
@@ -87,7 +87,7 @@ class GradExecutable:
         specs = [OutputSpec("computed", name=name, shape=node.shape, stride=contiguous_strides(node.shape))
                  for name, node in graph.outputs.items()]
         tree = torch.utils._pytree.tree_flatten([0] * len(specs))[1]
-        lowered = lower(graph, {s.name: s.stride for s in specs})
+        lowered = lower(graph, {s.name: s.stride for s in specs}, device=self.device)
         executable = Executable(Conversion(graph, specs, tree, found.constants, 0), lowered)
         self._backward[key] = _Backward(executable, found.scatters, found.zeros)
         return self._backward[key]

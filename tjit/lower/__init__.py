@@ -20,9 +20,12 @@ class LoweredGraph:
 
 
 def lower(graph: Graph, output_strides: dict[str, tuple[int, ...]],
-          strategies: Optional[StrategyMap] = None) -> LoweredGraph:
+          strategies: Optional[StrategyMap] = None, device: str = "cuda") -> LoweredGraph:
+    """The graph's kernels, generated for the device type their tensors live on ("cpu", run by
+    Triton's interpreter, or "cuda"): where eager's numerics differ between the two (a float32
+    scan accumulates in double on CPU, in float32 on CUDA), the kernels follow the device's."""
     groups = group_kernels(graph)
-    kernels = [plan_kernel(g, output_strides, forced_strategies(g, strategies or {})) for g in groups]
+    kernels = [plan_kernel(g, output_strides, forced_strategies(g, strategies or {}), device) for g in groups]
     buffers = [s.target.node for g in groups for s in g.stores if isinstance(s.target, BufferTarget)]
     return LoweredGraph(kernels, groups, buffers)
 

@@ -22,7 +22,7 @@ from .elementwise import _cast, literal, render, tl_dtype
 from .fusion import BufferTarget, InputTarget, KernelGroup, OutputTarget, buffer_of, expression_leaves, is_kernel_input
 from .grid_reduction import GridReductionEmitter
 from .reduction import (LoopContext, accumulator_for, block_reduce, identity, scan_carry_init, scan_identity,
-                        scan_lines, work_dtype)
+                        scan_lines, scan_work_dtype, work_dtype)
 from .schedule import IterationSpace, LoopDim, schedule
 
 INT32_LIMIT = 2**31 - 1
@@ -52,6 +52,18 @@ class Access:
 
 STATUS = BufferRef("status", "status", DType.int32)  # where kernels report a failed check (1 + its number)
 COUNTER = BufferRef("counter", "counter", DType.int32)  # programs done, for a grid reduction (0 between calls)
+# a kernel's constexpr: integer divisors are checked for zero (tm.nonzero_divisor); the runtime
+# sets it when the kernel runs in Triton's interpreter (CPU tensors), as CPU eager raises there
+ZERO_DIV_FLAG = "CHECK_ZERO_DIV"
+DIVISIONS = ("floordiv", "truncdiv", "rem", "fmod")  # the divisor is src[1]
+
+
+@dataclass(frozen=True)
+class Check:
+    """A check a kernel reports through STATUS; the runtime raises error(message) after the call."""
+    error: type
+    message: str
+    interpreted_only: bool = False  # made only when the kernel runs in the interpreter (ZERO_DIV_FLAG)
 
 
 @dataclass
@@ -68,7 +80,7 @@ class KernelPlan:
     param_names: list[str] = field(default_factory=list)
     num_warps: int = 4
     load_passes: dict[int, int] = field(default_factory=dict)  # access -> times a looped kernel reads it
-    checks: list[str] = field(default_factory=list)  # messages of the checks reported through STATUS
+    checks: list[Check] = field(default_factory=list)  # the checks reported through STATUS
     # scratch buffers of a grid reduction: one element per program (the grid's size)
     scratch: list[BufferRef] = field(default_factory=list)
     reduced_axes: tuple[int, ...] = ()  # of `shape`: reduced or scanned
@@ -103,13 +115,16 @@ class KernelPlan:
 
 
 def plan_kernel(group: KernelGroup, output_strides: dict[str, tuple[int, ...]],
-                forced: Optional[Sequence[AxisStrategy]] = None) -> KernelPlan:
-    return _Emitter(group, output_strides, forced).emit()
+                forced: Optional[Sequence[AxisStrategy]] = None, device: str = "cuda") -> KernelPlan:
+    """The kernel for `group`, generated for `device` ("cpu": Triton's interpreter, or
+    "cuda"), whose eager numerics it follows where they differ (scan accumulation)."""
+    return _Emitter(group, output_strides, forced, device).emit()
 
 
 class _Emitter(GridReductionEmitter):
-    def __init__(self, group: KernelGroup, output_strides, forced):
+    def __init__(self, group: KernelGroup, output_strides, forced, device: str = "cuda"):
         self.group, self.shape, self.domain = group, group.shape, group.domain
+        self.device = device
         self.accesses: list[Access] = []
         self.buffers: dict[tuple, BufferRef] = {}
         self.leaf_access: dict[int, int] = {}
@@ -128,8 +143,10 @@ class _Emitter(GridReductionEmitter):
         self._counter = 0
         self._varies: dict[int, bool] = {}
         self._addresses: dict[int, str] = {}
-        self.checks: list[str] = []
-        if self.gather_access:
+        self.checks: list[Check] = []
+        self._zero_div_code = 0  # the status code of this kernel's integer divisions (0: none yet)
+        divides = any(_checked_division(n) for n in toposort(self._store_values(), stop=is_kernel_input))
+        if self.gather_access or divides:
             self.buffers[("status",)] = STATUS
             self.params.append(STATUS.param)
         self.totals = list({id(t): t for s in group.stores for t in s.totals}.values())
@@ -228,6 +245,8 @@ class _Emitter(GridReductionEmitter):
     def emit(self) -> KernelPlan:
         body = self._body()
         constexprs = {f"BLOCK_{k}": d.width for k, d in enumerate(self.space.loop_dims)}
+        if self._zero_div_code:
+            constexprs[ZERO_DIV_FLAG] = False  # as compiled for a GPU; the interpreter's launches set it
         params = self.params + [f"{name}: tl.constexpr" for name in constexprs]
         source = "\n".join(["@triton.jit", f"def KERNEL({', '.join(params)}):"] + ["    " + ln for ln in body])
         digest = hashlib.sha1(source.encode()).hexdigest()[:12]
@@ -431,7 +450,7 @@ class _Emitter(GridReductionEmitter):
             if id(node) in self.leaf_access:
                 self._count_pass(self.leaf_access[id(node)])
             var = self._fresh()
-            body.append(f"{var} = {self._expr(node, args)}")
+            body.append(f"{var} = {self._expr(node, args, body, 'mask')}")
         names[id(node)] = var
         return var
 
@@ -449,19 +468,44 @@ class _Emitter(GridReductionEmitter):
             assert not isinstance(node.op, Reduce), "a reduction is read before the pass that computes it"
             args = [self._row(s, lines, row) for s in node.src] if isinstance(node.op, Elementwise) else []
             var = self._fresh()
-            lines.append(f"{var} = {self._expr(node, args)}")
+            lines.append(f"{var} = {self._expr(node, args, lines, 'row_mask')}")
             row[id(node)] = var
         return row[id(node)]
 
-    def _expr(self, node: GraphNode, args: list[str]) -> str:
-        """A leaf's load or literal, or an elementwise op over argument variables."""
+    def _expr(self, node: GraphNode, args: list[str], lines: list[str], mask: str) -> str:
+        """A leaf's load or literal, or an elementwise op over argument variables (checks it
+        needs go to `lines`, for the lanes of `mask`)."""
         if isinstance(node.op, Elementwise):
-            return render(node, args)
-        return self._value(node, {})
+            return self._elementwise(node, args, lines, mask)
+        return self._value(node, {}, lines)
 
-    def _reduce_result(self, node: GraphNode, var: str, lines: list[str]) -> str:
-        """The accumulator's value in the node's type (bools and 16-bit floats were widened)."""
-        work = work_dtype(node.dtype) if not node.op.op.startswith("arg") else node.dtype
+    def _elementwise(self, node: GraphNode, args: list[str], lines: list[str], mask: str) -> str:
+        """render(), with an integer divisor that may be zero made safe and checked first."""
+        if _checked_division(node):
+            if not self._zero_div_code:
+                self.checks.append(Check(RuntimeError, "ZeroDivisionError", interpreted_only=True))  # eager's words
+                self._zero_div_code = len(self.checks)
+            safe = self._fresh()
+            lines.append(f"{safe} = tm.nonzero_divisor({args[1]}, {mask}, {STATUS.param}, {self._zero_div_code}, "
+                         f"{ZERO_DIV_FLAG})")
+            args = [args[0], safe] + list(args[2:])
+        return render(node, args)
+
+    def _grid_value(self, node: GraphNode, totals: dict, lines: list[str]) -> str:
+        """As GridReductionEmitter's, with integer divisions of the (scalar) totals checked."""
+        if id(node) not in totals and _checked_division(node):
+            args = [self._grid_value(s, totals, lines) for s in node.src]
+            var = self._fresh()
+            lines.append(f"{var} = {self._elementwise(node, args, lines, 'True')}")
+            totals[id(node)] = var
+            return var
+        return super()._grid_value(node, totals, lines)
+
+    def _reduce_result(self, node: GraphNode, var: str, lines: list[str], work: Optional[DType] = None) -> str:
+        """The accumulator's value in the node's type (bools and 16-bit floats were widened;
+        a scan's `work` type may be wider still)."""
+        if work is None:
+            work = work_dtype(node.dtype) if not node.op.op.startswith("arg") else node.dtype
         if work == node.dtype:
             return var
         out = self._fresh()
@@ -513,7 +557,7 @@ class _Emitter(GridReductionEmitter):
             else:
                 var = f"v{len(names)}"
                 names[id(node)] = var
-                lines.append(f"{var} = {self._value(node, names)}")
+                lines.append(f"{var} = {self._value(node, names, lines)}")
             ready = [(s, n) for s, n in pending if s.value is node and not isinstance(s.target, InputTarget)]
             lines += [self._store(s, n, names) for s, n in ready]
             pending = [p for p in pending if p not in ready]
@@ -538,7 +582,7 @@ class _Emitter(GridReductionEmitter):
         size_arg = self._scalar(f"a{n}_gather_size", size)
         op = node.op
         low = -size if op.wrap_negative else 0
-        self.checks.append(f"{op.what}: an index is out of bounds (valid: {low} to {size - 1})")
+        self.checks.append(Check(IndexError, f"{op.what}: an index is out of bounds (valid: {low} to {size - 1})"))
         idx, ok, out = self._fresh(), self._fresh(), self._fresh()
         lines.append(f"{idx} = {index}.to(tl.int64)")
         if op.wrap_negative:
@@ -559,7 +603,7 @@ class _Emitter(GridReductionEmitter):
         """A scan along the kernel's scanned axis; in a looped kernel (`pre` given: the lines
         before the loop) continued from a carry across loop steps."""
         op, k = node.op.op, self.red_dims[0]
-        work = work_dtype(node.src[0].dtype)
+        work = scan_work_dtype(op, node.src[0].dtype, self.device)
         carry = None
         if pre is not None:
             init, carry = scan_carry_init(op, work, self._row_shape(), self._fresh)
@@ -567,9 +611,11 @@ class _Emitter(GridReductionEmitter):
         masked = self._fresh()
         lines.append(f"{masked} = tl.where(mask, {_cast(src, node.src[0].dtype, work)}, {scan_identity(op, work)})")
         result = scan_lines(op, masked, work, k, f"lin{k}", carry, self._fresh, lines)
-        return self._reduce_result(node, result, lines)
+        if op in ("argmax", "argmin"):  # the index, in its own type
+            return self._reduce_result(node, result, lines)
+        return self._reduce_result(node, result, lines, work)
 
-    def _value(self, node: GraphNode, names: dict[int, str]) -> str:
+    def _value(self, node: GraphNode, names: dict[int, str], lines: list[str]) -> str:
         if id(node) in self.leaf_access:
             n = self.leaf_access[id(node)]
             # a load that no index reaches (a broadcast scalar) is one unmasked scalar load
@@ -579,7 +625,7 @@ class _Emitter(GridReductionEmitter):
             const = node if isinstance(node.op, Const) else node.src[0]
             return literal(const.op.value, const.dtype)
         if isinstance(node.op, Elementwise):
-            return render(node, [names[id(s)] for s in node.src])
+            return self._elementwise(node, [names[id(s)] for s in node.src], lines, "mask")
         raise NotImplementedError(f"cannot fuse {node.op} into a pointwise kernel")
 
     def _store(self, store, n: int, names: dict[int, str]) -> str:
@@ -593,6 +639,18 @@ class _Emitter(GridReductionEmitter):
         if self.red_dims and not any(self.space.strides[n]):  # one value per program: a 1-element block
             address += f" + tl.zeros({self._row_shape()}, tl.int32)"
         return f"tl.store({address}, {value}, mask={self._mask_for(n)})"
+
+
+def _checked_division(node: GraphNode) -> bool:
+    """An integer division or remainder whose divisor may be zero (a literal other than 0
+    cannot): CPU eager raises ZeroDivisionError for those."""
+    if not (isinstance(node.op, Elementwise) and node.op.op in DIVISIONS) or node.dtype.is_float \
+            or node.dtype is DType.bool:
+        return False
+    divisor = node.src[1]
+    if isinstance(divisor.op, ViewOp) and isinstance(divisor.src[0].op, Const):
+        divisor = divisor.src[0]
+    return not isinstance(divisor.op, Const) or divisor.op.value == 0
 
 
 def num_warps(space: IterationSpace, widest_itemsize: int) -> int:

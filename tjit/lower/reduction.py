@@ -275,6 +275,21 @@ def accumulator_for(node: GraphNode, ctx: LoopContext, is_row_value) -> Accumula
 
 
 # -- scans ----------------------------------------------------------------------------------------
+ACCUMULATING_SCANS = ("add", "mul", "logaddexp")  # cummax/cummin (and their indices) are exact
+
+
+def scan_work_dtype(op: str, dtype: DType, device: str) -> DType:
+    """The type a scan of `dtype` runs in on `device` ("cpu" or "cuda"): eager's accumulation
+    type there, or a wider one. CPU eager accumulates float32 scans in double (and 16-bit
+    floats in float32): so does tjit on CPU. CUDA eager scans float32 in float32, as tjit does
+    on CUDA (16-bit floats in float32 on both, which CUDA eager, whose scan state is the
+    16-bit type, does not reach)."""
+    work = work_dtype(dtype)
+    if device == "cpu" and dtype is DType.float32 and op in ACCUMULATING_SCANS:
+        return DType.float64
+    return work
+
+
 def scan_identity(op: str, dtype: DType) -> str:
     if op == "logaddexp":
         return NEG_INF

@@ -103,15 +103,17 @@ class CompiledFunction:
         t0 = time.perf_counter()
         flat = self._flatten(args, kwargs)
         grad_inputs = _grad_inputs(flat)
+        device = _device_type(flat)
         conversion = trace(self.fn, *_detached((args, kwargs)))  # the forward only: tjit differentiates it
         t1 = time.perf_counter()
         if grad_inputs:
             self._check_differentiable(conversion, flat, grad_inputs)
-            executable = GradExecutable(conversion, plan_autograd(conversion.graph, grad_inputs), self.axis_strategies)
+            executable = GradExecutable(conversion, plan_autograd(conversion.graph, grad_inputs), self.axis_strategies,
+                                        device)
             t2 = time.perf_counter()
         else:
             strides = {s.name: s.stride for s in conversion.outputs if s.kind == "computed"}
-            lowered = lower(conversion.graph, strides, self.axis_strategies)
+            lowered = lower(conversion.graph, strides, self.axis_strategies, device)
             t2 = time.perf_counter()
             executable = Executable(conversion, lowered, self._donations(conversion, args, kwargs))
         t3 = time.perf_counter()
@@ -198,6 +200,12 @@ def _check_call(fn, tensors: dict[str, torch.Tensor]) -> None:
         raise CompileArgumentError(f"{getattr(fn, '__name__', fn)}: tensors on several devices {sorted(map(str, devices))}")
     for device in devices:
         check_device(device)
+
+
+def _device_type(flat: list[tuple[str, Any]]) -> str:
+    """The device type the kernels run on (the tensors', all on one device; CPU without
+    tensors, as the executor): the lowering follows that device's eager numerics."""
+    return next((v.device.type for _, v in flat if isinstance(v, torch.Tensor)), "cpu")
 
 
 def _grad_inputs(flat: list[tuple[str, Any]]) -> list[str]:

@@ -352,6 +352,20 @@ def float_floordiv(a, b):
 
 
 @triton.jit
+def nonzero_divisor(b, mask, status_ptr, code, CHECK: tl.constexpr):
+    """An integer divisor made safe: with CHECK (kernels run by Triton's interpreter, i.e.
+    on CPU tensors, where eager raises ZeroDivisionError), a zero in a lane of `mask` is
+    reported as `code` in the status word (the runtime raises after the call) and every
+    zero is replaced by 1, so numpy never divides by zero (masked lanes load 0). Without it
+    (compiled kernels) the divisor is used as it is: CUDA eager neither checks nor raises."""
+    if CHECK:
+        zero = (tl.where(mask, 1, 0) * tl.where(b == 0, 1, 0)) != 0  # ints: see the module notes
+        tl.store(status_ptr + tl.where(zero, 0, 0), code, mask=zero)
+        b = tl.where(b == 0, tl.full([], 1, b.dtype), b)
+    return b
+
+
+@triton.jit
 def int_floordiv(a, b):
     a, b = tl.broadcast(a, b)
     q = a // b  # truncates toward zero, as C does

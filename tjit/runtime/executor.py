@@ -18,7 +18,7 @@ from ..autograd import tape
 from ..errors import CompileArgumentError
 from ..frontend.convert import Conversion, OutputSpec
 from ..lower import LoweredGraph
-from ..lower.codegen import BufferRef, KernelPlan
+from ..lower.codegen import ZERO_DIV_FLAG, BufferRef, KernelPlan
 from ..memory.donation import give_up, last_read_step, place_in_donated
 from ..memory.liveness import plan_memory, plan_slab
 from ..memory.slab import POOL, Slab
@@ -35,6 +35,7 @@ class Launch:
     plan: KernelPlan
     fn: Any
     args_template: list  # BufferRefs (bound per call) followed by ints
+    constexprs: dict  # the plan's, with ZERO_DIV_FLAG set when the interpreter runs it
 
 
 class Executable:
@@ -45,7 +46,8 @@ class Executable:
         self.graph = conversion.graph
         self.tape = [(name, self.graph.outputs[name]) for name in tape]
         self._constant_copies: dict[torch.device, dict[str, torch.Tensor]] = {}
-        self.launches = [Launch(p, load_kernel(p), list(p.buffers) + list(p.scalar_args))
+        self._interpreting = interpreting()
+        self.launches = [Launch(p, load_kernel(p), list(p.buffers) + list(p.scalar_args), self._constexprs(p))
                          for p in lowered.kernels if p.writes_anything]
         # every intermediate at a planned offset in one slab (see tjit.memory), except those a
         # donated input's memory can hold once the kernels are done reading it
@@ -54,8 +56,12 @@ class Executable:
         if donated:
             self._plan_donations(donated)
         self._slabs: dict[tuple, Slab] = {}
+        # kernels with checks take a status word; it is read after the call (one sync) when a
+        # check is made: always in the interpreter, only index checks in compiled kernels
+        # (integer division by zero is not checked there: CUDA eager does not raise)
         self._checked = any(launch.plan.checks for launch in self.launches)
-        self._interpreting = interpreting()
+        self._reads_status = any(self._interpreting or not check.interpreted_only
+                                 for launch in self.launches for check in launch.plan.checks)
         self._status: dict[torch.device, torch.Tensor] = {}
         self._counters: dict[torch.device, torch.Tensor] = {}
 
@@ -83,7 +89,7 @@ class Executable:
         except BaseException:
             memory["counter"].zero_()  # a grid reduction cut short must not skew the next call's count
             raise
-        if self._checked:
+        if self._reads_status:
             self._raise_failed_checks(memory["status"])
         if self._interpreting:
             # Triton's interpreter keeps each launch's tensors in a closure cycle; collect it
@@ -151,11 +157,19 @@ class Executable:
         return found
 
     def _raise_failed_checks(self, status: torch.Tensor) -> None:
+        """The first launch's failed check raises as eager would: IndexError for an index out
+        of range, RuntimeError("ZeroDivisionError") for an integer division by zero."""
         codes = status.tolist()  # one sync, as eager's checked indexing needs
         for launch, code in zip(self.launches, codes):
             if code:
                 status.zero_()
-                raise IndexError(launch.plan.checks[code - 1])
+                check = launch.plan.checks[code - 1]
+                raise check.error(check.message)
+
+    def _constexprs(self, plan: KernelPlan) -> dict:
+        if ZERO_DIV_FLAG in plan.constexprs and self._interpreting:
+            return {**plan.constexprs, ZERO_DIV_FLAG: True}
+        return plan.constexprs
 
     def constants_on(self, device) -> dict[str, torch.Tensor]:
         """Tensors the function created from Python data (torch.tensor([...])) live on the
@@ -244,7 +258,7 @@ class Executable:
         args = [self._bind(a, memory, k) if isinstance(a, BufferRef) else a for a in launch.args_template]
         note_launch_config(launch.plan, args)
         start = time.perf_counter() if debug.level() >= 4 else 0.0
-        launch.fn[launch.plan.grid](*args, num_warps=launch.plan.num_warps, **launch.plan.constexprs)
+        launch.fn[launch.plan.grid](*args, num_warps=launch.plan.num_warps, **launch.constexprs)
         counters.launches += 1
         if start:
             debug.log_launch(launch.plan, time.perf_counter() - start)

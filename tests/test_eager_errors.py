@@ -1,0 +1,195 @@
+"""Errors eager raises, raised by tjit too.
+
+CPU eager raises RuntimeError("ZeroDivisionError") for an integer floor_divide, remainder,
+fmod or div with rounding_mode "trunc"/"floor" (so `//` and `%`) whose divisor has a zero
+(true division `/` promotes to float and gives inf). tjit's kernels check the divisor in the
+interpreter (CPU tensors) and the runtime raises the same after the call, as it does for
+indices out of range; compiled CUDA kernels do not check (CUDA eager does not raise).
+"""
+from __future__ import annotations
+
+import contextlib
+import operator
+import warnings
+
+import pytest
+import torch
+
+import tjit
+from tests.helpers import assert_matches_eager, check_against_eager
+from tjit import Sequential, Thread, ThreadGroup
+from tjit.lower.codegen import ZERO_DIV_FLAG
+from tjit.lower.gpu_compile import compile_launched
+from tjit.runtime.loader import launched_kernels
+
+INTS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+OPS = {
+    "floor_divide": torch.floor_divide,
+    "floordiv_operator": operator.floordiv,
+    "remainder": torch.remainder,
+    "mod_operator": operator.mod,
+    "fmod": torch.fmod,
+    "div_trunc": lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+    "div_floor": lambda a, b: torch.div(a, b, rounding_mode="floor"),
+}
+N = 5000  # five programs of 1024 lanes; the last one partly masked
+
+
+def operands(dtype, n=N, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    low = 0 if dtype == torch.uint8 else -100
+    x = torch.randint(low, 100, (n,), generator=g).to(dtype)
+    y = torch.randint(1, 12, (n,), generator=g).to(dtype)
+    if dtype != torch.uint8:
+        y = torch.where(torch.rand(n, generator=g) < 0.5, -y, y)  # every sign combination
+    return x, y
+
+
+def eager_error(fn, *args) -> BaseException:
+    with pytest.raises(Exception) as caught:
+        fn(*args)
+    return caught.value
+
+
+def assert_raises_like_eager(compiled, fn, *args, quiet=True):
+    """compiled(*args) raises what fn(*args) raises; with `quiet`, with no warning on the way
+    (numpy's, from inside the interpreter; not in threads: the warnings filter is global)."""
+    expected = eager_error(fn, *args)
+    with warnings.catch_warnings() if quiet else contextlib.nullcontext():
+        if quiet:
+            warnings.simplefilter("error")
+        with pytest.raises(type(expected)) as got:
+            compiled(*args)
+    assert str(got.value) == str(expected) == "ZeroDivisionError"
+
+
+@pytest.mark.parametrize("dtype", INTS, ids=str)
+@pytest.mark.parametrize("name", OPS)
+def test_tensor_divisor_with_a_zero_raises(name, dtype):
+    op = OPS[name]
+    cf = tjit.compile(op)
+    x, y = operands(dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # masked lanes (zeros) make no numpy warning either
+        check_against_eager(op, x, y, compiled=cf)
+    for at in (N - 1, 1025, 0):
+        z = y.clone()
+        z[at] = 0
+        assert_raises_like_eager(cf, op, x, z)
+    check_against_eager(op, x, y, compiled=cf)  # the failed check left nothing behind
+
+
+@pytest.mark.parametrize("dtype", INTS, ids=str)
+def test_scalar_divisors(dtype):
+    x, y = operands(dtype, 300)
+    for name, op in OPS.items():
+        check_against_eager(lambda x: op(x, 3), x)  # a nonzero literal divisor: nothing to check
+        assert_raises_like_eager(tjit.compile(lambda x: op(x, 0)), lambda x: op(x, 0), x)
+        zero = torch.zeros((), dtype=dtype)  # a 0-d tensor divisor
+        cf = check_against_eager(op, x, zero + 5)
+        assert_raises_like_eager(cf, op, x, zero)
+        # a scalar dividend, the tensor divides
+        if name in ("floordiv_operator", "mod_operator", "remainder"):
+            rop = (lambda y: op(7, y)) if name != "remainder" else (lambda y: torch.remainder(7, y))
+            cf = check_against_eager(rop, y)
+            z = y.clone()
+            z[-1] = 0
+            assert_raises_like_eager(cf, rop, z)
+
+
+def test_true_division_of_integers_does_not_raise():
+    x, y = operands(torch.int32)
+    y[3] = 0
+    check_against_eager(lambda x, y: x / y, x, y)
+    check_against_eager(lambda x: torch.div(x, 0), x)
+
+
+def test_float_division_by_zero_does_not_raise():
+    x, y = operands(torch.int32)
+    x, y = x.float(), y.float()
+    y[3] = 0
+    for op in OPS.values():
+        check_against_eager(op, x, y)
+
+
+def test_fused_with_other_ops():
+    def fn(x, y, w):
+        q = (x * 3 + 1) // (y - 2)  # the divisor is computed in the kernel
+        return torch.where(q > 0, q, x % y).abs() + torch.fmod(w, y).to(torch.int64), (x + y) * 2
+
+    x, y = operands(torch.int32)
+    y = torch.where(y == 2, 5, y)
+    w = torch.randint(-50, 50, (N,), dtype=torch.int16)
+    before = tjit.counters.launches
+    cf = check_against_eager(fn, x, y, w)
+    assert tjit.counters.launches - before == 1  # one kernel, the checks included
+    for z in (torch.where(torch.arange(N) == 1025, 2, y), torch.where(torch.arange(N) == N - 1, 0, y)):
+        assert_raises_like_eager(cf, fn, x, z, w)
+
+
+@pytest.mark.parametrize("mapping", [None, (ThreadGroup(), Thread()), (ThreadGroup(), Sequential(128))],
+                         ids=["auto", "persistent", "looped"])
+def test_inside_reduction_kernels(mapping):
+    def fn(x, y, w):
+        q = x // y
+        return q.sum(1), x.sum(1) % w.sum(1), q.cumsum(1)  # full-shape, row and scanned values
+
+    options = {} if mapping is None else {"axis_strategies": {"*": mapping}}
+    x, y = operands(torch.int64, 4 * 1250)
+    x, y = x.view(4, 1250), y.view(4, 1250)
+    w = y.abs()  # rows of positive numbers
+    cf = check_against_eager(fn, x, y, w, **options)
+    for at in ((3, 1249), (0, 1025)):
+        z = y.clone()
+        z[at] = 0
+        assert_raises_like_eager(cf, fn, x, z, w)
+    w = w.clone()
+    w[2] = 0  # a row value's divisor is zero
+    assert_raises_like_eager(cf, fn, x, y, w)
+
+
+def test_split_reduction_totals():
+    def fn(x, y):
+        return x.sum() // y.sum(), (x // y).sum()
+
+    x, y = operands(torch.int64, 3000)
+    cf = check_against_eager(fn, x, y, axis_strategies={"*": (ThreadGroup(64),)})
+    assert_raises_like_eager(cf, fn, x, torch.zeros_like(y))  # both divisors zero
+    z = y.clone()
+    z[2999] = 0
+    assert_raises_like_eager(cf, fn, x, z)
+    z = y.clone()
+    z[0] -= y.sum()  # only the totals' divisor is zero
+    assert_raises_like_eager(cf, fn, x, z)
+
+
+def test_in_place_write_raises():
+    """Eager's CPU kernel has written the elements before the zero (in each of its parallel
+    chunks) when it raises; tjit's kernel has written every element when the check raises."""
+    def fn(x, y):
+        x.floor_divide_(y)
+        return x
+
+    x, y = operands(torch.int32)
+    cf = check_against_eager(fn, x, y)
+    z = y.clone()
+    z[7] = 0
+    eager_x, tjit_x = x.clone(), x.clone()
+    assert_raises_like_eager(lambda: cf(tjit_x, z), lambda: fn(eager_x, z))
+    assert torch.equal(tjit_x[:7], eager_x[:7])
+
+
+def test_gpu_kernels_leave_the_check_out():
+    """The check is a constexpr flag: off in the plan (as a GPU runs it: CUDA eager does not
+    raise), on in the interpreter's launches. Off, the sm_90 code never reads the status pointer."""
+    cf = tjit.compile(lambda x, y: x // y)
+    x, y = operands(torch.int32, 100)
+    cf(x, y)
+    (launch,) = cf.entry_for(x, y).executable.launches
+    assert launch.plan.constexprs[ZERO_DIV_FLAG] is False
+    assert launch.constexprs[ZERO_DIV_FLAG] is True
+    assert [c.error for c in launch.plan.checks] == [RuntimeError]
+    (args,) = [args for plan, args in launched_kernels() if plan is launch.plan]
+    ptx = compile_launched(launch.plan, args).ptx
+    status = launch.plan.param_names.index("status_ptr")
+    assert f"_param_{status - 1}]" in ptx and f"_param_{status}]" not in ptx  # (the one before is read)

@@ -1,4 +1,4 @@
-"""Errors eager raises, raised by tjit too.
+"""Errors eager raises, raised by tjit too; and one compiled function called from several threads.
 
 CPU eager raises RuntimeError("ZeroDivisionError") for an integer floor_divide, remainder,
 fmod or div with rounding_mode "trunc"/"floor" (so `//` and `%`) whose divisor has a zero
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import operator
+import threading
 import warnings
 
 import pytest
@@ -193,3 +194,85 @@ def test_gpu_kernels_leave_the_check_out():
     ptx = compile_launched(launch.plan, args).ptx
     status = launch.plan.param_names.index("status_ptr")
     assert f"_param_{status - 1}]" in ptx and f"_param_{status}]" not in ptx  # (the one before is read)
+
+
+# -- threads ---------------------------------------------------------------------------------------
+def in_threads(work, threads=4) -> list[str]:
+    """work(k) in `threads` threads released together (their first calls race); what failed."""
+    start, errors = threading.Barrier(threads), []
+
+    def run(k):
+        try:
+            start.wait()
+            work(k)
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            errors.append(f"thread {k}: {type(e).__name__}: {e}")
+
+    pool = [threading.Thread(target=run, args=(k,)) for k in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    return errors
+
+
+def test_threads_call_one_compiled_function():
+    def fn(x, y):
+        z = torch.sigmoid(x) * y + 1
+        return z.softmax(1), (z - z.mean(1, keepdim=True)).abs().sum(1), z.cumsum(1)
+
+    cf = tjit.compile(fn)
+
+    def work(k):
+        for n in range(6):
+            g = torch.Generator().manual_seed(1000 * k + n)
+            x, y = torch.randn(8, 300, generator=g), torch.randn(8, 300, generator=g) * (k + 1)
+            assert_matches_eager(cf(x, y), fn(x, y), f"thread {k} call {n}")
+
+    errors = in_threads(work)
+    assert not errors, "\n".join(errors)
+
+
+def test_threads_with_failing_checks():
+    """Each thread's status word is its own: the thread whose divisors have a zero raises
+    every time, the others never see its failures."""
+    def fn(x, y, idx):
+        return x // y, x % y, x[idx]
+
+    cf = tjit.compile(fn)
+
+    def work(k):
+        for n in range(6):
+            x, y = operands(torch.int32, 2000, seed=10 * k + n)
+            idx = torch.randint(0, 2000, (50,))
+            if k == 0:
+                y[n * 300] = 0
+                assert_raises_like_eager(cf, fn, x, y, idx, quiet=False)
+            else:
+                assert_matches_eager(cf(x, y, idx), fn(x, y, idx), f"thread {k} call {n}")
+
+    errors = in_threads(work)
+    assert not errors, "\n".join(errors)
+
+
+def test_threads_with_autograd():
+    """Forward and backward from several threads; the first backward compiles (racing too)."""
+    def fn(x, w):
+        return torch.nn.functional.layer_norm(x * w, (300,)).tanh().sum()
+
+    cf = tjit.compile(fn)
+
+    def work(k):
+        for n in range(3):
+            g = torch.Generator().manual_seed(100 * k + n)
+            x, w = torch.randn(8, 300, generator=g), torch.randn(300, generator=g)
+            got = [t.clone().requires_grad_() for t in (x, w)]
+            expected = [t.clone().requires_grad_() for t in (x, w)]
+            cf(*got).backward()
+            fn(*expected).backward()
+            for a, b in zip(got, expected):
+                assert_matches_eager(a.grad, b.grad, f"thread {k} call {n}")
+
+    errors = in_threads(work)
+    assert not errors, "\n".join(errors)
+    assert tjit.memory.stats()["tape_bytes"] == 0

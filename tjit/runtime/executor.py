@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
+import numpy as np
 import torch
 
 from .. import debug
@@ -19,6 +20,7 @@ from ..errors import CompileArgumentError
 from ..frontend.convert import Conversion, OutputSpec
 from ..lower import LoweredGraph
 from ..lower.codegen import ZERO_DIV_FLAG, BufferRef, KernelPlan
+from ..lower import gpu_compile
 from ..memory.donation import give_up, last_read_step, place_in_donated
 from ..memory.liveness import plan_memory, plan_slab
 from ..memory.slab import POOL, Slab
@@ -28,6 +30,11 @@ from .loader import load_kernel, note_launch_config
 
 
 TAPE_ALIGN = 128  # bytes: each saved value starts where a vectorised load may start
+# Triton's interpreter is not thread-safe: a launch patches triton.language and keeps the
+# running program's id in process-wide state. So interpreted launches run one at a time,
+# under the lock gpu_compile holds while it swaps interpreted functions for compiler ones
+# (everything else a call touches is its thread's own: slab, status and counter words).
+INTERPRETER_LOCK = gpu_compile._lock
 
 
 @dataclass
@@ -134,7 +141,7 @@ class Executable:
         return slab
 
     def slabs(self) -> list[Slab]:
-        return [s for s in self._slabs.values() if s.memory.numel()]
+        return [s for s in list(self._slabs.values()) if s.memory.numel()]  # (other threads may add one)
 
     def release_slabs(self) -> None:
         self._slabs.clear()
@@ -256,6 +263,15 @@ class Executable:
 
     def _launch(self, launch: Launch, memory, k: int) -> None:
         args = [self._bind(a, memory, k) if isinstance(a, BufferRef) else a for a in launch.args_template]
+        if not self._interpreting:
+            return self._start(launch, args)
+        # numpy computes the interpreter's blocks: inf, NaN and integer overflow are results
+        # there, as in eager, not warnings for the user
+        with INTERPRETER_LOCK, np.errstate(all="ignore"):
+            self._start(launch, args)
+
+    @staticmethod
+    def _start(launch: Launch, args: list) -> None:
         note_launch_config(launch.plan, args)
         start = time.perf_counter() if debug.level() >= 4 else 0.0
         launch.fn[launch.plan.grid](*args, num_warps=launch.plan.num_warps, **launch.constexprs)

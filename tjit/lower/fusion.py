@@ -156,28 +156,59 @@ def _sink_outputs(stores: list[Store], levels: dict[int, int]) -> dict[int, int]
 
 
 def _join_reduction_kernels(stores: list[Store], levels: dict[int, int]) -> None:
-    """Stores that need no reduction of their own are computed by a reduction kernel of
-    the same level whose rows they are: a value per row (a gathered value kept for a later
-    kernel) once per row, and a scalar of totals over plain row values (cross-entropy's
-    count of targets, kept for backward) with the totals that kernel already combines."""
+    """Stores that need no reduction of their own are computed by a reduction kernel whose
+    rows they are: a value per row (a gathered value kept for a later kernel) once per row;
+    a full-shape value over the same rows that reads an input the kernel reads (a sibling:
+    `x + x` beside `x.sum(-1)`), so each row is loaded once; and a scalar of totals over
+    plain row values (cross-entropy's count of targets, kept for backward) with the totals
+    that kernel already combines."""
     if any(isinstance(s.target, InputTarget) for s in stores):
         return  # kernel order then also protects inputs from early overwrites: keep it as placed
-    hosts = {(levels[id(s)], s.domain): bool(s.totals) for s in stores if s.domain.axes}
+    hosts: dict[tuple, list[Store]] = {}
+    for s in stores:
+        if s.domain.axes:
+            hosts.setdefault((levels[id(s)], s.domain), []).append(s)
     for store in stores:
         level, computed = levels[id(store)], reduces_in(store.value)
         if store.totals:
             continue
         if not computed and not store.domain.axes:
-            rows = [d for (lv, d) in hosts if lv == level and store.shape in (d.row_shape, d.squeezed_shape)
-                    and d.squeezed_shape != ()]
-            if rows:
-                store.domain = rows[0]
+            host = _row_host(store, level, hosts)
+            if host is not None:
+                levels[id(store)], store.domain = host
             continue
         totals = totals_of(store.value)
         if totals and not any(reduces_in(t.src[0]) for t in totals):
-            combining = [d for (lv, d), has in hosts.items() if has and lv == level and totals_fit(totals, d)]
+            combining = [d for (lv, d), members in hosts.items()
+                         if any(m.totals for m in members) and lv == level and totals_fit(totals, d)]
             if combining:
                 store.domain, store.totals = combining[0], tuple(totals)
+
+
+def _row_host(store: Store, level: int, hosts: dict[tuple, list[Store]]) -> Optional[tuple[int, Domain]]:
+    """(level, domain) of a row-reduction kernel that can compute this reduction-free store:
+    one of its level whose rows or row values it is, or one over its full shape that reads
+    one of the same inputs (an output, which no store reads, may wait for a later level)."""
+    for lv, d in hosts:
+        if lv == level and store.shape in (d.row_shape, d.squeezed_shape) and d.squeezed_shape != ():
+            return lv, d
+    reads = _memory_read(store)
+    for (lv, d), members in sorted(hosts.items(), key=lambda item: item[0][0]):
+        later = lv > level and isinstance(store.target, OutputTarget)
+        if (lv == level or later) and store.shape == d.shape and d.squeezed_shape != () \
+                and any(reads & _memory_read(m) for m in members):
+            return lv, d
+    return None
+
+
+def _memory_read(store: Store) -> set:
+    """The inputs (by name and version) and buffers a store's expression loads."""
+    found = set()
+    for leaf in expression_leaves(store.value):
+        base = buffer_of(leaf)
+        if base is not None:
+            found.add((base.op.name, base.op.version) if isinstance(base.op, Input) else id(base))
+    return found
 
 
 def without_overwritten_stores(stores: list[Store]) -> list[Store]:

@@ -196,11 +196,17 @@ def _auto_reduction_dims(sizes, strides, origin, is_reduced, widest, reduced_pri
     red_numel = math.prod(sizes[k] for k in red)
     kept_numel = math.prod(sizes[k] for k in kept)
     across_rows = any(strides[reduced_primary][k] in (1, -1) for k in kept)
-    persistent = math.prod(_pow2(sizes[k]) for k in red) <= PERSISTENT_LIMIT // scale
+    red_block = math.prod(_pow2(sizes[k]) for k in red)
+    persistent = red_block <= PERSISTENT_LIMIT // scale
     dims = []
     if kept:
         if across_rows:
             rows = min(_pow2(kept_numel), 128 // scale)
+            if persistent and rows * red_block > PERSISTENT_LIMIT // scale:
+                # whole columns for many rows would not fit in registers (spills): fewer rows
+                # while each still loads 128 contiguous bytes, else a looped reduction
+                fitting = PERSISTENT_LIMIT // scale // red_block
+                rows, persistent = (fitting, True) if fitting >= 32 // scale else (rows, False)
         elif persistent:
             rows = max(1, min(_pow2(kept_numel), REDUCTION_BLOCK // scale // _pow2(red_numel)))
         else:

@@ -3,20 +3,24 @@
 
     python bench/pointwise.py [--quick | --full] [--json PATH] [--only NAME[,NAME...]]
 
-For every workload it prints
-  * kernels per call: tjit (counted: tjit.counters.launches over one call) and eager (kernels
-    eager PyTorch launches: Explanation.eager_ops, cross-checked against the ops a
-    TorchDispatchMode sees when the function runs eagerly);
-  * bytes moved per call: tjit's (Explanation.bytes_moved, the sum of each kernel's reads and
-    writes), eager's (measured with a TorchDispatchMode, see EagerTraffic) and the minimum
-    (every distinct input read once, every output written once), and tjit / minimum;
+Counts are measured while the code runs (bench/measure.py says how), and tjit's plan is checked
+against them. For every workload it prints
+  * kernels per call: tjit's, measured over a call with the same shapes as the first (the
+    Triton launches Triton itself saw, plus any aten op tjit's runtime ran outside them), and
+    eager's, measured (the aten ops eager dispatches to a backend kernel, views and
+    allocations excluded: AtenKernels);
+  * bytes moved per call: tjit's by tjit.explain (each kernel's bytes_read + bytes_written),
+    and without CUDA measured in the interpreter: distinct bytes the kernels' loads and
+    stores touched, and bytes they issued; eager's, measured (every kernel's tensor inputs and
+    outputs); the minimum (every distinct input read once, every output written once); and
+    tjit (explain) / minimum;
   * compile time of the first call (CompiledEntry: trace = make_fx + conversion to tjit's IR,
     lower = passes + fusion + scheduling + Triton source emission, load = writing and importing
     the kernel modules), and per kernel the Triton sm_90 binary compile (compile_for_gpu, no GPU
     needed): wall time, registers per thread, spill bytes and vector/scalar global loads;
-  * caching: a second call with the same shapes must add 0 traces and 0 kernel compiles; a call
-    with every dimension +16 (same 16-divisibility, so the same Triton specialisation) must add
-    0 generated kernels and 0 kernel compiles;
+  * caching: tjit.counters over a second call with the same shapes (new traces / kernel
+    compiles) and over a call with every dimension +16 (same 16-divisibility, so the same Triton
+    specialisation: new kernels generated / kernel compiles);
   * with CUDA present, eager / torch.compile (inductor) / tjit times (triton.testing.do_bench,
     median).
 
@@ -24,6 +28,16 @@ and the compile-latency target (first call to a 20-op pointwise function under 0
 Triton's binary compile), measured cold (the first compile of a fresh process, in a subprocess:
 once as is, once with the torch._inductor import that make_fx does on its first call moved out)
 and warm (a new function after others were compiled).
+
+Checked, and the script exits 1 with the failures listed when one does not hold: every call's
+outputs (and inputs written in place) match eager's (torch.testing.assert_close); the kernels
+tjit.explain plans are the launches tjit.counters counted on the first call, the measured one
+and the +16 one, and the launches Triton saw on the measured one; explain's bytes per kernel
+lie between the measured distinct and issued bytes (interpreter only); a second call with the same shapes adds 0 traces and 0
+kernel compiles; the +16 call adds 0 generated kernels and 0 kernel compiles. Targets (the
+expected kernel count, minimum bytes, no spills, the latency) are reported, not enforced; so is
+a difference between Explanation.eager_ops (tjit's estimate of eager's kernels) and the measured
+count.
 
 Without CUDA the kernels run on CPU through Triton's interpreter, whose cost is per program of
 1024 elements, so small (--quick) sizes are used there unless --full is given.
@@ -58,12 +72,15 @@ os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # as the test suite; sil
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_leaves  # noqa: E402
 
 import tjit  # noqa: E402  (chooses Triton's interpreter on machines without CUDA)
 from tjit.lower.gpu_compile import compile_launched  # noqa: E402
 from tjit.runtime.loader import launched_kernels  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from measure import (TjitKernels, check_bytes, check_launches, eager_kernels, print_failures,  # noqa: E402
+                     real_bytes)
 
 _IMPORT_SECONDS = time.perf_counter() - _T0
 
@@ -158,46 +175,6 @@ WORKLOADS = [
 ]
 
 
-# -- eager traffic -----------------------------------------------------------------------------
-
-def real_bytes(t: torch.Tensor) -> int:
-    """Bytes of the distinct elements a tensor addresses: a broadcast (stride-0) dimension
-    counts once, so an expanded bias counts its real elements."""
-    elems = math.prod(s for s, st in zip(t.shape, t.stride()) if st != 0) if t.numel() else 0
-    return elems * t.element_size()
-
-
-class EagerTraffic(TorchDispatchMode):
-    """Eager's memory traffic, op by op.
-
-    A TorchDispatchMode sees every aten op eager PyTorch runs, below autograd and after
-    CompositeImplicit decompositions, i.e. one entry per kernel eager launches (x.float() is
-    one _to_copy, F.gelu one gelu). For each op that is not a view (OpOverload.is_view: t,
-    slice, expand, ... move no data) we add the bytes of its tensor inputs (each read once, a
-    broadcast input counting its distinct elements) and of its tensor outputs (each written
-    once). An in-place op (add_) reads and writes `self`; an `out=` argument is only written.
-    """
-
-    def __init__(self):
-        super().__init__()
-        self.ops: list[str] = []
-        self.bytes = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        if not func.is_view:
-            write_only = {a.name for a in func._schema.arguments
-                          if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write}
-            reads = [t for t in tree_leaves(list(args)) if isinstance(t, torch.Tensor)]
-            reads += [t for k, v in kwargs.items() if k not in write_only
-                      for t in tree_leaves(v) if isinstance(t, torch.Tensor)]
-            writes = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-            self.ops.append(str(func))
-            self.bytes += sum(map(real_bytes, reads)) + sum(map(real_bytes, writes))
-        return out
-
-
 def clone_args(args):
     """Copies with the same shapes, strides and storage offsets (a sliced input stays sliced)."""
     out = []
@@ -288,12 +265,17 @@ def sm90_reports(plans) -> list[dict]:
 class Row:
     name: str
     shape: list
-    tjit_kernels: int = 0
+    tjit_kernels: int = 0  # measured: Triton launches + aten kernels tjit ran outside them, one call
+    tjit_aten_kernels: list = field(default_factory=list)  # those aten kernels (normally none)
+    tjit_planned: int = 0  # len(tjit.explain(...).kernels)
     expect_kernels: int = 1
-    eager_ops: int = 0  # Explanation.eager_ops
-    eager_ops_dispatch: int = 0  # non-view aten ops seen by EagerTraffic
-    tjit_bytes: int = 0
-    eager_bytes: int = 0
+    eager_kernels: int = 0  # measured: aten ops eager ran that run a kernel (measure.AtenKernels)
+    eager_kernel_names: list = field(default_factory=list)
+    explain_eager_ops: int = 0  # Explanation.eager_ops: tjit's estimate of eager_kernels
+    tjit_bytes: int = 0  # tjit.explain: sum of each kernel's bytes_read + bytes_written
+    tjit_bytes_distinct: int | None = None  # measured in the interpreter (None with CUDA)
+    tjit_bytes_issued: int | None = None
+    eager_bytes: int = 0  # measured
     min_bytes: int = 0
     tjit_over_min: float = 0.0
     trace_s: float = 0.0
@@ -304,6 +286,7 @@ class Row:
     same_shape: dict = field(default_factory=dict)  # counter deltas over a 2nd call, same shapes
     new_sizes: dict = field(default_factory=dict)  # counter deltas over a call with every dim +16
     matches_eager: bool = False
+    failures: list = field(default_factory=list)  # checks that did not hold (see the module text)
     error: str = ""
     times_ms: dict = field(default_factory=dict)  # eager / inductor / tjit, CUDA only
     note: str = ""
@@ -324,17 +307,25 @@ def check_close(got, expected) -> None:
             assert g == e, (g, e)
 
 
+def check_call(got, call_args, expected, eager_args) -> None:
+    """Raises unless a tjit call's results, and the inputs it wrote in place, match eager's
+    (`eager_args`: copies of the same inputs after eager ran on them)."""
+    check_close(got, expected)
+    for e, g in zip(eager_args, call_args):
+        if isinstance(e, torch.Tensor):
+            torch.testing.assert_close(g, e, equal_nan=True)
+
+
 def run_workload(w: Workload, m: int, n: int, timings: bool) -> Row:
     args = w.make_args(m, n)
     row = Row(w.name, [m, n], expect_kernels=w.expect_kernels, note=w.note)
     compiled = tjit.compile(w.fn)
 
-    # eager: traffic and op count (on copies: in-place workloads must see fresh inputs)
-    traffic, eager_args = EagerTraffic(), clone_args(args)
-    with traffic:
-        w.fn(*eager_args)
-    row.eager_ops_dispatch, row.eager_bytes = len(traffic.ops), traffic.bytes
-    row.min_bytes, expected = minimum_bytes(w.fn, args)
+    # eager: kernels and traffic, measured (on copies: in-place workloads must see fresh inputs)
+    eager_args = clone_args(args)
+    row.eager_kernel_names, row.eager_bytes, expected = eager_kernels(w.fn, eager_args)
+    row.eager_kernels = len(row.eager_kernel_names)
+    row.min_bytes, _ = minimum_bytes(w.fn, args)
 
     # first call: compile + run, checked against eager (on copies of the same inputs)
     tjit_args = clone_args(args)
@@ -343,31 +334,47 @@ def run_workload(w: Workload, m: int, n: int, timings: bool) -> Row:
     got = compiled(*tjit_args)
     row.first_call_s = time.perf_counter() - t0
     first = delta(before)
-    row.tjit_kernels = first["launches"]
-    check_close(got, expected)
-    eager_after, tjit_after = clone_args(args), tjit_args
-    w.fn(*eager_after)
-    for e, g in zip(eager_after, tjit_after):  # in-place writes must match too
-        if isinstance(e, torch.Tensor):
-            torch.testing.assert_close(g, e, equal_nan=True)
-    row.matches_eager = True
+    check_call(got, tjit_args, expected, eager_args)
 
     entry = compiled.entry_for(*args)
     row.trace_s, row.lower_s, row.load_s = entry.trace_seconds, entry.lower_seconds, entry.load_seconds
     ex = tjit.explain(compiled, *args)
-    row.eager_ops, row.tjit_bytes = ex.eager_ops, ex.bytes_moved
+    row.tjit_planned, row.explain_eager_ops, row.tjit_bytes = len(ex.kernels), ex.eager_ops, ex.bytes_moved
     row.tjit_over_min = row.tjit_bytes / row.min_bytes if row.min_bytes else float("nan")
+    if first["launches"] != row.tjit_planned:
+        row.failures.append(f"{w.name}: the first call launched {first['launches']} kernel(s) "
+                            f"(tjit.counters.launches), tjit.explain plans {row.tjit_planned}")
     row.sm90 = sm90_reports(entry.executable.lowered.kernels)
 
+    # second call, same shapes: kernels and bytes measured, the plan checked against them
+    call_args = clone_args(args)
     before = tjit.counters.snapshot()
-    compiled(*clone_args(args))
+    with TjitKernels() as measured:
+        got = compiled(*call_args)
     row.same_shape = delta(before)
+    check_call(got, call_args, expected, eager_args)
+    row.matches_eager = True
+    row.tjit_kernels, row.tjit_aten_kernels = measured.total, measured.aten.kernels
+    row.failures += check_launches(w.name, row.tjit_planned, measured)
+    row.failures += check_bytes(w.name, ex.kernels, measured.triton.launches)
+    if measured.triton.record_bytes:
+        read, written, read_distinct, written_distinct = measured.triton.bytes()
+        row.tjit_bytes_distinct, row.tjit_bytes_issued = read_distinct + written_distinct, read + written
+    if row.same_shape["traces"] or row.same_shape["kernel_compiles"]:
+        row.failures.append(f"{w.name}: a 2nd call with the same shapes retraced/recompiled: {row.same_shape}")
 
     new_args = w.make_args(m + 16, n + 16)
+    new_call, new_eager = clone_args(new_args), clone_args(new_args)
     before = tjit.counters.snapshot()
-    got = compiled(*clone_args(new_args))
+    got = compiled(*new_call)
     row.new_sizes = delta(before)
-    check_close(got, w.fn(*clone_args(new_args)))
+    check_call(got, new_call, w.fn(*new_eager), new_eager)
+    planned = len(tjit.explain(compiled, *new_args).kernels)
+    if row.new_sizes["launches"] != planned:
+        row.failures.append(f"{w.name}: the +16 call launched {row.new_sizes['launches']} kernel(s) "
+                            f"(tjit.counters.launches), tjit.explain plans {planned}")
+    if row.new_sizes["kernels_generated"] or row.new_sizes["kernel_compiles"]:
+        row.failures.append(f"{w.name}: new sizes generated/compiled new kernels: {row.new_sizes}")
 
     if timings:
         row.times_ms = gpu_times(w.fn, compiled, args)
@@ -453,17 +460,19 @@ def print_report(rows: list[Row], sizes_note: str, cold: list[dict], warm: dict,
     print()
     print(f"== pointwise workloads ({sizes_note}) ==")
     print(fmt_table(
-        ["workload", "shape", "tjit k", "exp", "eager ops", "tjit MB", "eager MB", "min MB", "tjit/min",
-         "eager/min", "ok"],
-        [[r.name, "x".join(map(str, r.shape)), r.tjit_kernels, r.expect_kernels,
-          r.eager_ops if r.eager_ops == r.eager_ops_dispatch else f"{r.eager_ops} ({r.eager_ops_dispatch})",
-          f"{r.tjit_bytes / MB:.3f}", f"{r.eager_bytes / MB:.3f}", f"{r.min_bytes / MB:.3f}",
+        ["workload", "shape", "tjit k", "exp", "eager k", "tjit MB", "measured MB", "eager MB", "min MB",
+         "tjit/min", "eager/min", "ok"],
+        [[r.name, "x".join(map(str, r.shape)), r.tjit_kernels, r.expect_kernels, r.eager_kernels,
+          f"{r.tjit_bytes / MB:.3f}", measured_mb(r), f"{r.eager_bytes / MB:.3f}", f"{r.min_bytes / MB:.3f}",
           f"{r.tjit_over_min:.2f}", f"{r.eager_bytes / r.min_bytes:.2f}" if r.min_bytes else "-",
           "yes" if r.matches_eager else "NO"] for r in rows if not r.error]))
-    print("  tjit k: kernels tjit launched per call (counters.launches); exp: expected; eager ops: "
-          "Explanation.eager_ops (in brackets: aten ops a dispatch mode saw, where different);\n"
-          "  MB per call: tjit from explain, eager = every non-view aten op's tensor inputs + outputs, "
-          "min = distinct inputs read once + outputs written once; ok: matches eager")
+    print("  tjit k: kernels one call ran, measured (Triton's launches + aten kernels outside them), checked against "
+          "tjit.explain and tjit.counters; exp: expected;\n"
+          "  eager k: kernels eager ran, measured (aten ops dispatched to a backend kernel; views and allocations "
+          "excluded); MB per call: tjit = explain's kernel reads + writes,\n"
+          "  measured = distinct..issued bytes of the kernels' loads and stores (interpreter; explain is checked to "
+          "lie between), eager = each eager kernel's tensor inputs + outputs,\n"
+          "  min = distinct inputs read once + outputs written once; ok: matches eager")
 
     print()
     print("== compile (first call) and cache ==")
@@ -525,7 +534,6 @@ def print_report(rows: list[Row], sizes_note: str, cold: list[dict], warm: dict,
     problems = []
     for r in rows:
         if r.error:
-            problems.append(f"{r.name}: FAILED: {r.error}")
             continue
         if r.tjit_kernels > r.expect_kernels:
             problems.append(f"{r.name}: {r.tjit_kernels} kernels, expected {r.expect_kernels}")
@@ -533,9 +541,12 @@ def print_report(rows: list[Row], sizes_note: str, cold: list[dict], warm: dict,
             problems.append(f"{r.name}: moves {r.tjit_bytes} B, minimum {r.min_bytes} B ({r.tjit_over_min:.4f}x)")
         if r.tjit_bytes < r.min_bytes:
             problems.append(f"{r.name}: explain reports {r.tjit_bytes} B, below the minimum {r.min_bytes} B")
-        if r.eager_ops != r.eager_ops_dispatch:
-            problems.append(f"{r.name}: Explanation.eager_ops = {r.eager_ops}, eager ran {r.eager_ops_dispatch} "
-                            f"aten ops")
+        if r.tjit_aten_kernels:
+            problems.append(f"{r.name}: tjit ran {len(r.tjit_aten_kernels)} aten kernel(s) beside its Triton "
+                            f"kernels: {', '.join(r.tjit_aten_kernels)}")
+        if r.explain_eager_ops != r.eager_kernels:
+            problems.append(f"{r.name}: Explanation.eager_ops = {r.explain_eager_ops}, eager ran {r.eager_kernels} "
+                            f"kernel(s): {', '.join(r.eager_kernel_names)}")
         for k in r.sm90:
             if "error" in k:
                 problems.append(f"{r.name}: {k['kernel']} does not compile for sm_90: {k['error']}")
@@ -545,14 +556,17 @@ def print_report(rows: list[Row], sizes_note: str, cold: list[dict], warm: dict,
                     k["ptx_store_bytes_per_elem"] > 1.01 * k["explain_write_bytes_per_elem"]:
                 problems.append(f"{r.name}: {k['kernel']} PTX stores {k['ptx_store_bytes_per_elem']:.1f} B per element, "
                                 f"explain counts {k['explain_write_bytes_per_elem']:.1f} (an output stored twice?)")
-        if r.same_shape.get("traces") or r.same_shape.get("kernel_compiles"):
-            problems.append(f"{r.name}: a 2nd call with the same shapes retraced/recompiled: {r.same_shape}")
-        if r.new_sizes.get("kernels_generated") or r.new_sizes.get("kernel_compiles"):
-            problems.append(f"{r.name}: new sizes generated/compiled new kernels: {r.new_sizes}")
     print()
-    print("== findings ==")
+    print("== findings (targets and notes, not enforced) ==")
     print("\n".join(f"  - {p}" for p in problems) if problems else "  none: every workload at its expected "
-          "kernel count, at minimum bytes, no spills, no recompiles")
+          "kernel count, at minimum bytes, no spills")
+    print_failures([f for r in rows for f in r.failures] + [f"{r.name}: FAILED: {r.error}" for r in rows if r.error])
+
+
+def measured_mb(r: Row) -> str:
+    if r.tjit_bytes_issued is None:
+        return "-"
+    return f"{r.tjit_bytes_distinct / MB:.3f}..{r.tjit_bytes_issued / MB:.3f}"
 
 
 # -- main ----------------------------------------------------------------------------------------
@@ -611,7 +625,7 @@ def main() -> int:
                    compile_latency=dict(target_s=LATENCY_TARGET_S, cold=cold[0], cold_inductor_preimported=cold[1], warm=warm))
         Path(opts.json).write_text(json.dumps(doc, indent=2, default=str))
         print(f"\nwrote {opts.json}")
-    return 1 if any(r.error for r in rows) else 0
+    return 1 if any(r.error or r.failures for r in rows) else 0
 
 
 if __name__ == "__main__":

@@ -6,21 +6,38 @@
 Every workload (softmax, log_softmax, layer_norm, rms_norm, var_mean, cumsum, logcumsumexp, a
 fused logcumsumexp, a full sum, cross-entropy) runs at two row sizes: one whose reduced extent
 fits a block (held whole in registers: a persistent kernel) and one that does not (a looped
-kernel). For each it reports
-  * kernels per call (len(tjit.explain(...).kernels)) and eager ops (Explanation.eager_ops);
-  * bytes moved per call (sum of each kernel's bytes_read + bytes_written, from explain) against
-    the minimum (each distinct input read once, each output written once), and the ratio;
+kernel). Counts are measured while the code runs (bench/measure.py says how), and tjit's plan is
+checked against them. For each it reports
+  * kernels per call: tjit's, measured over one call (the Triton launches Triton itself saw,
+    plus any aten op tjit's runtime ran outside them), and eager's, measured (the aten ops
+    eager dispatches to a backend kernel, views and allocations excluded: F.layer_norm is one
+    native_layer_norm, F.cross_entropy a _log_softmax and an nll_loss_forward);
+  * bytes moved per call: tjit.explain's (each kernel's bytes_read + bytes_written) and, without
+    CUDA, the distinct and issued bytes the kernels' loads and stores were measured to move in
+    the interpreter; the minimum (each distinct input read once, each output written once), and
+    explain / minimum;
   * the mapping tjit chose per kernel (its axis strategies, abbreviated: TG = ThreadGroup,
     T = Thread, Seq = Sequential, with the width; r: marks reduced/scanned axes);
   * max registers per thread and total spill bytes of the sm_90 compile of each kernel
     (tjit.lower.gpu_compile, no GPU needed);
-  * whether the output matches eager (torch.testing.assert_close, dtype tolerances);
+  * whether the output matches eager (torch.testing.assert_close, dtype tolerances; or within
+    fp32 rounding of a float64 run, see check_close);
   * with CUDA present only: triton.testing.do_bench medians of eager, torch.compile and tjit, and
     tjit's achieved GB/s (minimum bytes / time).
 
-Targets are printed beside the table, not asserted. Without CUDA the kernels run in Triton's
-interpreter, which is slow for scans with a custom combine (logcumsumexp): those workloads use
-fewer rows there. Progress goes to stderr, the tables to stdout.
+The measured call is the second with these inputs: a first one, whose Triton launches are
+counted but not run (measure.TritonLaunches(execute=False); on CUDA it runs), does tjit's
+first-call set-up, so that the measured one is a steady-state call without the interpreter's
+cost of running every kernel twice (minutes for the scans).
+
+Checked, and the script exits 1 with the failures listed when one does not hold: the output
+matches eager; the kernels tjit.explain plans are the launches tjit.counters counted and Triton
+saw; explain's bytes per kernel lie between the measured distinct and issued bytes (interpreter
+only). Targets are printed beside the table, not enforced, and so is a difference between
+Explanation.eager_ops (tjit's estimate of eager's kernels) and the measured count. Without CUDA
+the kernels run in Triton's interpreter, which is slow for scans with a custom combine
+(logcumsumexp): those workloads use fewer rows there. Progress goes to stderr, the tables to
+stdout.
 """
 from __future__ import annotations
 
@@ -39,6 +56,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # tjit, which sets TRITON_INTERPRET=1 when there is no CUDA.
 from pointwise import (DEVICE, HAS_CUDA, MB, clone_args, fmt_table,  # noqa: E402
                        minimum_bytes, sm90_reports)
+from measure import (TjitKernels, TritonLaunches, check_bytes, check_launches,  # noqa: E402
+                     eager_kernels, print_failures)
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -162,9 +181,15 @@ class Row:
     name: str
     case: str  # fit | loop
     shape: list
-    kernels: int = 0
-    eager_ops: int = 0
-    tjit_bytes: int = 0
+    kernels: int = 0  # measured: Triton launches + aten kernels tjit ran outside them, one call
+    tjit_aten_kernels: list = field(default_factory=list)  # those aten kernels (normally none)
+    planned: int = 0  # len(tjit.explain(...).kernels)
+    eager_kernels: int = 0  # measured: aten ops eager ran that run a kernel (measure.AtenKernels)
+    eager_kernel_names: list = field(default_factory=list)
+    explain_eager_ops: int = 0  # Explanation.eager_ops: tjit's estimate of eager_kernels
+    tjit_bytes: int = 0  # tjit.explain
+    bytes_distinct: int | None = None  # measured in the interpreter (None with CUDA)
+    bytes_issued: int | None = None
     min_bytes: int = 0
     ratio: float = 0.0
     mapping: list = field(default_factory=list)  # per kernel, abbreviated strategies
@@ -176,8 +201,9 @@ class Row:
     mismatch: str = ""
     rounding: str = ""  # passed on the float64 rounding check only (see check_close)
     unsupported: str = ""
+    failures: list = field(default_factory=list)  # checks that did not hold (see the module text)
     error: str = ""
-    run_s: float = 0.0  # wall time of the first call (compile + run)
+    run_s: float = 0.0  # wall time of the measured call (the kernels' run)
     times_ms: dict = field(default_factory=dict)  # CUDA only: eager / inductor / tjit
     gbps: float = 0.0  # CUDA only: min bytes / tjit time
     note: str = ""
@@ -245,17 +271,32 @@ def run_case(w: Workload, case: str, m: int, n: int, timings: bool) -> Row:
     except tjit.UnsupportedOpError as e:
         row.unsupported = str(e).splitlines()[0]
         return row
-    row.kernels, row.eager_ops, row.tjit_bytes = len(ex.kernels), ex.eager_ops, ex.bytes_moved
+    row.planned, row.explain_eager_ops, row.tjit_bytes = len(ex.kernels), ex.eager_ops, ex.bytes_moved
     row.strategies = [k.strategies for k in ex.kernels]
     row.mapping = [" ".join(abbreviate(s) for s in k.strategies) for k in ex.kernels]
-    row.min_bytes, expected = minimum_bytes(w.fn, args)
+    row.eager_kernel_names, _, expected = eager_kernels(w.fn, clone_args(args))
+    row.eager_kernels = len(row.eager_kernel_names)
+    row.min_bytes, _ = minimum_bytes(w.fn, args)
     row.ratio = row.tjit_bytes / row.min_bytes if row.min_bytes else float("nan")
 
+    call_args = clone_args(args)
+    with TritonLaunches(bytes=False, execute=False):  # tjit's first-call set-up; kernels not run
+        compiled(*call_args)
+    call_args = clone_args(args)
     t0 = time.perf_counter()
-    got = compiled(*clone_args(args))
+    with TjitKernels() as measured:  # only the call: copies made inside would count as kernels
+        got = compiled(*call_args)
     row.run_s = time.perf_counter() - t0
     row.mismatch, row.rounding = check_close(w.fn, args, got, expected)
     row.matches_eager = not row.mismatch
+    if row.mismatch:
+        row.failures.append(f"{w.name} [{case}]: does not match eager: {row.mismatch}")
+    row.kernels, row.tjit_aten_kernels = measured.total, measured.aten.kernels
+    row.failures += check_launches(f"{w.name} [{case}]", row.planned, measured)
+    row.failures += check_bytes(f"{w.name} [{case}]", ex.kernels, measured.triton.launches)
+    if measured.triton.record_bytes:
+        read, written, read_distinct, written_distinct = measured.triton.bytes()
+        row.bytes_distinct, row.bytes_issued = read_distinct + written_distinct, read + written
 
     row.sm90 = sm90_reports(compiled.entry_for(*args).executable.lowered.kernels)
     good = [k for k in row.sm90 if "error" not in k]
@@ -289,6 +330,8 @@ def status(r: Row) -> str:
         return "FAILED"
     if not r.matches_eager:
         return "MISMATCH"
+    if r.failures:
+        return "CHECK FAILED"
     return "yes*" if r.rounding else "yes"
 
 
@@ -296,13 +339,14 @@ def main_table(rows: list[Row]) -> str:
     body = []
     for r in rows:
         if r.unsupported or r.error:
-            body.append([r.name, r.case, "x".join(map(str, r.shape))] + ["-"] * 8 + [status(r)])
+            body.append([r.name, r.case, "x".join(map(str, r.shape))] + ["-"] * 9 + [status(r)])
             continue
-        body.append([r.name, r.case, "x".join(map(str, r.shape)), r.kernels, r.eager_ops,
-                     f"{r.tjit_bytes / MB:.3f}", f"{r.min_bytes / MB:.3f}", f"{r.ratio:.2f}",
+        measured = "-" if r.bytes_issued is None else f"{r.bytes_distinct / MB:.3f}..{r.bytes_issued / MB:.3f}"
+        body.append([r.name, r.case, "x".join(map(str, r.shape)), r.kernels, r.eager_kernels,
+                     f"{r.tjit_bytes / MB:.3f}", measured, f"{r.min_bytes / MB:.3f}", f"{r.ratio:.2f}",
                      " | ".join(r.mapping), r.max_registers, r.spills, status(r)])
-    return fmt_table(["workload", "case", "shape", "kernels", "eager ops", "tjit MB", "min MB", "ratio",
-                      "mapping per kernel", "regs", "spill B", "ok"], body, align="lllrrrrrlrrl")
+    return fmt_table(["workload", "case", "shape", "tjit k", "eager k", "tjit MB", "measured MB", "min MB", "ratio",
+                      "mapping per kernel", "regs", "spill B", "ok"], body, align="lllrrrrrrlrrl")
 
 
 def targets_text() -> str:
@@ -322,12 +366,16 @@ def findings(rows: list[Row], by_name: dict) -> list[str]:
         if r.error:
             out.append(f"{where}: FAILED: {r.error}")
             continue
-        if r.mismatch:
-            out.append(f"{where}: does not match eager: {r.mismatch}")
         if r.rounding:
             out.append(f"{where}: outside assert_close's tolerance against eager, within fp32 rounding: {r.rounding}")
         if by_name[r.name].one_kernel and r.kernels != 1:
             out.append(f"{where}: {r.kernels} kernels, target 1")
+        if r.tjit_aten_kernels:
+            out.append(f"{where}: tjit ran {len(r.tjit_aten_kernels)} aten kernel(s) beside its Triton kernels: "
+                       f"{', '.join(r.tjit_aten_kernels)}")
+        if r.explain_eager_ops != r.eager_kernels:
+            out.append(f"{where}: Explanation.eager_ops = {r.explain_eager_ops}, eager ran {r.eager_kernels} "
+                       f"kernel(s): {', '.join(r.eager_kernel_names)}")
         if r.ratio > BYTES_TARGET[r.case]:
             out.append(f"{where}: moves {r.ratio:.2f}x the minimum bytes, target <= {BYTES_TARGET[r.case]}x")
         if r.spills:
@@ -341,8 +389,11 @@ def print_report(rows: list[Row], sizes_note: str, timings: bool) -> None:
     print()
     print(f"== reductions and scans ({sizes_note}) ==")
     print(main_table(rows))
-    print("  kernels: len(explain.kernels); MB per call: tjit = sum of kernel reads + writes (explain), min = "
-          "distinct inputs read once + outputs written once;\n  mapping: axes:strategy+width per kernel "
+    print("  tjit k: kernels one call ran, measured (Triton's launches + aten kernels outside them), checked against "
+          "tjit.explain and tjit.counters;\n  eager k: kernels eager ran, measured (aten ops dispatched to a backend "
+          "kernel; views and allocations excluded);\n  MB per call: tjit = sum of kernel reads + writes (explain), "
+          "measured = distinct..issued bytes of the kernels' loads and stores (interpreter; explain is checked to lie "
+          "between),\n  min = distinct inputs read once + outputs written once; mapping: axes:strategy+width per kernel "
           "(r = reduced/scanned axes; TG ThreadGroup, T Thread, Seq Sequential); regs: max registers per "
           "thread, spill B: total spill bytes (sm_90 compile);\n  ok: matches eager (assert_close), yes*: "
           "only within fp32 rounding of a float64 reference (see findings)")
@@ -360,8 +411,10 @@ def print_report(rows: list[Row], sizes_note: str, timings: bool) -> None:
 
     problems = findings(rows, {w.name: w for w in WORKLOADS})
     print()
-    print("== findings ==")
+    print("== findings (targets and notes, not enforced) ==")
     print("\n".join(f"  - {p}" for p in problems) if problems else "  none: every target met")
+    print_failures([f for r in rows for f in r.failures] +
+                   [f"{r.name} [{r.case}]: FAILED: {r.error}" for r in rows if r.error])
 
 
 # -- main ----------------------------------------------------------------------------------------
@@ -425,7 +478,7 @@ def main() -> int:
                    one_kernel_target=[w.name for w in WORKLOADS if w.one_kernel], rows=[asdict(r) for r in rows])
         Path(opts.json).write_text(json.dumps(doc, indent=2, default=str))
         print(f"\nwrote {opts.json}")
-    return 1 if any(r.error for r in rows) else 0
+    return 1 if any(r.error or r.failures for r in rows) else 0
 
 
 if __name__ == "__main__":

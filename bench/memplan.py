@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Memory-planner benchmark: slab size against the lower bound, and planning time, per trace.
 
-    python bench/memplan.py [--json PATH] [--budget SECONDS] [--skip-greedy-100k]
+    python bench/memplan.py [--quick] [--json PATH] [--budget SECONDS] [--skip-greedy-100k]
 
 Traces (each a list of buffers (size_bytes, first_step, end_step), end exclusive):
   * model graphs traced with make_fx on fake tensors (nothing big is allocated): an MLP, a
@@ -12,16 +12,29 @@ Traces (each a list of buffers (size_bytes, first_step, end_step), end exclusive
     that produces it to its last user; a view (an output sharing its input's storage) extends
     its base's lifetime instead of being a buffer; parameters, inputs and graph outputs are not
     buffers (they live outside the slab);
-  * a synthetic trace of 100,000 buffers (seeded): one buffer born per step, 70% living 1-4
-    steps, 25% ~30 steps, 5% 100-4000 steps (saved activations), sizes from a palette of 400
-    tensor sizes between 256 B and 32 MiB: ~100 live at once, ~140 at most;
+  * a synthetic trace of 100,000 buffers (seeded; 10,000 with --quick): one buffer born per
+    step, 70% living 1-4 steps, 25% ~30 steps, 5% 100-4000 steps (saved activations), sizes
+    from a palette of 400 tensor sizes between 256 B and 32 MiB: ~100 live at once, ~140 at most;
   * the 11 MiniMalloc "challenging" instances (../shared/memplan/minimalloc-challenging),
     whose known optimal capacity is reported beside the lower bound.
 
 For each trace: buffers, lower bound (the largest total of bytes live at one step), and for
 the seed's first fit, TFLite's greedy-by-size and tjit's plan_offsets the slab / lower bound
-and the planning time; geomeans per group at the bottom. Every plan is checked with
-check_plan. Wall-clock times: a busy machine inflates them.
+and the planning time; geomeans per group at the bottom. Wall-clock times: a busy machine
+inflates them.
+
+Then three small compiled functions whose tjit graphs have intermediates, in steady state (a
+call after the first): the slab tjit planned against its lower bound, the slab bytes the call
+really holds (its Executable's slabs), the kernels a call runs, measured (Triton's launches +
+aten kernels tjit ran outside them, bench/measure.py), and the slab allocations per call
+(tjit.memory.stats; with CUDA also the caching allocator's count, which includes the outputs,
+allocated per call by design).
+
+Checked, and the script exits 1 with the failures listed when one does not hold: every plan is
+valid (check_plan: aligned, inside the slab, no two live buffers sharing a byte; the planners'
+and tjit's compiled plans alike); a compiled function holds the slab it planned; its launches
+are the kernels tjit.explain plans (counted by tjit.counters and seen by Triton); a
+steady-state call allocates no slab.
 """
 from __future__ import annotations
 
@@ -55,6 +68,9 @@ from tjit.memory import (
     lower_bound,
     plan_offsets,
 )
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from measure import TjitKernels, check_launches, print_failures  # noqa: E402
 
 MINIMALLOC = ROOT.parent / "shared" / "memplan" / "minimalloc-challenging"
 
@@ -315,41 +331,59 @@ def compiled_functions() -> dict[str, tuple[Callable, tuple]]:
             "norm_then_mix": (norm_then_mix, (x, w))}
 
 
-def steady_state(calls: int = 5) -> list[dict]:
-    """Per compiled function: its slab against the lower bound, and what a steady-state call
-    allocates for intermediates (tjit.memory.stats; with CUDA also the caching allocator's
-    count, which includes the outputs, allocated per call by design)."""
+def steady_state(calls: int = 5) -> tuple[list[dict], list[str]]:
+    """Per compiled function: its slab against the lower bound, the slab it holds, the kernels
+    a steady-state call runs and what such a call allocates (see the module text). Returns the
+    rows and the checks that failed."""
     import tjit
-    rows = []
+    rows, failures = [], []
     for name, (fn, args) in compiled_functions().items():
         cf = tjit.compile(fn)
         cf(*args)
-        plan = tjit.explain(cf, *args).memory
+        explanation = tjit.explain(cf, *args)
+        plan = explanation.memory
+        try:
+            plan.check()
+        except ValueError as e:
+            failures.append(f"{name}: tjit's slab plan is invalid: {e}")
+        held = sum(s.memory.numel() * s.memory.element_size() for s in cf.entry_for(*args).executable.slabs())
+        if held != plan.slab_size:
+            failures.append(f"{name}: holds {held} B of slab, planned {plan.slab_size} B")
+        with TjitKernels(bytes=False) as measured:
+            cf(*args)
+        failures += check_launches(name, len(explanation.kernels), measured)
         before = tjit.memory.stats()["allocations"]
         cuda_before = torch.cuda.memory_stats().get("allocation.all.allocated", 0) if torch.cuda.is_available() else 0
         for _ in range(calls):
             cf(*args)
         cuda = (torch.cuda.memory_stats().get("allocation.all.allocated", 0) - cuda_before) / calls \
             if torch.cuda.is_available() else None
+        allocations = (tjit.memory.stats()["allocations"] - before) / calls
+        if allocations:
+            failures.append(f"{name}: a steady-state call allocates {allocations} slab(s)")
         rows.append({"function": name, "buffers": len(plan.intervals), "slab_bytes": plan.slab_size,
-                     "lower_bound": plan.lower_bound,
-                     "intermediate_allocations_per_call": (tjit.memory.stats()["allocations"] - before) / calls,
-                     "cuda_allocations_per_call": cuda})
-    return rows
+                     "lower_bound": plan.lower_bound, "held_slab_bytes": held, "kernels": measured.total,
+                     "aten_kernels": measured.aten.kernels, "planned_kernels": len(explanation.kernels),
+                     "intermediate_allocations_per_call": allocations, "cuda_allocations_per_call": cuda})
+    return rows, failures
 
 
 def print_steady_state(rows: list[dict]) -> None:
-    print("\ncompiled functions: slab against the lower bound, allocations per steady-state call")
-    print(f"{'function':<18} {'buffers':>7} {'slab B':>8} {'bound B':>8} {'intermediate allocs/call':>25} "
-          f"{'CUDA allocs/call (incl. outputs)':>33}")
+    print("\ncompiled functions in steady state: slab planned against the lower bound and held, kernels and "
+          "allocations per call")
+    print(f"{'function':<18} {'buffers':>7} {'slab B':>8} {'bound B':>8} {'held B':>8} {'kernels':>7} "
+          f"{'slab allocs/call':>16} {'CUDA allocs/call (incl. outputs)':>33}")
     for r in rows:
         cuda = "-" if r["cuda_allocations_per_call"] is None else f"{r['cuda_allocations_per_call']:.1f}"
         print(f"{r['function']:<18} {r['buffers']:>7} {r['slab_bytes']:>8} {r['lower_bound']:>8} "
-              f"{r['intermediate_allocations_per_call']:>25.1f} {cuda:>33}")
+              f"{r['held_slab_bytes']:>8} {r['kernels']:>7} {r['intermediate_allocations_per_call']:>16.1f} {cuda:>33}")
+    print("  kernels: measured over one call (Triton's launches + aten kernels tjit ran outside them), checked against "
+          "tjit.explain; held: the slab bytes the call's Executable holds")
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="a synthetic trace of 10,000 buffers, not 100,000")
     ap.add_argument("--json", metavar="PATH", help="write the numbers as JSON")
     ap.add_argument("--budget", type=float, default=None,
                     help="time_budget_s for plan_offsets (default: plan_offsets' own)")
@@ -370,23 +404,32 @@ def main() -> None:
 
     progress("synthetic trace ...")
     big = dict(planners)
-    if args.skip_greedy_100k:
+    if args.skip_greedy_100k and not args.quick:
         del big["greedy-by-size"]
-    big["tjit, 5 s budget"] = lambda iv: plan_offsets(iv, time_budget_s=5.0)
-    rows.append(measure("synthetic-100k", "synthetic", synthetic(), big))
+    if not args.quick:
+        big["tjit, 5 s budget"] = lambda iv: plan_offsets(iv, time_budget_s=5.0)
+    n = 10_000 if args.quick else 100_000
+    rows.append(measure(f"synthetic-{n // 1000}k", "synthetic", synthetic(n), big))
 
-    for path in sorted(MINIMALLOC.glob("*.csv")):
+    instances = sorted(MINIMALLOC.glob("*.csv"))
+    missing = [] if len(instances) == 11 else [f"found {len(instances)} MiniMalloc instances in {MINIMALLOC}, not 11"]
+    for path in instances:
         rows.append(measure(f"minimalloc-{path.stem.split('.')[0]}", "MiniMalloc", minimalloc(path), planners,
                             optimum=int(path.stem.split(".")[1])))
 
     print_table(rows, list(dict.fromkeys(p for r in rows for p in r.ratio)))
     progress("compiled functions, steady state ...")
-    compiled = steady_state()
+    compiled, failures = steady_state()
+    failures = missing + failures
     print_steady_state(compiled)
     print(f"load average (1, 5, 15 min) at the end: {os.getloadavg()}: other work on the machine inflates the times")
+    print_failures(failures, "every plan valid; each compiled function holds the slab it planned, launches the "
+                             "kernels it plans and allocates no slab per call")
     if args.json:
-        Path(args.json).write_text(json.dumps({"traces": [asdict(r) for r in rows], "compiled": compiled}, indent=1))
+        Path(args.json).write_text(json.dumps({"traces": [asdict(r) for r in rows], "compiled": compiled,
+                                               "failures": failures}, indent=1))
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

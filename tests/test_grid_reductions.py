@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 
 import tjit
-from tjit import Auto, Sequential, ThreadGroup
-from helpers import check_against_eager
+from tjit import Auto, Sequential, Thread, ThreadGroup
+from helpers import check_against_eager, launches
 
 SPLIT = {
     "sum": lambda x: x.sum(),
@@ -27,9 +27,9 @@ def test_forced_split_reduction(name):
     if x.dim() == 2:
         x = x.reshape(-1)  # one contiguous run of the reduced axis
     cf = check_against_eager(fn, x, axis_strategies={"*": (ThreadGroup(64),)})
-    kernels = tjit.explain(cf, x).kernels
-    assert len(kernels) == 1 and kernels[0].grid[0] > 1
-    assert "split" in kernels[0].strategies[0]
+    assert launches(cf, x) == 1
+    (kernel,) = tjit.explain(cf, x).kernels
+    assert kernel.grid[0] > 1 and "split" in kernel.strategies[0]
 
 
 def test_auto_splits_a_large_full_sum_and_is_deterministic():
@@ -40,7 +40,7 @@ def test_auto_splits_a_large_full_sum_and_is_deterministic():
     # within a few times fp32's rounding of a sum this long (a wrong term would be off by ~1)
     bound = 8 * torch.finfo(torch.float32).eps * x.numel() ** 0.5 * x.abs().max().item()
     assert abs(cf(x).item() - x.double().sum().item()) <= bound
-    assert tjit.explain(cf, x).kernels[0].grid[0] > 1
+    assert launches(cf, x) == 1 and tjit.explain(cf, x).kernels[0].grid[0] > 1
     assert torch.equal(cf(x), cf(x))  # the count resets; partials combine in a fixed order
 
 
@@ -58,21 +58,37 @@ def test_split_needs_a_full_plain_reduction():
         tjit.compile(lambda x: x.softmax(0), axis_strategies={"*": (ThreadGroup(16),)})(torch.randn(100))
 
 
-@pytest.mark.parametrize("mapping", [None, (ThreadGroup(), Sequential(8))])
+# the totals are finished by the last program to finish: (rows, mapping), rows over two or
+# more programs under Auto, and one or 16 rows a program when forced
+CROSS_ENTROPY_CASES = {
+    "auto_37": (37, None),
+    "auto_300": (300, None),
+    "looped_1_row_a_program": (37, (ThreadGroup(), Sequential(8))),
+    "looped_16_rows_a_program": (300, (ThreadGroup(16), Sequential(8))),
+    "persistent_16_rows_a_program": (300, (ThreadGroup(16), Thread())),
+}
+
+
+@pytest.mark.parametrize("case", CROSS_ENTROPY_CASES)
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
-def test_cross_entropy_is_one_kernel(mapping, reduction):
+def test_cross_entropy_is_one_kernel(case, reduction):
+    rows, mapping = CROSS_ENTROPY_CASES[case]
     fn = lambda x, t: F.cross_entropy(x, t, ignore_index=1, reduction=reduction)  # noqa: E731
-    x, t = torch.randn(37, 21), torch.randint(0, 21, (37,))
+    x, t = torch.randn(rows, 21), torch.randint(0, 21, (rows,))
     cf = check_against_eager(fn, x, t, axis_strategies=None if mapping is None else {"*": mapping})
-    assert len(tjit.explain(cf, x, t).kernels) == 1
+    assert launches(cf, x, t) == 1
+    assert tjit.explain(cf, x, t).kernels[0].grid[0] > 1
     assert torch.equal(cf(x, t), cf(x, t))
 
 
-def test_mean_of_row_norms_is_one_kernel():
+@pytest.mark.parametrize("rows", [50, 300])
+def test_mean_of_row_norms_is_one_kernel(rows):
     fn = lambda x: x.norm(dim=1).mean()  # noqa: E731
-    x = torch.randn(50, 30)
+    x = torch.randn(rows, 30)
     cf = check_against_eager(fn, x)
-    assert len(tjit.explain(cf, x).kernels) == 1
+    assert launches(cf, x) == 1
+    assert (tjit.explain(cf, x).kernels[0].grid[0] > 1) == (rows == 300)  # 64 rows a program
+    assert torch.equal(cf(x), cf(x))
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum"])

@@ -308,17 +308,24 @@ def load_minimalloc(path):
 
 
 def test_minimalloc_instances():
+    """Valid plans never worse than the baselines, and (without the clock: the skyline fill
+    with area priority, which plan_offsets runs first when its budget allows) well below
+    greedy-by-size. What plan_offsets reaches within a budget depends on the machine's speed,
+    so its own ratio is not asserted (bench/memplan.py measures it)."""
     ratios = []
     for path in minimalloc_instances():
         intervals = load_minimalloc(path)
         capacity = int(path.name.split(".")[1])  # the capacity MiniMalloc packs it into
-        offsets, slab = plan_offsets(intervals, time_budget_s=0.05)
+        offsets, slab = plan_offsets(intervals, **FAST)
         check_plan(intervals, offsets, slab)
         assert lower_bound(intervals) <= capacity
         assert slab <= min(first_fit_by_start(intervals)[1], greedy_by_size(intervals)[1]), path.name
+        p = planner._problem(intervals, 64)
+        offsets, slab = p.to_bytes(planner._skyline(p, planner._priority(p, "area"))[0])
+        check_plan(intervals, offsets, slab)
         ratios.append(slab / lower_bound(intervals))
-    # Greedy-by-size: 1.36. A loose bound: the budget is small and the machine may be busy.
-    assert math.exp(sum(map(math.log, ratios)) / len(ratios)) < 1.25
+    # greedy-by-size: 1.36; the skyline fill: 1.15
+    assert math.exp(sum(map(math.log, ratios)) / len(ratios)) < 1.2
 
 
 # ---------------------------------------------------------------------------------------------

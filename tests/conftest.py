@@ -12,6 +12,14 @@ os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from hypothesis import settings  # noqa: E402
+
+# Property tests draw the same examples on every run (never a flaky CI), with no example
+# database and no deadline (the interpreter's speed varies with the machine's load).
+# HYPOTHESIS_PROFILE=explore draws fresh examples, for hunting bugs by hand.
+settings.register_profile("tjit", derandomize=True, database=None, deadline=None)
+settings.register_profile("explore", deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "tjit"))
 
 from tjit.runtime.loader import launched_kernels  # noqa: E402
 

@@ -1012,15 +1012,15 @@ def test_backward_launches_at_most_two_kernels(name):
     out.backward(torch.randn(out.shape))  # compiles the backward
     for a in args:
         a.grad = None
+    before = tjit.counters.launches
     out = f(*args)
+    assert tjit.counters.launches - before == 1, f"{name}: the forward launched {tjit.counters.launches - before}"
     g = torch.randn(out.shape)
     before = tjit.counters.launches
     out.backward(g)
     launched = tjit.counters.launches - before
     assert launched <= 2, f"{name}: backward launched {launched} kernels"
-    entry = f.entry_for(*args).executable
-    assert len(entry.forward.launches) == 1
-    assert [len(b.launches) for b in entry._backward.values()] == [launched]
+    assert len(f.entry_for(*args).executable._backward) == 1, "one backward, compiled once"
     theirs = leaves(args)  # and the gradients are right
     fn(*theirs).backward(g)
     for a, e in zip(args, theirs):

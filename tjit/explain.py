@@ -1,11 +1,12 @@
 """tjit.explain(fn, *args): what tjit generates for these arguments, without running it."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from typing import Optional
 
 from .ir import Graph
+from .lower import LibraryPlan
 from .lower.codegen import KernelPlan
 from .memory import MemoryPlan
 
@@ -22,6 +23,16 @@ class KernelReport:
 
 
 @dataclass
+class LibraryCallReport:
+    """An aten op run as itself (a library call), between the kernels; torch allocates its
+    results."""
+    name: str
+    op: str
+    bytes_read: int
+    bytes_written: int
+
+
+@dataclass
 class Explanation:
     graph: Graph
     kernels: list[KernelReport]
@@ -31,21 +42,28 @@ class Explanation:
     # values the forward keeps for it (input, output and saved intermediate names)
     backward: Optional["Explanation"] = None
     saved: tuple[str, ...] = ()
+    library_calls: list[LibraryCallReport] = field(default_factory=list)
+    steps: list = field(default_factory=list)  # kernels and library calls, in the order they run
 
     @property
     def bytes_moved(self) -> int:
         return sum(k.bytes_read + k.bytes_written for k in self.kernels)
 
     def __str__(self) -> str:
+        calls = f" and {len(self.library_calls)} library call(s)" if self.library_calls else ""
         lines = [str(self.graph), "",
-                 f"{len(self.kernels)} kernel(s) (eager: {self.eager_ops} op(s)), {self.bytes_moved} bytes moved"]
-        for k in self.kernels:
+                 f"{len(self.kernels)} kernel(s){calls} (eager: {self.eager_ops} op(s)), {self.bytes_moved} bytes moved"]
+        for k in self.steps or self.kernels:
+            if isinstance(k, LibraryCallReport):
+                lines += ["", f"library call {k.op}: reads {k.bytes_read} B, writes {k.bytes_written} B "
+                              "(its results are allocated by torch, not in the slab)"]
+                continue
             lines += ["", f"kernel {k.name}: shape {list(k.shape)}, grid {k.grid}, "
                           f"reads {k.bytes_read} B, writes {k.bytes_written} B"]
             lines += [f"  {s}" for s in k.strategies]
             lines.append(k.source)
         if self.memory is not None and self.memory.intervals:
-            lines += ["", "memory plan (steps are kernel launches):", self.memory.format()]
+            lines += ["", "memory plan (steps are kernel launches and library calls, in order):", self.memory.format()]
         if self.backward is not None:
             lines += ["", f"saved for backward: {', '.join(self.saved) or 'nothing'}", "", "backward:",
                       str(self.backward)]
@@ -70,5 +88,8 @@ def explain(fn, *args, **kwargs) -> Explanation:
 
 
 def _explain(executable, eager_ops: int) -> Explanation:
-    return Explanation(executable.graph, [report(p) for p in executable.lowered.kernels], eager_ops,
-                       executable.memory_plan)
+    steps = [LibraryCallReport(p.name, p.call.name, p.bytes_read, p.bytes_written) if isinstance(p, LibraryPlan)
+             else report(p) for p in executable.lowered.steps]
+    return Explanation(executable.graph, [s for s in steps if isinstance(s, KernelReport)], eager_ops,
+                       executable.memory_plan,
+                       library_calls=[s for s in steps if isinstance(s, LibraryCallReport)], steps=steps)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
 from ..errors import UnsupportedOpError
-from ..ir import Const, Contiguous, Cumulative, DType, Elementwise, Gather, GraphNode, Input, Reduce, ViewOp
+from ..ir import Const, Contiguous, Cumulative, DType, Elementwise, Extern, Gather, GraphNode, Input, Reduce, ViewOp
 from .algebra import LN2, TWO_OVER_SQRT_PI, Algebra
 from .views import view_transpose
 
@@ -54,6 +54,9 @@ def vjp(alg: Algebra, node: GraphNode, grad: GraphNode, value: ValueOf) -> Grads
         return [_cumulative(alg, node, grad, value)]
     if isinstance(op, Gather):
         return [_gather(alg, node, grad, value), None]
+    if isinstance(op, Extern):
+        raise UnsupportedOpError(op.call.name, "the gradient of a library call (torch's own derivative formula) is "
+                                 "not part of tjit's backward yet; call it without inputs that require grad")
     raise UnsupportedOpError(type(op).__name__, "no gradient rule for this IR op")
 
 

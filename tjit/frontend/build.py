@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from ..ir import (Const, Contiguous, Cumulative, DType, Elementwise, Gather, GraphBuilder, GraphNode, Input, Reduce,
+from ..ir import (Const, Contiguous, Cumulative, DType, Elementwise, Extern, Gather, GraphBuilder, GraphNode, Input, Reduce,
                   View, ViewOp)
 
 ViewFn = tuple  # ("permute", dims) etc.: a hashable description of a movement op
@@ -101,7 +101,7 @@ class ValueBuilder:
         return self.b.node(Gather(axis, wrap_negative, what), node.dtype, (node, index), View.contiguous(shape))
 
     def materialize(self, node: GraphNode) -> GraphNode:
-        if isinstance(node.op, (Contiguous, Input, Const)):
+        if isinstance(node.op, (Contiguous, Input, Const, Extern)):
             return node
         return self.b.node(Contiguous(), node.dtype, (node,), View.contiguous(node.shape))
 
@@ -130,7 +130,7 @@ class ValueBuilder:
         if isinstance(node.op, Gather) and _keeps_elements(node.view, apply_view_desc(node.view, desc)):
             # a gathered value squeezed, unsqueezed or broadcast stays in registers (cross-entropy's row)
             return self.b.node(ViewOp(), node.dtype, (node,), apply_view_desc(node.view, desc))
-        if not isinstance(node.op, (Input, Const, Contiguous, Reduce)):
+        if not isinstance(node.op, (Input, Const, Contiguous, Reduce, Extern)):
             node = self.materialize(node)
         new = apply_view_desc(node.view, desc)
         if new is None:  # an input whose layout cannot be reshaped as a view: copy it dense
@@ -139,7 +139,7 @@ class ValueBuilder:
         return node if new == node.view else self.b.node(ViewOp(), node.dtype, (node,), new)
 
     def _try_view(self, node: GraphNode, desc: ViewFn) -> Optional[GraphNode]:
-        if isinstance(node.op, (ViewOp, Input, Const, Contiguous, Reduce)):
+        if isinstance(node.op, (ViewOp, Input, Const, Contiguous, Reduce, Extern)):
             return None if apply_view_desc(node.view, desc) is None else self.view(node, desc)
         return self.view(node, desc)
 

@@ -21,6 +21,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from ..errors import UnsupportedOpError
 from ..ir import Const, Contiguous, DType, GraphNode, Input, Mutation, View, ViewOp, Graph
 from .build import ValueBuilder
+from .library import library_call
 from .overlap import check_in_place
 
 @dataclass(frozen=True)
@@ -126,12 +127,15 @@ class Converter(ValueBuilder):
             return handler
         name = getattr(packet, "__name__", "")
         functional = getattr(torch.ops.aten, name[:-1], None) if name.endswith("_") else None
-        if functional is not None and functional in self.handlers:
+        if functional is not None:
             # x.op_(...) is x = op(x, ...) written back into x's memory
+            overload = getattr(functional, node.target._overloadname, None)
+            compute = self.handlers.get(functional) or self.handlers.get(overload) or _library(overload)
+
             def in_place(cv, node, *args, **kwargs):
-                return cv.assign(node.args[0], self.handlers[functional](cv, node, *args, **kwargs))
+                return cv.assign(node.args[0], compute(cv, node, *args, **kwargs))
             return in_place
-        raise UnsupportedOpError(str(node.target), "no IR translation for this op", target=node.target)
+        return _library(node.target)
 
     # -- values ----------------------------------------------------------------------
     def meta(self, node: fx.Node) -> torch.Tensor:
@@ -274,6 +278,15 @@ class Converter(ValueBuilder):
                 specs.append(OutputSpec("computed", name=name, **layout))
         graph = self.b.finish(self.input_names, outputs, self.mutations)
         return Conversion(graph, specs, tree, self.constants, count_eager_kernels(self.gm))
+
+
+def _library(target):
+    """The handler that runs `target` as a library call (see library.py)."""
+    def call(cv, node, *args, **kwargs):
+        if target is None:
+            raise UnsupportedOpError(str(node.target), "an in-place op without a functional form", target=node.target)
+        return library_call(cv, node, target, args, kwargs)
+    return call
 
 
 def _reads_input(value: GraphNode, name: str) -> bool:

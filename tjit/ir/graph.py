@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 from .dtype import DType
 from .strategy import AxisStrategy
@@ -80,7 +80,36 @@ class Gather:
     what: str = "gather"  # the user's op, for the error message
 
 
-GraphOp = Union[Input, Const, ViewOp, Contiguous, Elementwise, Reduce, Cumulative, Gather]
+@dataclass(frozen=True, eq=False)
+class ExternCall:
+    """One call of an aten op that tjit does not generate: at run time the op itself runs (a
+    library call: cuBLAS, a sort, ... ) on its operands' memory. `args`/`kwargs` are the
+    call's arguments with each tensor operand replaced by `Operand(k)`, the node's src[k]."""
+    target: Any  # the aten OpOverload
+    args: tuple
+    kwargs: dict
+
+    @property
+    def name(self) -> str:
+        return str(self.target)
+
+
+@dataclass(frozen=True)
+class Operand:
+    """Placeholder for tensor operand k of an ExternCall (src[k] of each of its nodes)."""
+    index: int
+
+
+@dataclass(frozen=True)
+class Extern:
+    """Tensor result `index` (in pytree order) of an ExternCall. The node's src are the
+    call's tensor operands, each read from memory (an input, a buffer or another call's
+    result, possibly through a view); its view is the layout torch gives the result."""
+    call: ExternCall
+    index: int
+
+
+GraphOp = Union[Input, Const, ViewOp, Contiguous, Elementwise, Reduce, Cumulative, Gather, Extern]
 
 
 @dataclass(frozen=True, eq=False)
@@ -100,7 +129,7 @@ class GraphNode:
         reduction's result is not: the kernel that reduces may hold it in registers."""
         if isinstance(self.op, ViewOp):
             return not isinstance(self.src[0].op, (Reduce, Cumulative, Gather))
-        return isinstance(self.op, (Input, Const))
+        return isinstance(self.op, (Input, Const, Extern))
 
 
 @dataclass(frozen=True)
@@ -200,13 +229,15 @@ def describe_op(node: GraphNode) -> str:
         return f"cumulative.{op.op} axis={op.axis}"
     if isinstance(op, Gather):
         return f"gather axis={op.axis}"
+    if isinstance(op, Extern):
+        return f"library {op.call.name}[{op.index}]"
     return op.op
 
 
 def format_node(node: GraphNode, names: dict[int, str]) -> str:
     args = ", ".join(names[id(s)] for s in node.src)
     layout = ""
-    if isinstance(node.op, (ViewOp, Input)) and not node.view.is_contiguous():
+    if isinstance(node.op, (ViewOp, Input, Extern)) and not node.view.is_contiguous():
         layout = f" strides={list(node.view.strides)}" + (f" offset={node.view.offset}" if node.view.offset else "")
     strategies = getattr(node.op, "axis_strategies", None)
     forced = f" strategies={list(strategies)}" if strategies else ""

@@ -2,21 +2,30 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence, Union
 
 from ..errors import TjitError
 from ..ir import AxisStrategy, Graph, GraphNode
 from .codegen import KernelPlan, plan_kernel
-from .fusion import BufferTarget, KernelGroup, OutputTarget, group_kernels
+from .fusion import BufferTarget, ExternStep, KernelGroup, OutputTarget, group_kernels
+from .library import LibraryPlan, plan_library_call
 
 StrategyMap = Mapping[str, Sequence[AxisStrategy]]
 
 
 @dataclass
 class LoweredGraph:
-    kernels: list[KernelPlan]
-    groups: list[KernelGroup]
+    steps: list[Union[KernelPlan, LibraryPlan]]  # in the order they run
+    groups: list[KernelGroup]  # one per kernel
     buffers: list[GraphNode]  # materialised intermediates, in the order kernels first write them
+
+    @property
+    def kernels(self) -> list[KernelPlan]:
+        return [s for s in self.steps if isinstance(s, KernelPlan)]
+
+    @property
+    def library_calls(self) -> list[LibraryPlan]:
+        return [s for s in self.steps if isinstance(s, LibraryPlan)]
 
 
 def lower(graph: Graph, output_strides: dict[str, tuple[int, ...]],
@@ -24,10 +33,12 @@ def lower(graph: Graph, output_strides: dict[str, tuple[int, ...]],
     """The graph's kernels, generated for the device type their tensors live on ("cpu", run by
     Triton's interpreter, or "cuda"): where eager's numerics differ between the two (a float32
     scan accumulates in double on CPU, in float32 on CUDA), the kernels follow the device's."""
-    groups = group_kernels(graph)
-    kernels = [plan_kernel(g, output_strides, forced_strategies(g, strategies or {}), device) for g in groups]
+    ordered = group_kernels(graph)
+    steps = [plan_library_call(g) if isinstance(g, ExternStep) else
+             plan_kernel(g, output_strides, forced_strategies(g, strategies or {}), device) for g in ordered]
+    groups = [g for g in ordered if isinstance(g, KernelGroup)]
     buffers = [s.target.node for g in groups for s in g.stores if isinstance(s.target, BufferTarget)]
-    return LoweredGraph(kernels, groups, buffers)
+    return LoweredGraph(steps, groups, buffers)
 
 
 def forced_strategies(group: KernelGroup, strategies: StrategyMap) -> Optional[tuple[AxisStrategy, ...]]:
@@ -48,4 +59,4 @@ def forced_strategies(group: KernelGroup, strategies: StrategyMap) -> Optional[t
     return found[0] if found else None
 
 
-__all__ = ["lower", "LoweredGraph", "KernelPlan"]
+__all__ = ["lower", "LoweredGraph", "KernelPlan", "LibraryPlan"]

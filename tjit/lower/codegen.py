@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..ir import (AxisStrategy, Const, Cumulative, DType, Elementwise, Gather, GraphNode, Input, Reduce, View, ViewOp,
+from ..ir import (AxisStrategy, Const, Cumulative, DType, Elementwise, Extern, Gather, GraphNode, Input, Reduce, View, ViewOp,
                   toposort)
 from .domains import is_value_ref
 from .elementwise import _cast, literal, render, tl_dtype
@@ -201,7 +201,7 @@ class _Emitter(GridReductionEmitter):
                 base = buffer_of(leaf)
                 if base is None or id(leaf) in self.leaf_access or id(leaf) not in read_directly:
                     continue
-                view = leaf.view if isinstance(leaf.op, ViewOp) or isinstance(leaf.op, Input) else View.contiguous(leaf.shape)
+                view = leaf.view if isinstance(leaf.op, (ViewOp, Input, Extern)) else View.contiguous(leaf.shape)
                 self.leaf_access[id(leaf)] = len(self.accesses)
                 self.accesses.append(Access(self._buffer_for_node(base), self.domain.to_domain(view), False))
         self.store_access = []
@@ -226,7 +226,7 @@ class _Emitter(GridReductionEmitter):
         """The table of a Gather is read at the node's own index on every axis but the gathered
         one, whose coordinate is data: its stride is left out of the view and added per load."""
         table, axis = node.src[0], node.op.axis
-        view = table.view if isinstance(table.op, (ViewOp, Input)) else View.contiguous(table.shape)
+        view = table.view if isinstance(table.op, (ViewOp, Input, Extern)) else View.contiguous(table.shape)
         strides = tuple(0 if d == axis else st for d, st in enumerate(view.strides))
         self.gather_access[id(node)] = len(self.accesses)
         self.accesses.append(Access(self._buffer_for_node(buffer_of(table)),

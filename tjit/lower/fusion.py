@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
-from ..ir import Contiguous, Graph, GraphNode, Input, Mutation, ViewOp, toposort
+from ..ir import Contiguous, Extern, ExternCall, Graph, GraphNode, Input, Mutation, ViewOp, toposort
 from .domains import Domain, is_kernel_input, read_from_buffers, reduces_in, store_domain, totals_fit, totals_of
 from .hazards import gather_tables, reads_older_version, same_program_access, stage
 
@@ -57,15 +57,25 @@ class KernelGroup:
         return self.domain.shape
 
 
+@dataclass(eq=False)
+class ExternStep:
+    """A library call (see frontend/library.py): it runs after the kernels that write its
+    operands and before those that read its results."""
+    call: ExternCall
+    operands: tuple[GraphNode, ...]
+    results: list[GraphNode]  # the call's Extern nodes the graph reads
+    level: int = 0
+
+
 def expression_leaves(value: GraphNode) -> list[GraphNode]:
     """The kernel inputs a store's fused expression reads."""
     return [n for n in toposort([value], stop=is_kernel_input) if is_kernel_input(n)]
 
 
 def buffer_of(leaf: GraphNode) -> Optional[GraphNode]:
-    """The Input or Contiguous node whose memory a leaf reads (None for literals)."""
+    """The Input, Contiguous or Extern node whose memory a leaf reads (None for literals)."""
     base = leaf.src[0] if isinstance(leaf.op, ViewOp) else leaf
-    return base if isinstance(base.op, (Input, Contiguous)) else None
+    return base if isinstance(base.op, (Input, Contiguous, Extern)) else None
 
 
 def collect_stores(graph: Graph) -> list[Store]:
@@ -76,6 +86,16 @@ def collect_stores(graph: Graph) -> list[Store]:
     stores += [Store(OutputTarget(name), node) for name, node in graph.outputs.items()]
     stores += [Store(InputTarget(m), m.value) for m in graph.mutations]
     return stores
+
+
+def collect_externs(graph: Graph) -> list[ExternStep]:
+    """One step per library call the graph reads a result of."""
+    steps: dict[int, ExternStep] = {}
+    for node in toposort(graph.roots()):
+        if isinstance(node.op, Extern):
+            call = node.op.call
+            steps.setdefault(id(call), ExternStep(call, node.src, [])).results.append(node)
+    return list(steps.values())
 
 
 def place_in_domains(stores: list[Store]) -> list[Store]:
@@ -129,10 +149,13 @@ def _hazardous_reads(reader: Store, writer: Store) -> list[GraphNode]:
                  or not same_program_access(leaf.view, mutation.view, writer.domain))]
 
 
-def group_kernels(graph: Graph) -> list[KernelGroup]:
-    """Stores with the same domain and level share a kernel."""
+def group_kernels(graph: Graph) -> list[Union[KernelGroup, ExternStep]]:
+    """Stores with the same domain and level share a kernel; library calls run between the
+    kernels, in level order."""
     stores = stage_hazardous_reads(place_in_domains(collect_stores(graph)))
-    levels = _sink_outputs(stores, _levels(stores))
+    externs = collect_externs(graph)
+    levels = _levels(stores, externs)
+    levels = _sink_outputs(stores, levels)
     _join_reduction_kernels(stores, levels)
     groups: dict[tuple, KernelGroup] = {}
     for store in stores:
@@ -140,7 +163,10 @@ def group_kernels(graph: Graph) -> list[KernelGroup]:
         groups.setdefault(key, KernelGroup(store.domain, level=key[0])).stores.append(store)
     for group in groups.values():
         group.stores = without_overwritten_stores(group.stores)
-    return sorted(groups.values(), key=lambda g: g.level)
+    for step in externs:
+        step.level = levels[id(step)]
+    # at one level nothing depends on anything else; calls first, so their results die early
+    return sorted([*externs, *groups.values()], key=lambda g: (g.level, isinstance(g, KernelGroup)))
 
 
 def _sink_outputs(stores: list[Store], levels: dict[int, int]) -> dict[int, int]:
@@ -152,7 +178,7 @@ def _sink_outputs(stores: list[Store], levels: dict[int, int]) -> dict[int, int]
     last = {}
     for s in stores:
         last[s.domain] = max(last.get(s.domain, 0), levels[id(s)])
-    return {id(s): last[s.domain] if isinstance(s.target, OutputTarget) else levels[id(s)] for s in stores}
+    return {**levels, **{id(s): last[s.domain] for s in stores if isinstance(s.target, OutputTarget)}}
 
 
 def _join_reduction_kernels(stores: list[Store], levels: dict[int, int]) -> None:
@@ -224,42 +250,51 @@ def without_overwritten_stores(stores: list[Store]) -> list[Store]:
             or last_write[(store.target.mutation.name, store.target.mutation.view)] == k]
 
 
-def _levels(stores: list[Store]) -> dict[int, int]:
-    """Level of a store = the earliest kernel slot its dependencies allow.
+def _levels(stores: list[Store], externs: list[ExternStep] = ()) -> dict[int, int]:
+    """Level of a store or library call = the earliest slot its dependencies allow.
 
     Strict dependencies (the store must run in a later kernel): reading a buffer another
-    store writes; reading an input version a mutation produces; writing an input that
-    another store reads (an older version of) through a different view or iteration
-    space. Reading through the same view in the same iteration space is safe in one
-    kernel: each lane loads its elements before it stores them.
+    store writes or a library call's result; reading an input version a mutation produces;
+    writing an input that another store or a library call reads (an older version of)
+    through a different view or iteration space. Reading through the same view in the same
+    iteration space is safe in one kernel: each lane loads its elements before it stores
+    them. A library call depends strictly on whatever writes what it reads.
     """
-    producer: dict[tuple, Store] = {}
+    producer: dict[tuple, object] = {("extern", id(e.call)): e for e in externs}
     for s in stores:
         if isinstance(s.target, BufferTarget):
             producer[("buffer", id(s.target.node))] = s
         elif isinstance(s.target, InputTarget):
             producer[("input", s.target.mutation.name, s.target.mutation.version)] = s
     reads = {id(s): [(leaf, buffer_of(leaf)) for leaf in expression_leaves(s.value)] for s in stores}
+    reads.update({id(e): [(op, buffer_of(op)) for op in e.operands] for e in externs})
     level: dict[int, int] = {}
 
-    def deps(store: Store):
-        """(store it depends on, strict?) pairs."""
-        for leaf, base in reads[id(store)]:
-            if base is not None and isinstance(base.op, Contiguous):
+    def deps(item):
+        """(store or call it depends on, strict?) pairs."""
+        for leaf, base in reads[id(item)]:
+            if base is None:
+                continue
+            if isinstance(base.op, Contiguous):
                 yield producer[("buffer", id(base))], True
-            elif base is not None and base.op.version:
+            elif isinstance(base.op, Extern):
+                yield producer[("extern", id(base.op.call))], True
+            elif base.op.version:
                 yield producer[("input", base.op.name, base.op.version)], True
-        if isinstance(store.target, InputTarget):
-            yield from _write_after_read(store, stores, reads)
+        if isinstance(item, Store) and isinstance(item.target, InputTarget):
+            yield from _write_after_read(item, stores, reads)
+            name, version = item.target.mutation.name, item.target.mutation.version
+            yield from ((e, True) for e in externs
+                        if any(reads_older_version(op, name, version) for op, _ in reads[id(e)]))
 
-    def visit(store: Store) -> int:
-        if id(store) not in level:
-            level[id(store)] = 0  # provisional; the store graph is acyclic by construction
-            level[id(store)] = max((visit(d) + strict for d, strict in deps(store)), default=0)
-        return level[id(store)]
+    def visit(item) -> int:
+        if id(item) not in level:
+            level[id(item)] = 0  # provisional; the dependency graph is acyclic by construction
+            level[id(item)] = max((visit(d) + strict for d, strict in deps(item)), default=0)
+        return level[id(item)]
 
-    for s in stores:
-        visit(s)
+    for item in [*stores, *externs]:
+        visit(item)
     return level
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..ir import DType
+from ..ir import DType, Extern
 from .planner import DEFAULT_ALIGNMENT, MemoryPlan, make_plan
 
 
@@ -42,15 +42,16 @@ class SlabBuffer:
 
 
 def transient_buffers(plans) -> list[SlabBuffer]:
-    """The slab's buffers for kernels launched in the order of `plans` (KernelPlans)."""
+    """The slab's buffers for the steps run in the order of `plans` (KernelPlans, and
+    LibraryPlans, which read buffers too)."""
     first: dict[tuple, int] = {}
     last: dict[tuple, int] = {}
     info: dict[tuple, tuple] = {}
     for step, plan in enumerate(plans):
         for access in plan.accesses:
             ref = access.buffer
-            if ref.kind != "buffer":
-                continue
+            if ref.kind != "buffer" or isinstance(ref.node.op, Extern):
+                continue  # inputs are bound in place; torch allocates library calls' results
             key = ("buffer", id(ref.node))
             if access.store or key not in info:  # named after the kernel that writes it
                 info[key] = (f"{ref.name}@{plan.name[5:]}", ref.node.shape, ref.dtype)

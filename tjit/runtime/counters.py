@@ -10,7 +10,8 @@ class Counters:
     cache_hits: int = 0  # a call served by an existing trace
     kernels_generated: int = 0  # distinct kernel sources loaded
     kernel_compiles: int = 0  # distinct (kernel source, constexprs) launched: one Triton build each
-    launches: int = 0
+    launches: int = 0  # Triton kernels launched
+    library_calls: int = 0  # aten ops run as library calls (see tjit/frontend/library.py)
 
     def reset(self) -> None:
         for f in fields(self):

@@ -18,7 +18,7 @@ from .. import debug
 from ..autograd import tape
 from ..errors import CompileArgumentError
 from ..frontend.convert import Conversion, OutputSpec
-from ..lower import LoweredGraph
+from ..lower import LibraryPlan, LoweredGraph
 from ..lower.codegen import ZERO_DIV_FLAG, BufferRef, KernelPlan
 from ..lower import gpu_compile
 from ..memory.donation import give_up, last_read_step, place_in_donated
@@ -26,6 +26,7 @@ from ..memory.liveness import plan_memory, plan_slab
 from ..memory.slab import POOL, Slab
 from .counters import counters
 from .interpreter import interpreting
+from .library import run_library_call
 from .loader import load_kernel, note_launch_config
 
 
@@ -54,11 +55,13 @@ class Executable:
         self.tape = [(name, self.graph.outputs[name]) for name in tape]
         self._constant_copies: dict[torch.device, dict[str, torch.Tensor]] = {}
         self._interpreting = interpreting()
-        self.launches = [Launch(p, load_kernel(p), list(p.buffers) + list(p.scalar_args), self._constexprs(p))
-                         for p in lowered.kernels if p.writes_anything]
+        # the steps in order: kernel launches, and library calls (LibraryPlans, run as they are)
+        self.launches = [p if isinstance(p, LibraryPlan) else
+                         Launch(p, load_kernel(p), list(p.buffers) + list(p.scalar_args), self._constexprs(p))
+                         for p in lowered.steps if p.writes_anything]
         # every intermediate at a planned offset in one slab (see tjit.memory), except those a
         # donated input's memory can hold once the kernels are done reading it
-        self.memory_plan, self.slab_buffers = plan_memory([launch.plan for launch in self.launches])
+        self.memory_plan, self.slab_buffers = plan_memory([_plan(step) for step in self.launches])
         self.donated: dict[str, list[tuple]] = {}  # input name -> (buffer, offset in its memory)
         if donated:
             self._plan_donations(donated)
@@ -66,9 +69,9 @@ class Executable:
         # kernels with checks take a status word; it is read after the call (one sync) when a
         # check is made: always in the interpreter, only index checks in compiled kernels
         # (integer division by zero is not checked there: CUDA eager does not raise)
-        self._checked = any(launch.plan.checks for launch in self.launches)
+        self._checked = any(_plan(step).checks for step in self.launches)
         self._reads_status = any(self._interpreting or not check.interpreted_only
-                                 for launch in self.launches for check in launch.plan.checks)
+                                 for step in self.launches for check in _plan(step).checks)
         self._status: dict[torch.device, torch.Tensor] = {}
         self._counters: dict[torch.device, torch.Tensor] = {}
 
@@ -91,8 +94,11 @@ class Executable:
             memory["status"] = self._status_on(device)
         memory["counter"] = self._counters_on(device)
         try:
-            for k, launch in enumerate(self.launches):
-                self._launch(launch, memory, k)
+            for k, step in enumerate(self.launches):
+                if isinstance(step, LibraryPlan):
+                    run_library_call(step, memory)
+                else:
+                    self._launch(step, memory, k)
         except BaseException:
             memory["counter"].zero_()  # a grid reduction cut short must not skew the next call's count
             raise
@@ -109,7 +115,7 @@ class Executable:
     def _plan_donations(self, donated: dict) -> None:
         """donated: input name -> its size in bytes. Buffers placed in a donated input leave
         the slab, which is planned again without them."""
-        plans = [launch.plan for launch in self.launches]
+        plans = [_plan(step) for step in self.launches]
         remaining = list(self.slab_buffers)
         for name, capacity in donated.items():
             placed = place_in_donated(remaining, last_read_step(plans, name) + 1, capacity)
@@ -167,10 +173,10 @@ class Executable:
         """The first launch's failed check raises as eager would: IndexError for an index out
         of range, RuntimeError("ZeroDivisionError") for an integer division by zero."""
         codes = status.tolist()  # one sync, as eager's checked indexing needs
-        for launch, code in zip(self.launches, codes):
+        for step, code in zip(self.launches, codes):
             if code:
                 status.zero_()
-                check = launch.plan.checks[code - 1]
+                check = _plan(step).checks[code - 1]
                 raise check.error(check.message)
 
     def _constexprs(self, plan: KernelPlan) -> dict:
@@ -312,6 +318,10 @@ class Executable:
         if (tuple(base.shape), tuple(base.stride()), base.storage_offset()) == (spec.shape, spec.stride, offset):
             return base
         return base.as_strided(spec.shape, spec.stride, offset)
+
+
+def _plan(step) -> "KernelPlan | LibraryPlan":
+    return step if isinstance(step, LibraryPlan) else step.plan
 
 
 def _device_of(tensors: dict) -> torch.device:

@@ -1,0 +1,134 @@
+"""Aten ops tjit does not generate run as library calls (the op itself), and the work around
+them still fuses: a program of kernels and calls, against eager on fresh inputs."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tjit
+
+from helpers import check_against_eager
+
+
+def steps(cf, *args):
+    """(kernels launched, library calls run) by one call."""
+    launches, calls = tjit.counters.launches, tjit.counters.library_calls
+    cf(*args)
+    return tjit.counters.launches - launches, tjit.counters.library_calls - calls
+
+
+def test_conv_then_pointwise_is_one_call_and_one_kernel(fresh_seed):
+    x, w, y = torch.randn(2, 3, 40, 40), torch.randn(4, 3, 3, 3), torch.randn(2, 4, 38, 38)
+    cf = check_against_eager(lambda x, w, y: torch.relu(F.conv2d(x, w)) + y, x, w, y)
+    assert steps(cf, x, w, y) == (1, 1)
+
+
+def test_sort_between_pointwise_work_is_a_kernel_before_and_one_after(fresh_seed):
+    x = torch.randn(70, 300)
+    cf = check_against_eager(lambda x: torch.exp(torch.sort(2 * x + 1, dim=1).values), x)
+    assert steps(cf, x) == (2, 1)
+
+
+def test_matmul_epilogue_and_reduction_fuse_after_the_call(fresh_seed):
+    x, w, b = torch.randn(300, 64), torch.randn(64, 200), torch.randn(200)
+    cf = check_against_eager(lambda x, w, b: torch.softmax(F.gelu(x @ w + b), -1), x, w, b)
+    assert steps(cf, x, w, b) == (1, 1)
+
+
+PROGRAMS = {
+    "addmm": (lambda x, w, b: torch.addmm(b, x, w).tanh(), lambda: (torch.randn(70, 30), torch.randn(30, 50),
+                                                                      torch.randn(50))),
+    "linear_transposed_weight": (lambda x, w: F.linear(x * 2, w.t()), lambda: (torch.randn(70, 30),
+                                                                               torch.randn(30, 50))),
+    "bmm_attention": (lambda q, k, v: torch.softmax(q @ k.transpose(1, 2) / 8, -1) @ v,
+                      lambda: (torch.randn(4, 33, 16), torch.randn(4, 40, 16), torch.randn(4, 40, 16))),
+    "cat": (lambda x, y: torch.cat([x.exp(), y, x * y], 1).sum(1), lambda: (torch.randn(70, 30),
+                                                                           torch.randn(70, 30))),
+    "stack": (lambda x, y: torch.stack([x, y + 1]).amax(0), lambda: (torch.randn(70, 30), torch.randn(70, 30))),
+    "arange": (lambda x: x + torch.arange(x.shape[1]), lambda: (torch.randn(70, 300),)),
+    "pad": (lambda x: F.pad(x * 2, (1, 2, 0, 3)) + 1, lambda: (torch.randn(70, 30),)),
+    "topk": (lambda x: torch.topk(x.sin(), 5, dim=1), lambda: (torch.randn(70, 300),)),
+    "index_put": (lambda x, i: x.index_put((i,), torch.ones(())) * 2, lambda: (torch.randn(70, 30),
+                                                                               torch.tensor([0, 3, 69]))),
+    "scatter_reduce": (lambda x, i, s: x.scatter_reduce(0, i, s * 2, "amax"),
+                       lambda: (torch.randn(10, 30), torch.randint(0, 10, (70, 30)), torch.randn(70, 30))),
+    "roll": (lambda x: torch.roll(x, 3, 1) - x, lambda: (torch.randn(70, 30),)),
+    "tril": (lambda x: torch.tril(x * x), lambda: (torch.randn(70, 30),)),
+    "where_nonzero_free": (lambda x: torch.searchsorted(torch.sort(x.flatten()).values, x), lambda: (torch.randn(70, 30),)),
+    "int_matmul_and_cast": (lambda a, b: (a @ b).float() / 3, lambda: (torch.randint(-5, 5, (20, 30)),
+                                                                       torch.randint(-5, 5, (30, 10)))),
+    "fp16_mm": (lambda a, b: (a @ b).float().sum(1), lambda: (torch.randn(20, 30).half(), torch.randn(30, 10).half())),
+    "zero_size": (lambda a, b: torch.relu(a @ b) + 1, lambda: (torch.randn(0, 30), torch.randn(30, 10))),
+    "empty_contraction": (lambda a, b: (a @ b) + 1, lambda: (torch.randn(20, 0), torch.randn(0, 10))),
+}
+
+
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_programs_with_library_calls_match_eager(name, fresh_seed):
+    fn, make = PROGRAMS[name]
+    cf = check_against_eager(fn, *make())
+    assert tjit.explain(cf, *make()).library_calls or name in ("arange",), "expected at least one library call"
+
+
+def test_a_call_reading_an_input_runs_before_the_input_is_overwritten(fresh_seed):
+    def f(x):
+        y = torch.sort(x, 1).values
+        x.mul_(2)
+        return y + x
+    check_against_eager(f, torch.randn(70, 300))
+
+
+def test_a_call_reading_an_input_after_it_is_overwritten(fresh_seed):
+    def f(x):
+        x.mul_(2)
+        return torch.sort(x, 1).values + 1
+    check_against_eager(f, torch.randn(70, 300))
+
+
+def test_in_place_library_op_writes_the_callers_tensor(fresh_seed):
+    def f(x, i):
+        x.index_put_((i,), torch.full((), 7.0))
+        return x.sum(1)
+    check_against_eager(f, torch.randn(70, 300), torch.tensor([0, 5, 69]))
+
+
+def test_a_buffer_read_by_a_call_and_a_later_kernel_lives_until_both_ran(fresh_seed):
+    def f(x, w):
+        a = x * 2 + 1
+        m = a @ w
+        return m.sum(1), (a + 1).t() * 3
+    check_against_eager(f, torch.randn(70, 300), torch.randn(300, 20))
+
+
+def test_a_result_that_views_its_operand_outlives_the_operands_buffer(fresh_seed):
+    def f(x):
+        windows = (x * 2).unfold(1, 4, 3)   # a view of a computed value, made by the op itself
+        return windows.sum(-1) + (x + 1).sum()
+    check_against_eager(f, torch.randn(70, 300))
+
+
+def test_library_call_steps_are_listed_by_explain(fresh_seed):
+    x = torch.randn(8, 9)
+    ex = tjit.explain(lambda x: torch.exp(torch.sort(x, 1).values), x)
+    assert [c.op for c in ex.library_calls] == ["aten.sort.default"]
+    assert "library call aten.sort.default" in str(ex)
+
+
+def test_gradients_through_a_library_call_are_refused_by_name():
+    x, w = torch.randn(8, 9, requires_grad=True), torch.randn(9, 4)
+    with pytest.raises(tjit.UnsupportedOpError, match="aten.mm"):
+        tjit.compile(lambda x, w: (x @ w).sum())(x, w)
+
+
+def test_library_calls_without_gradients_next_to_differentiable_work(fresh_seed):
+    """A call on values that carry no gradient does not stop the rest from differentiating."""
+    x = torch.randn(70, 30, requires_grad=True)
+    idx = torch.randint(0, 30, (70, 30))
+
+    def f(x, idx):
+        order = torch.argsort(idx, 1)       # integers: no gradient flows through the sort
+        return (x.gather(1, order) * 2).sum()
+    expected_x = x.detach().clone().requires_grad_()
+    f(expected_x, idx).backward()
+    got = tjit.compile(f)(x, idx)
+    got.backward()
+    torch.testing.assert_close(x.grad, expected_x.grad)

@@ -1,0 +1,54 @@
+"""Run a library call step: bind its operands from the call's memory, call the aten op,
+and leave its results where the kernels after it read them."""
+from __future__ import annotations
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+from ..errors import TjitError
+from ..ir import GraphNode, Input, Operand, ViewOp
+from ..lower.fusion import buffer_of
+from ..lower.library import LibraryPlan
+from .counters import counters
+
+
+def memory_key(base: GraphNode):
+    """How a call's memory names the tensor behind an Input, Contiguous or Extern node."""
+    return base.op.name if isinstance(base.op, Input) else ("buffer", id(base))
+
+
+def operand_tensor(node: GraphNode, memory: dict) -> torch.Tensor:
+    """The tensor a library call reads for `node`: its memory, through its view."""
+    base = buffer_of(node)
+    tensor = memory[memory_key(base)]
+    if not isinstance(node.op, ViewOp):
+        return tensor
+    view = node.view
+    return tensor.as_strided(view.shape, view.strides, tensor.storage_offset() + view.offset)
+
+
+def run_library_call(plan: LibraryPlan, memory: dict) -> None:
+    operands = [operand_tensor(op, memory) for op in plan.operands]
+
+    def bind(arg):
+        return operands[arg.index] if isinstance(arg, Operand) else arg
+
+    call = plan.call
+    result = call.target(*tree_map(bind, call.args), **tree_map(bind, call.kwargs))
+    counters.library_calls += 1
+    tensors = [t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)]
+    for node in plan.results:
+        memory[("buffer", id(node))] = _as_planned(tensors[node.op.index], node, operands, call.name)
+
+
+def _as_planned(t: torch.Tensor, node: GraphNode, operands: list[torch.Tensor], op: str) -> torch.Tensor:
+    """The result in the layout the kernels after the call were generated for, in memory of
+    its own (a result that views an operand would die with that operand's slab buffer)."""
+    if t.dtype != node.dtype.torch or tuple(t.shape) != node.shape:
+        raise TjitError(f"{op} returned {t.dtype} {list(t.shape)}; tracing said {node.dtype.torch} {list(node.shape)}")
+    aliases = any(t.untyped_storage().data_ptr() == o.untyped_storage().data_ptr() for o in operands if o.numel())
+    same_layout = all(size == 1 or got == want for size, got, want in zip(t.shape, t.stride(), node.view.strides))
+    if same_layout and not aliases:
+        return t
+    out = torch.empty_strided(node.shape, node.view.strides, dtype=t.dtype, device=t.device)
+    return out.copy_(t)

@@ -16,6 +16,7 @@ import time
 import torch
 
 import tjit
+from tjit.explain import LibraryCallReport
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 WIDTH = 100
@@ -83,6 +84,16 @@ def loss_fn(x, w, b, target):
     return torch.nn.functional.cross_entropy(torch.nn.functional.gelu(h), target)
 
 
+def matmul_epilogue(x, w, b):
+    """a matmul tjit does not generate yet runs as a library call; its epilogue still fuses"""
+    return torch.softmax(torch.nn.functional.gelu(x @ w + b), dim=-1)
+
+
+def sorted_probs(x):
+    """work on both sides of a sort (a library call): one kernel before it, one after"""
+    return torch.exp(torch.sort(2 * x + 1, dim=-1).values)
+
+
 def rand(*shape):
     return torch.randn(*shape, device=DEVICE)
 
@@ -103,6 +114,10 @@ EXAMPLES = [
     ("cross_entropy(logits, target, ignore_index=0): row reductions, a gather and the mean, one kernel",
      cross_entropy_loss, lambda: (rand(M, N), torch.randint(0, N, (M,), device=DEVICE))),
     ("softmax over dim 0, a transposed copy, a sum: buffers planned in one slab", two_stage,
+     lambda: (rand(M, N),)),
+    ("softmax(gelu(x @ w + b)): the matmul as a library call, bias + gelu + softmax one kernel after it",
+     matmul_epilogue, lambda: (rand(M, N), rand(N, 48), rand(48))),
+    ("exp(sort(2x + 1).values): a kernel, the sort as a library call, a kernel", sorted_probs,
      lambda: (rand(M, N),)),
 ]
 
@@ -190,17 +205,22 @@ def demo_one(k: int, title: str, fn, make_args) -> None:
 
     print("-- IR " + "-" * (WIDTH - 6))
     print(ex.graph)
-    for kernel in ex.kernels:
+    for kernel in ex.steps:
+        if isinstance(kernel, LibraryCallReport):
+            print(f"-- library call {kernel.op}: the op itself runs here; torch allocates its result "
+                  + "-" * max(0, WIDTH - 72 - len(kernel.op)))
+            continue
         print(f"-- Triton kernel {kernel.name}: shape {list(kernel.shape)}, grid {kernel.grid} "
               + "-" * max(0, WIDTH - 40 - len(kernel.name)))
         for s in kernel.strategies:
             print(f"# {s}")
         print(kernel.source.rstrip())
-    if not ex.kernels:
+    if not ex.steps:
         print("-- no kernels: every output is a view of an input")
     print("-- summary " + "-" * (WIDTH - 11))
     print("matches eager:   yes (outputs and inputs after the call, torch.testing.assert_close)")
-    print(f"kernels:         {len(ex.kernels)} tjit kernel(s), {launches} launched per call; eager runs "
+    calls = f" and {len(ex.library_calls)} library call(s)" if ex.library_calls else ""
+    print(f"kernels:         {len(ex.kernels)} tjit kernel(s){calls}, {launches} launched per call; eager runs "
           f"{ex.eager_ops} op(s)")
     ratio = f"{ex.bytes_moved / minimum:.2f}x" if minimum else "-"
     print(f"bytes moved:     {ex.bytes_moved:,} B per call; minimum {minimum:,} B ({ratio})")

@@ -52,7 +52,9 @@ CASES = [(shape, mapping) for shape in [(3, 37), (67, 300), (5, 5000)] for mappi
 @pytest.mark.parametrize("shape, mapping", CASES)
 @pytest.mark.parametrize("name", SIBLINGS)
 def test_siblings_share_a_kernel(name, shape, mapping, fresh_seed):
-    x, y = torch.randn(shape), torch.randn(shape)
+    # positive values: sums of 5000 terms that do not cancel, so another summation order
+    # than eager's stays within float32 tolerance
+    x, y = torch.rand(shape) + 0.5, torch.rand(shape) + 0.5
     strategies = None if MAPPINGS[mapping] is None else {"*": MAPPINGS[mapping]}
     cf = check_against_eager(SIBLINGS[name], x, y, axis_strategies=strategies)
     assert launches(cf, x, y) == 1

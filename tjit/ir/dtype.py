@@ -5,6 +5,8 @@ import enum
 
 import torch
 
+from ..errors import UnsupportedOpError
+
 
 class DType(enum.Enum):
     bool = "bool"
@@ -23,7 +25,7 @@ class DType(enum.Enum):
         try:
             return _FROM_TORCH[dtype]
         except KeyError:
-            raise TypeError(f"tjit has no element type for torch dtype {dtype}") from None
+            raise UnsupportedOpError(f"dtype {dtype}", "tjit has no element type for it yet") from None
 
     @property
     def torch(self) -> torch.dtype:

@@ -13,6 +13,7 @@ from typing import Callable, Optional, Union
 
 from ..errors import UnsupportedOpError
 from ..ir import Const, Contiguous, Cumulative, DType, Elementwise, Extern, Gather, GraphNode, Input, Reduce, ViewOp
+from ..frontend.library import library_call_gradient
 from .algebra import LN2, TWO_OVER_SQRT_PI, Algebra
 from .views import view_transpose
 
@@ -55,8 +56,7 @@ def vjp(alg: Algebra, node: GraphNode, grad: GraphNode, value: ValueOf) -> Grads
     if isinstance(op, Gather):
         return [_gather(alg, node, grad, value), None]
     if isinstance(op, Extern):
-        raise UnsupportedOpError(op.call.name, "the gradient of a library call (torch's own derivative formula) is "
-                                 "not part of tjit's backward yet; call it without inputs that require grad")
+        return library_call_gradient(alg.vb, node, grad, value)
     raise UnsupportedOpError(type(op).__name__, "no gradient rule for this IR op")
 
 

@@ -8,7 +8,8 @@ work before and after the call still fuses: only the call itself is a boundary.
 """
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Optional
 
 import torch
 import torch.fx as fx
@@ -21,9 +22,10 @@ MEMORY = (Input, Contiguous, Extern)  # nodes whose value lives in memory a libr
 
 
 def reads_memory(node: GraphNode) -> bool:
-    """The node is memory (an input, a buffer, a call's result) or a strided view of one."""
+    """The node is memory (an input, a buffer, a call's result) or a strided view of one
+    that torch can express (torch has no negative strides: a flipped view is copied)."""
     base = node.src[0] if isinstance(node.op, ViewOp) else node
-    return isinstance(base.op, MEMORY)
+    return isinstance(base.op, MEMORY) and all(stride >= 0 for stride in node.view.strides)
 
 
 def library_call(cv, node: fx.Node, target, args: tuple, kwargs: dict) -> Any:
@@ -40,7 +42,7 @@ def library_call(cv, node: fx.Node, target, args: tuple, kwargs: dict) -> Any:
     def placeholder(value):
         if not isinstance(value, GraphNode):
             return value
-        operands.append(value if reads_memory(value) else _in_memory(cv, value))
+        operands.append(in_memory(cv, value))
         return Operand(len(operands) - 1)
 
     call = ExternCall(target, tree_map(placeholder, tuple(args)), tree_map(placeholder, dict(kwargs)))
@@ -56,8 +58,56 @@ def library_call(cv, node: fx.Node, target, args: tuple, kwargs: dict) -> Any:
     return tree_unflatten(nodes, spec)
 
 
-def _in_memory(cv, value: GraphNode) -> GraphNode:
-    """A computed value (or a literal) written to a buffer by a kernel, for a call to read."""
+def in_memory(vb, value: GraphNode) -> GraphNode:
+    """The value as memory a library call can read: as it is when it already is memory (or a
+    view of it), else written to a buffer by a kernel (literals too)."""
+    if reads_memory(value):
+        return value
     if isinstance(value.op, Const) or (isinstance(value.op, ViewOp) and isinstance(value.src[0].op, Const)):
-        return cv.b.node(Contiguous(), value.dtype, (value,), View.contiguous(value.shape))
-    return cv.materialize(value)
+        return vb.b.node(Contiguous(), value.dtype, (value,), View.contiguous(value.shape))
+    return vb.materialize(value)
+
+
+@dataclass(frozen=True, eq=False)
+class ExternGradient:
+    """The gradient of result `index` of a library call with respect to its operands `wrt`,
+    computed by torch's own derivative formula for the op (torch.autograd.grad), itself run
+    as a library call: called with the call's operands and the result's gradient, it returns
+    one gradient per operand in `wrt`."""
+    call: ExternCall
+    index: int
+    wrt: tuple[int, ...]
+
+    def __call__(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        *operands, grad = tensors
+        with torch.enable_grad():
+            leaves = [t.detach().requires_grad_(k in self.wrt) for k, t in enumerate(operands)]
+
+            def bind(arg):
+                return leaves[arg.index] if isinstance(arg, Operand) else arg
+
+            result = self.call.target(*tree_map(bind, self.call.args), **tree_map(bind, self.call.kwargs))
+            out = [t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)][self.index]
+            wrt = [leaves[k] for k in self.wrt]
+            grads = torch.autograd.grad(out, wrt, grad, allow_unused=True) if out.requires_grad else [None] * len(wrt)
+        return tuple(torch.zeros_like(w) if g is None else g for w, g in zip(wrt, grads))
+
+    def __str__(self) -> str:
+        return f"grad[{self.index}] of {self.call.name}"
+
+
+def library_call_gradient(vb, node: GraphNode, grad: GraphNode, value) -> list[Optional[GraphNode]]:
+    """Gradients of a library call's result `node` (an Extern node) for each of its operands,
+    given the result's gradient: one library call running torch's derivative formula on the
+    operands' forward values (`value`: forward node -> its value in the backward graph)."""
+    wrt = tuple(k for k, s in enumerate(node.src) if s.dtype.is_float)
+    if not wrt:
+        return [None] * len(node.src)
+    operands = tuple(in_memory(vb, value(s)) for s in node.src) + (in_memory(vb, grad),)
+    call = ExternCall(ExternGradient(node.op.call, node.op.index, wrt), tuple(Operand(k) for k in range(len(operands))),
+                      {})
+    grads: list[Optional[GraphNode]] = [None] * len(node.src)
+    for j, k in enumerate(wrt):
+        src = node.src[k]
+        grads[k] = vb.b.node(Extern(call, j), src.dtype, operands, View.contiguous(src.shape))
+    return grads

@@ -9,6 +9,8 @@ import tjit
 from tjit import Auto, Sequential, Thread, ThreadGroup
 from helpers import check_against_eager, launches
 
+pytestmark = pytest.mark.usefixtures("fresh_seed")  # fresh random inputs each run; a failure prints the seed
+
 SPLIT = {
     "sum": lambda x: x.sum(),
     "mean_then_math": lambda x: (x.mean() * 2 + 1).sqrt(),

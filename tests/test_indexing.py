@@ -7,6 +7,8 @@ import torch.nn.functional as F
 import tjit
 from helpers import check_against_eager, launches
 
+pytestmark = pytest.mark.usefixtures("fresh_seed")  # fresh random inputs each run; a failure prints the seed
+
 
 def _rows(n, high):
     return torch.randint(0, high, (n,))

@@ -4,7 +4,7 @@ import threading
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tjit
@@ -13,6 +13,8 @@ from tjit.memory.donation import last_read_step, place_in_donated
 from tjit.memory.liveness import SlabBuffer
 from tjit.memory.planner import DEFAULT_ALIGNMENT
 from helpers import assert_matches_eager, check_against_eager
+
+pytestmark = pytest.mark.usefixtures("fresh_seed")  # fresh random inputs each run; a failure prints the seed
 
 
 def three_kernels(x):
@@ -360,7 +362,8 @@ def donation_cases(draw):
     return buffers, draw(st.integers(0, 7)), draw(st.sampled_from([0, 64, 100, 4000, 10_000]))
 
 
-@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+@settings(max_examples=200, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(donation_cases())
 def test_place_in_donated_never_hands_out_memory_early_or_twice(case):
     buffers, free_from, capacity = case

@@ -220,10 +220,15 @@ FIRST_READS = {  # how the first kernel reads the donated x -> (an (R, C) scan o
 }
 
 
+def steps_of(executable):
+    """The plan of each step: a kernel launch's, or a library call (a plan itself)."""
+    return [getattr(step, "plan", step) for step in executable.launches]
+
+
 def donated_placements(cf, *args):
     """(x's last reading step, [(buffer, offset in x)]) from the executable's donation plan."""
     executable = cf.entry_for(*args).executable
-    return last_read_step([launch.plan for launch in executable.launches], "x"), executable.donated["x"]
+    return last_read_step(steps_of(executable), "x"), executable.donated["x"]
 
 
 def check_placements(last_read, placed, capacity):
@@ -250,8 +255,7 @@ def test_donated_memory_is_reused_only_after_its_last_reader(first):
     last_read, placed = donated_placements(cf, *args)
     assert last_read == 0 and len(placed) >= 2, "the test needs intermediates in x's memory"
     check_placements(last_read, placed, x.numel() * x.element_size())
-    kernels = [launch.plan for launch in cf.entry_for(*args).executable.launches]
-    assert kernels[0].grid[0] > 1, "x's reader should span several programs"
+    assert steps_of(cf.entry_for(*args).executable)[0].grid[0] > 1, "x's reader should span several programs"
     got = cf(*args)
     assert torch.equal(got, plain), "the same kernels on the same values: only the memory differs"
     assert_matches_eager(got, expected)
@@ -268,11 +272,30 @@ def test_each_donated_input_is_reused_after_its_own_last_reader():
     expected, plain = fn_(x, y), tjit.compile(fn_)(x, y)
     cf = tjit.compile(fn_, donate=("y", "x"))
     executable = cf.entry_for(x, y).executable
-    plans = [launch.plan for launch in executable.launches]
+    plans = steps_of(executable)
     for name in ("x", "y"):
         check_placements(last_read_step(plans, name), executable.donated[name], x.numel() * 8)
     assert executable.donated["x"] and last_read_step(plans, "y") > last_read_step(plans, "x")
     got = cf(x, y)
+    assert torch.equal(got, plain)
+    assert_matches_eager(got, expected)
+
+
+def test_a_library_call_that_reads_the_donated_input_is_among_its_readers():
+    def fn(x):
+        a = (x[:, :C] + x[:, C:]).flip(0).cumsum(1)
+        b = a.flip(1).cumsum(0)  # a buffer that must not go into x: the library call reads x after it
+        m = torch.mm(x[:, :R].t(), b)  # a library call (torch's own matmul) reading x, last
+        return m.flip(0).cumsum(1).flip(1).cumsum(0)
+    x = torch.randn(R, 2 * C, dtype=torch.float64)
+    expected, plain = fn(x), tjit.compile(fn)(x)
+    cf = tjit.compile(fn, donate=("x",))
+    last_read, placed = donated_placements(cf, x)
+    steps = steps_of(cf.entry_for(x).executable)
+    assert "library" in steps[last_read].name, "x's last reader is the library call"
+    assert placed, "the test needs intermediates in x's memory"
+    check_placements(last_read, placed, x.numel() * x.element_size())
+    got = cf(x)
     assert torch.equal(got, plain)
     assert_matches_eager(got, expected)
 

@@ -39,7 +39,10 @@ def differentiable(node: GraphNode) -> bool:
     return node.dtype.is_float
 
 
-def vjp(alg: Algebra, node: GraphNode, grad: GraphNode, value: ValueOf) -> Grads:
+def vjp(alg: Algebra, node: GraphNode, grad: GraphNode, value: ValueOf,
+        wanted: Callable[[GraphNode], bool] = lambda src: True) -> Grads:
+    """`wanted(src)`: whether a source's gradient is used (a library call computes only
+    those: torch refuses some, a batch norm's running statistics)."""
     op = node.op
     if isinstance(op, (Input, Const)):
         return []
@@ -56,7 +59,7 @@ def vjp(alg: Algebra, node: GraphNode, grad: GraphNode, value: ValueOf) -> Grads
     if isinstance(op, Gather):
         return [_gather(alg, node, grad, value), None]
     if isinstance(op, Extern):
-        return library_call_gradient(alg.vb, node, grad, value)
+        return library_call_gradient(alg.vb, node, grad, value, wanted)
     raise UnsupportedOpError(type(op).__name__, "no gradient rule for this IR op")
 
 

@@ -81,7 +81,9 @@ class ExternGradient:
     def __call__(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         *operands, grad = tensors
         with torch.enable_grad():
-            leaves = [t.detach().requires_grad_(k in self.wrt) for k, t in enumerate(operands)]
+            # the op runs again: operands without a gradient are copies, since some ops write
+            # into them although their schema does not say so (a batch norm's running stats)
+            leaves = [t.detach().requires_grad_() if k in self.wrt else t.clone() for k, t in enumerate(operands)]
 
             def bind(arg):
                 return leaves[arg.index] if isinstance(arg, Operand) else arg
@@ -96,11 +98,12 @@ class ExternGradient:
         return f"grad[{self.index}] of {self.call.name}"
 
 
-def library_call_gradient(vb, node: GraphNode, grad: GraphNode, value) -> list[Optional[GraphNode]]:
-    """Gradients of a library call's result `node` (an Extern node) for each of its operands,
-    given the result's gradient: one library call running torch's derivative formula on the
-    operands' forward values (`value`: forward node -> its value in the backward graph)."""
-    wrt = tuple(k for k, s in enumerate(node.src) if s.dtype.is_float)
+def library_call_gradient(vb, node: GraphNode, grad: GraphNode, value, wanted) -> list[Optional[GraphNode]]:
+    """Gradients of a library call's result `node` (an Extern node) for each of its operands
+    whose gradient is `wanted`, given the result's gradient: one library call running torch's
+    derivative formula on the operands' forward values (`value`: forward node -> its value
+    in the backward graph)."""
+    wrt = tuple(k for k, s in enumerate(node.src) if s.dtype.is_float and wanted(s))
     if not wrt:
         return [None] * len(node.src)
     operands = tuple(in_memory(vb, value(s)) for s in node.src) + (in_memory(vb, grad),)

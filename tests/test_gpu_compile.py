@@ -4,7 +4,6 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # the suite runs kernels in the interpreter; must precede triton
 
-import time
 
 import pytest
 import torch
@@ -89,10 +88,8 @@ def test_argument_mismatch_is_reported():
 def test_second_call_hits_the_cache():
     sig = {"x_ptr": "*fp16", "out_ptr": "*fp16", "n": "i32"}
     first = compile_for_gpu(contiguous_copy, sig, {"BLOCK": 512})
-    start = time.perf_counter()
     second = compile_for_gpu(contiguous_copy, dict(sig), {"BLOCK": 512})
-    assert second is first
-    assert time.perf_counter() - start < 0.1
+    assert second is first  # the very same report object: nothing was compiled again
 
 
 def test_kernel_still_runs_in_the_interpreter_after_compiling():

@@ -360,8 +360,6 @@ def test_a_donated_narrow_dtype_slice_at_an_odd_offset_hosts_wider_intermediates
     assert_matches_eager(cf(x), expected)
 
 
-@pytest.mark.xfail(strict=True, reason="Executable.run gives up donated inputs only after a call that succeeds: when "
-                   "an index check fails, x has already held intermediates and is left usable, with other values")
 def test_a_donated_input_is_given_up_even_when_the_call_raises():
     fn = lambda x, i: scans_after(FIRST_READS["rows_reversed"][0])(x)[i]  # noqa: E731
     x, i = torch.randn(R, 2 * C, dtype=torch.float64), torch.tensor([0, R])

@@ -94,6 +94,22 @@ class Executable:
             memory["status"] = self._status_on(device)
         memory["counter"] = self._counters_on(device)
         try:
+            self._run_steps(memory)
+            if self._reads_status:
+                self._raise_failed_checks(memory["status"])
+        finally:
+            # the caller gave the donated inputs up: they may hold intermediates now, even when
+            # the call raises, so a later use fails loudly rather than reading other values
+            for name in self.donated:
+                give_up(tensors[name])
+        if self._interpreting:
+            # Triton's interpreter keeps each launch's tensors in a closure cycle; collect it
+            # now, so memory (the tape's included) is freed when torch lets it go, as on a GPU
+            gc.collect(0)
+        return memory
+
+    def _run_steps(self, memory: dict) -> None:
+        try:
             for k, step in enumerate(self.launches):
                 if isinstance(step, LibraryPlan):
                     run_library_call(step, memory)
@@ -102,15 +118,6 @@ class Executable:
         except BaseException:
             memory["counter"].zero_()  # a grid reduction cut short must not skew the next call's count
             raise
-        if self._reads_status:
-            self._raise_failed_checks(memory["status"])
-        if self._interpreting:
-            # Triton's interpreter keeps each launch's tensors in a closure cycle; collect it
-            # now, so memory (the tape's included) is freed when torch lets it go, as on a GPU
-            gc.collect(0)
-        for name in self.donated:  # the caller gave it up: a later use fails loudly
-            give_up(tensors[name])
-        return memory
 
     def _plan_donations(self, donated: dict) -> None:
         """donated: input name -> its size in bytes. Buffers placed in a donated input leave

@@ -214,11 +214,31 @@ def _vector_norm(cv, node, x, ord=2, dim=None, keepdim=False, *, dtype=None):
         return as_result(cv, node, cv.reduce("add", mag, axes))
     if ord == 2:
         total = cv.reduce("add", cv.elementwise("mul", [mag, mag], acc), axes)
-        return as_result(cv, node, cv.elementwise("sqrt", [total], acc))
-    p = cv.expand_to(cv.const(ord, acc), mag.shape)
-    total = cv.reduce("add", cv.elementwise("pow", [mag, p], acc), axes)
+        return as_result(cv, node, cv.elementwise("sqrt", [_zero_slope_at_zero(cv, total)], acc))
+    if ord < 1:  # |x| ** p has an infinite slope at 0, where eager's subgradient is 0
+        zero = _is_zero(cv, mag)
+        one = cv.expand_to(cv.const(1.0, acc), mag.shape)
+        at_zero = cv.expand_to(cv.const(0.0 if ord > 0 else math.inf, acc), mag.shape)
+        powered = cv.elementwise("pow", [cv.elementwise("where", [zero, one, mag], acc),
+                                         cv.expand_to(cv.const(ord, acc), mag.shape)], acc)
+        powered = cv.elementwise("where", [zero, at_zero, powered], acc)
+    else:
+        powered = cv.elementwise("pow", [mag, cv.expand_to(cv.const(ord, acc), mag.shape)], acc)
+    total = _zero_slope_at_zero(cv, cv.reduce("add", powered, axes))
     inv = cv.expand_to(cv.const(1.0 / ord, acc), total.shape)
     return as_result(cv, node, cv.elementwise("pow", [total, inv], acc))
+
+
+def _is_zero(cv, v: GraphNode) -> GraphNode:
+    return cv.elementwise("eq", [v, cv.expand_to(cv.const(0.0, v.dtype), v.shape)], DType.bool)
+
+
+def _zero_slope_at_zero(cv, total: GraphNode) -> GraphNode:
+    """The same value, through which no gradient flows where it is 0: a norm's root
+    (sqrt, ** (1/p)) has an infinite slope at 0, where eager's subgradient is 0 (its
+    formula masks norm == 0) and differentiating the root would give inf * 0 = NaN."""
+    zero = _is_zero(cv, total)
+    return cv.elementwise("where", [zero, cv.expand_to(cv.const(0.0, total.dtype), total.shape), total], total.dtype)
 
 
 # -- normalisations --------------------------------------------------------------------------
@@ -236,14 +256,44 @@ def _shifted_exp(cv, x: GraphNode, dim: int, acc: DType):
 def _softmax(cv, node, x, dim, half_to_float=False):
     acc = opmath(out_dtype(node))
     log = node.target.overloadpacket is aten._log_softmax
-    if not x.shape:  # softmax of one element: 1 (log: 0)
-        return cv.expand_to(cv.const(0.0 if log else 1.0, out_dtype(node)), ())
+    if not x.shape:  # one element: as a line of one (1, log: 0; NaN at inf, -inf or NaN, as eager)
+        return cv.view(_softmax(cv, node, cv.view(x, ("reshape", (1,))), 0, half_to_float), ("reshape", ()))
     shifted, e, s = _shifted_exp(cv, x, dim, acc)
     if not log:
         return cv.elementwise("truediv", [e, keepdim_view(cv, s, e.shape)], acc)
     log_s = cv.elementwise("log", [s], acc)
     return cv.elementwise("add", [shifted, cv.elementwise("neg", [keepdim_view(cv, log_s, shifted.shape)], acc)],
                           acc)
+
+
+@register(aten._safe_softmax)
+def _safe_softmax(cv, node, x, dim, dtype=None):
+    """softmax, with 0 (not NaN) for a row of nothing but -inf (attention rows that are
+    masked out). Eager computes softmax and then selects 0 for such rows, and its backward is
+    softmax's, through the selected output (0 there); differentiating that selection instead
+    would meet softmax's NaN in the row it drops. So the row is computed safely: its max
+    taken as 0 (exp(-inf) = 0, nothing else changes: its max is never subtracted from a
+    finite value) and its sum of 0 divided as 1, which gives eager's 0 and a finite
+    gradient, and leaves other rows exactly softmax (and the backward's loop body softmax's)."""
+    out = out_dtype(node)
+    acc = opmath(out)
+    if not x.shape:  # one element: the same over a line of one (0 at -inf, NaN at inf or NaN)
+        return cv.view(_safe_softmax(cv, node, cv.view(x, ("reshape", (1,))), 0, dtype), ("reshape", ()))
+    dim %= len(x.shape)
+    xs = cv.cast(cv.cast(x, out), acc)
+    m = cv.reduce("max", xs, (dim,))
+    empty = cv.elementwise("eq", [m, cv.expand_to(cv.const(-math.inf, acc), m.shape)], DType.bool)
+    m = cv.elementwise("where", [empty, cv.expand_to(cv.const(0.0, acc), m.shape), m], acc)
+    m = cv.elementwise("stop_gradient", [m], acc)  # the results do not depend on it
+    shifted = cv.elementwise("add", [xs, cv.elementwise("neg", [keepdim_view(cv, m, xs.shape)], acc)], acc)
+    e = cv.elementwise("exp", [shifted], acc)
+    s = cv.reduce("add", e, (dim,))
+    # s + 1 where s is 0, else s + 0 (exact): the gradient reaches s as through s itself
+    none = cv.elementwise("eq", [s, cv.expand_to(cv.const(0.0, acc), s.shape)], DType.bool)
+    one = cv.elementwise("where", [none, cv.expand_to(cv.const(1.0, acc), s.shape),
+                                   cv.expand_to(cv.const(0.0, acc), s.shape)], acc)
+    s = cv.elementwise("add", [s, cv.elementwise("stop_gradient", [one], acc)], acc)
+    return cv.elementwise("truediv", [e, keepdim_view(cv, s, e.shape)], acc)
 
 
 @register(aten.native_layer_norm)

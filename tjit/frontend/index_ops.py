@@ -24,10 +24,10 @@ def _index(cv, node, index: GraphNode) -> GraphNode:
 @register(aten.gather)
 def _gather(cv, node, x, dim, index, sparse_grad=False):
     index = _index(cv, node, index)
-    if not x.shape:
-        return cv.gather(cv.view(x, ("reshape", (1,))), 0, cv.view(index, ("reshape", (1,))),
-                     what="gather along dimension 0") \
-            if index.shape == () else x
+    if not x.shape:  # a 0-d input is read as a line of one element
+        line = index if index.shape else cv.view(index, ("reshape", (1,)))
+        found = cv.gather(cv.view(x, ("reshape", (1,))), 0, line, what="gather along dimension 0")
+        return found if index.shape else cv.view(found, ("reshape", ()))
     dim %= len(x.shape)
     return cv.gather(x, dim, index, what=f"gather along dimension {dim}")
 

@@ -23,7 +23,7 @@ import torch
 
 from ..errors import UnsupportedOpError
 from ..frontend.build import ValueBuilder
-from ..ir import DType, Elementwise, Graph, GraphNode, Input, Reduce, View, toposort
+from ..ir import DType, Elementwise, Extern, Graph, GraphNode, Input, Reduce, View, toposort
 from .algebra import Algebra
 from .vjp import ScatterGrad, differentiable, vjp
 
@@ -212,7 +212,7 @@ def _sweep(alg: Algebra, plan: AutogradPlan, layouts: dict[str, GradLayout], val
                 raise UnsupportedOpError(c.what, "the gradient is a scatter-add into a computed value, which tjit "
                                          "does not generate yet (into an input of the function it does)")
         grad = _total(alg, contributions, node.dtype)
-        for src, g in zip(node.src, vjp(alg, node, grad, value)):
+        for src, g in zip(node.src, vjp(alg, node, grad, value, lambda s: id(s) in needs)):
             if g is not None and id(src) in needs:
                 pending.setdefault(id(src), []).append(g)
     return found
@@ -254,8 +254,9 @@ def _choose_saved(plan: AutogradPlan, read: list[GraphNode], mutated: set[str]) 
         flow.add_edge(("in", id(node)), ("out", id(node)), capacity=_cost(node, output_of, mutated))
         for s in node.src:
             flow.add_edge(("out", id(s)), ("in", id(node)))  # no capacity: never cut
-        if isinstance(node.op, Input) or _is_total(node):
-            flow.add_edge("inputs", ("in", id(node)))  # a total: saved (or what it feeds), never recomputed
+        if isinstance(node.op, Input) or _is_total(node) or _is_library_result(node):
+            # a total or a library call's result: saved (or what it feeds), never recomputed
+            flow.add_edge("inputs", ("in", id(node)))
     for node in read:
         flow.add_edge(("out", id(node)), "backward")
     if "inputs" not in flow:  # the formulas read no forward value at all
@@ -287,6 +288,12 @@ def _is_total(node: GraphNode) -> bool:
     targets). Recomputing it would cost the backward a kernel of its own before any element
     can use it; saving it costs a few bytes."""
     return isinstance(node.op, Reduce) and node.view.numel == 1 and node.src[0].view.numel > 1
+
+
+def _is_library_result(node: GraphNode) -> bool:
+    """A library call's result computed from operands: recomputing it would run the call
+    again (a matmul, a sort) in the backward; saving it costs its bytes."""
+    return isinstance(node.op, Extern) and bool(node.src)
 
 
 def _cost(node: GraphNode, output_of: dict[int, str], mutated: set[str]) -> int:

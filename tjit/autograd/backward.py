@@ -25,6 +25,7 @@ from ..errors import UnsupportedOpError
 from ..frontend.build import ValueBuilder
 from ..ir import DType, Elementwise, Extern, Graph, GraphNode, Input, Reduce, View, toposort
 from .algebra import Algebra
+from .scatter import scatter_into_source
 from .vjp import ScatterGrad, differentiable, vjp
 
 # input names of a backward graph besides the forward's (chosen not to meet a user's argument name)
@@ -201,17 +202,22 @@ def _sweep(alg: Algebra, plan: AutogradPlan, layouts: dict[str, GradLayout], val
     roots = [plan.graph.outputs[name] for name in plan.differentiable_outputs]
     for node in reversed(toposort(roots)):
         contributions = pending.pop(id(node), None)
-        if not contributions or id(node) not in needs:
-            continue
+        if not contributions or id(node) not in needs or node.view.numel == 0:
+            continue  # (a value with no elements passes no gradient on: its sources' part is zero)
+        dense = [c for c in contributions if isinstance(c, GraphNode)]
+        scattered = [c for c in contributions if isinstance(c, ScatterGrad)]
         if isinstance(node.op, Input):
-            found[node.op.name] = (_total(alg, [c for c in contributions if isinstance(c, GraphNode)], node.dtype),
-                                   [c for c in contributions if isinstance(c, ScatterGrad)])
+            found[node.op.name] = (_total(alg, dense, node.dtype), scattered)
             continue
-        for c in contributions:
-            if isinstance(c, ScatterGrad):
-                raise UnsupportedOpError(c.what, "the gradient is a scatter-add into a computed value, which tjit "
+        for s in scattered:  # moved back through views and copies to the input they read
+            moved = scatter_into_source(alg, node, s)
+            if moved is None:
+                raise UnsupportedOpError(s.what, "the gradient is a scatter-add into a computed value, which tjit "
                                          "does not generate yet (into an input of the function it does)")
-        grad = _total(alg, contributions, node.dtype)
+            pending.setdefault(id(node.src[0]), []).append(moved)
+        if not dense:
+            continue
+        grad = _total(alg, dense, node.dtype)
         for src, g in zip(node.src, vjp(alg, node, grad, value, lambda s: id(s) in needs)):
             if g is not None and id(src) in needs:
                 pending.setdefault(id(src), []).append(g)

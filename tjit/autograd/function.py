@@ -117,7 +117,11 @@ class _Backward:
             if grad is None:
                 grad = found[name] = zeros(name)
             for axis, index, values in scatters:
-                grad.scatter_add_(axis, memory[("output", index)], memory[("output", values)])
+                index, values = memory[("output", index)], memory[("output", values)]
+                if axis is None:  # into the gradient's elements in row-major order
+                    grad.view(-1).scatter_add_(0, index.reshape(-1), values.reshape(-1))
+                else:
+                    grad.scatter_add_(axis, index, values)
         return found
 
 

@@ -47,6 +47,9 @@ class AutogradPlan:
     saved: dict[str, GraphNode]  # extra forward outputs kept for backward (SAVED_PREFIX + k)
     saved_outputs: tuple[str, ...]  # forward outputs the backward reads
     saved_inputs: tuple[str, ...]  # forward inputs the backward reads
+    # differentiable output -> the inputs eager's gradient reaches from it, where that was
+    # asked (see plan_autograd): those the IR does not reach get a zero gradient, as in eager
+    eager_reaches: dict[str, frozenset] = field(default_factory=dict)
     _saved_ids: dict[int, str] = field(default_factory=dict, repr=False)  # forward node -> name it is read by
 
     def forward_graph(self) -> Graph:
@@ -55,15 +58,43 @@ class AutogradPlan:
                      self.graph._inputs)
 
 
-def plan_autograd(graph: Graph, grad_inputs) -> AutogradPlan:
+def may_differ_from_eager(conversion, grad_inputs) -> bool:
+    """Whether eager's autograd may disagree with the IR on which results require grad: a
+    float result with no differentiable path to an input (a fill or zero_ of an input is a
+    literal in the IR, a norm of order 0 a count; eager's require grad, with a zero
+    gradient), or a result that is a view of an input or of another result (eager's does
+    not require grad when it was taken through detach())."""
+    graph = conversion.graph
+    needs = _needs_grad(graph, set(grad_inputs))
+    reached = _reached_through_floats(list(graph.outputs.values()), needs)
+    if any(id(graph.input_node(name)) not in reached for name in grad_inputs):
+        return True  # (an input whose only use is a fill's shape: eager gives it a zero gradient)
+    for spec in conversion.outputs:
+        if spec.kind == "output_alias" or spec.kind == "input_alias" and spec.name in grad_inputs:
+            return True
+        if spec.kind == "computed":
+            node = conversion.graph.outputs[spec.name]
+            if node.dtype.is_float and id(node) not in needs:
+                return True
+    return False
+
+
+def plan_autograd(graph: Graph, grad_inputs, eager: Optional[dict[str, frozenset]] = None) -> AutogradPlan:
+    """eager: per output, None if it does not require grad in eager, else the inputs eager's
+    backward gives a gradient from it, when that was asked because the IR may disagree (see
+    may_differ_from_eager); the outputs that require grad are then eager's."""
     mutated = {m.name for m in graph.mutations}
     refused = sorted(mutated & set(grad_inputs))
     if refused:
         raise UnsupportedOpError("in-place write", f"the function writes into input(s) {refused}, which require "
                                  "grad (eager refuses in-place writes into leaves that require grad)")
     needs = _needs_grad(graph, set(grad_inputs))
-    outputs = tuple(name for name, node in graph.outputs.items() if id(node) in needs)
-    plan = AutogradPlan(graph, tuple(grad_inputs), outputs, {}, (), ())
+    if eager is None:
+        outputs = tuple(name for name, node in graph.outputs.items() if id(node) in needs)
+    else:
+        outputs = tuple(name for name in graph.outputs if eager.get(name) is not None)
+    plan = AutogradPlan(graph, tuple(grad_inputs), outputs, {}, (), (),
+                        {name: eager[name] for name in outputs} if eager is not None else {})
     contiguous = {name: (graph.outputs[name].shape, None, graph.outputs[name].dtype.torch) for name in outputs}
     recomputing = _Recompute(_ViewTracking(), {})
     grads = _sweep(Algebra(recomputing.vb), plan, contiguous, recomputing, needs)
@@ -105,10 +136,12 @@ def backward_graph(plan: AutogradPlan, layouts: dict[str, GradLayout]) -> Backwa
             outputs[f"tjit_values{k}"] = alg.cast(s.values, dtype)
             scatters.setdefault(name, []).append((s.axis, f"tjit_index{k}", f"tjit_values{k}"))
     names = sorted({n.op.name for n in toposort(outputs.values()) if isinstance(n.op, Input)})
-    reached = _reached_through_floats([plan.graph.outputs[n] for n in plan.differentiable_outputs
-                                       if layouts.get(n) is not None], needs)
-    flat = tuple(name for name in plan.grad_inputs if name not in grads and id(plan.graph.input_node(name)) in reached)
-    return BackwardGraph(vb.b.finish(names, outputs), alg.constants, scatters, flat)
+    arriving = [n for n in plan.differentiable_outputs if layouts.get(n) is not None]
+    reached = _reached_through_floats([plan.graph.outputs[n] for n in arriving], needs)
+    eager = {name for n in arriving for name in plan.eager_reaches.get(n, ())}
+    zeros = tuple(name for name in plan.grad_inputs if name not in grads
+                  and (id(plan.graph.input_node(name)) in reached or name in eager))
+    return BackwardGraph(vb.b.finish(names, outputs), alg.constants, scatters, zeros)
 
 
 def _reached_through_floats(roots: list[GraphNode], needs: set[int]) -> set[int]:

@@ -25,8 +25,15 @@ from .backward import AutogradPlan, GradLayout, backward_graph, incoming_grad_na
 class GradExecutable:
     """Runs like an Executable, with outputs that carry a grad_fn."""
 
-    def __init__(self, conversion: Conversion, plan: AutogradPlan, strategies=None, device: str = "cuda"):
+    def __init__(self, conversion: Conversion, plan: AutogradPlan, strategies=None, device: str = "cuda",
+                 eager: Optional[list] = None):
+        """eager: per flattened result, whether it requires grad in eager and which inputs
+        get a gradient from it (see trace.eager_gradient_paths), when that was asked. Results
+        that are views of inputs or of other results and do not require grad in eager (taken
+        through detach()) are returned detached."""
         self.plan, self.device = plan, device  # the device type kernels are generated for
+        self._detach = [k for k, (spec, paths) in enumerate(zip(conversion.outputs, eager or ()))
+                        if spec.kind in ("input_alias", "output_alias") and paths is None] if eager else []
         graph = plan.forward_graph()
         strides = {s.name: s.stride for s in conversion.outputs if s.kind == "computed"}
         strides.update({name: contiguous_strides(node.shape) for name, node in plan.saved.items()})
@@ -58,7 +65,13 @@ class GradExecutable:
         outs = _Compiled.apply(self, names, *tensors.values())
         memory = dict(tensors)
         memory.update({("output", name): t for name, t in zip(self.output_names, outs)})
-        return self.forward.assemble(memory)
+        result = self.forward.assemble(memory)
+        if self._detach:
+            flat, tree = torch.utils._pytree.tree_flatten(result)
+            for k in self._detach:
+                flat[k] = flat[k].detach()
+            result = torch.utils._pytree.tree_unflatten(flat, tree)
+        return result
 
     def saved_bytes(self, tensors: dict[str, torch.Tensor]) -> int:
         """Bytes a call with these inputs keeps for backward (inputs and outputs included)."""

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable
+import warnings
+from typing import Any, Callable, Optional
 
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 
 from ..errors import UnsupportedOpError
 from .convert import Conversion, Converter
@@ -35,6 +37,7 @@ def decomposition_table():
 aten = torch.ops.aten
 KEPT_WHOLE = (aten.clamp_min, aten.clamp_max, aten.silu, aten.softplus, aten.mish, aten.hardsigmoid, aten.hardswish,
               aten.frac, aten.celu, aten.selu, aten.lerp, aten.addcmul, aten.addcdiv,
+              aten._safe_softmax,  # its decomposition's backward meets softmax's NaN in fully masked rows
               aten.detach)  # its decomposition (alias) would lose where the gradient stops
 
 
@@ -60,34 +63,62 @@ class GradModeWatch(TorchFunctionMode):
 
 
 def flatten_arguments(fn: Callable, args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
-    """(name, value) per argument, in the order the function declares them."""
+    """(name, value) per argument, in the order the function declares them. A list, tuple
+    or dict that holds tensors (torch.einsum's operands, torch.meshgrid's) is flattened into
+    its leaves, named `<argument>_<k>` in pytree order: its tensors are inputs like any
+    other, not values baked into the trace."""
     try:
         bound = inspect.signature(fn).bind(*args, **kwargs)
     except (TypeError, ValueError):
         if kwargs:
             raise
-        return [(f"arg{k}", a) for k, a in enumerate(args)]
+        return [e for k, a in enumerate(args) for e in _entries(f"arg{k}", a)]
     flat = []
     for name, value in bound.arguments.items():
         param = bound.signature.parameters[name]
         if param.kind is param.VAR_POSITIONAL:
-            flat += [(f"{name}{k}", v) for k, v in enumerate(value)]
+            flat += [e for k, v in enumerate(value) for e in _entries(f"{name}{k}", v)]
         elif param.kind is param.VAR_KEYWORD:
-            flat += [(f"{name}_{k}", v) for k, v in value.items()]
+            flat += [e for k, v in value.items() for e in _entries(f"{name}_{k}", v)]
         else:
-            flat.append((name, value))
+            flat += _entries(name, value)
     return flat
+
+
+CONTAINERS = (list, tuple, dict)
+
+
+def holds_tensors(value) -> bool:
+    """A container (list, tuple, dict, nested) with a tensor among its leaves."""
+    return isinstance(value, CONTAINERS) and any(isinstance(v, torch.Tensor) for v in tree_leaves(value))
+
+
+def _entries(name: str, value) -> list[tuple[str, Any]]:
+    if holds_tensors(value):
+        return [(f"{name}_{k}", v) for k, v in enumerate(tree_leaves(value))]
+    return [(name, value)]
+
+
+def _rebuilt(name: str, value, values: dict):
+    """The argument `name` (originally `value`) with its flattened entries taken from `values`."""
+    if holds_tensors(value):
+        leaves, spec = tree_flatten(value)
+        return tree_unflatten([values[f"{name}_{k}"] for k in range(len(leaves))], spec)
+    return values[name]
 
 
 def trace(fn: Callable, args: tuple, kwargs: dict) -> Conversion:
     flat = flatten_arguments(fn, args, kwargs)
     tensor_names = [name for name, v in flat if isinstance(v, torch.Tensor)]
     tensors = [v for _, v in flat if isinstance(v, torch.Tensor)]
+    returned = []  # the pytree spec of what fn returns (make_fx's output loses named tuples)
 
     def with_tensors(*traced):
         it = iter(traced)
         values = {name: (next(it) if isinstance(v, torch.Tensor) else v) for name, v in flat}
-        return _call_with(fn, args, kwargs, flat, values)
+        result = _call_with(fn, args, kwargs, flat, values)
+        returned.append(tree_flatten(result)[1])
+        return result
 
     watch = GradModeWatch()
     try:
@@ -100,11 +131,73 @@ def trace(fn: Callable, args: tuple, kwargs: dict) -> Conversion:
     try:
         conversion = Converter(gm, tensor_names).run()
         conversion.stops_gradients = watch.saw_no_grad
+        if returned and returned[-1].num_leaves == conversion.output_tree.num_leaves:
+            # eager's own structure: torch.return_types named tuples (x.max(1).values) stay named
+            conversion.output_tree = returned[-1]
         return conversion
     except UnsupportedOpError as e:
         if e.where or e.target is None:
             raise
         raise UnsupportedOpError(e.op, e.reason, locate_call(with_tensors, tensors, e.target)) from None
+
+
+def eager_gradient_paths(fn: Callable, args: tuple, kwargs: dict, grad_inputs) -> Optional[list]:
+    """What eager's autograd makes of fn's results: per flattened result (pytree order), None
+    if it does not require grad (or is not a tensor), else the names of the inputs in
+    `grad_inputs` that get a gradient from it (possibly none: a norm of order 0).
+
+    tjit's IR can lose what eager keeps (a fill or zero_ of an input is a literal there, yet
+    requires grad with a zero gradient in eager) and keep what eager drops (an input returned
+    through detach() is the input itself), so where the two may differ, this runs fn and
+    eager's backward on fake copies of the inputs: no real compute. None if fn cannot run
+    that way."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    flat = flatten_arguments(fn, args, kwargs)
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    values, names = {}, {}
+    try:
+        for name, v in flat:
+            if isinstance(v, torch.Tensor):
+                v = mode.from_tensor(v.detach())
+                if name in grad_inputs:
+                    v.requires_grad_()
+                    names[id(v)] = name
+            values[name] = v
+        with mode, torch.enable_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the trace already showed the function's warnings once
+            result = _call_with(fn, args, kwargs, flat, values)
+            inputs = [(name, values[name]) for name in names.values()]
+            return [_reached_inputs(t, inputs, names) if isinstance(t, torch.Tensor) and t.requires_grad else None
+                    for t in tree_leaves(result)]
+    except Exception:
+        return None
+
+
+def _reached_inputs(t: torch.Tensor, inputs: list, names: dict[int, str]) -> frozenset:
+    """The inputs (by name) that get a gradient from t: those eager's backward (run on the
+    fakes) gives a defined gradient, which leaves out inputs whose formula gives none (a
+    norm of order 0); where that backward cannot run on fakes, those its graph ends in."""
+    try:
+        with torch.enable_grad():
+            grads = torch.autograd.grad(t, [v for _, v in inputs], torch.ones_like(t), retain_graph=True,
+                                        allow_unused=True)
+        return frozenset(name for (name, _), g in zip(inputs, grads) if g is not None)
+    except Exception:
+        pass
+    if t.grad_fn is None:
+        return frozenset({names[id(t)]}) if id(t) in names else frozenset()
+    found, seen, stack = set(), set(), [t.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        variable = getattr(node, "variable", None)  # an AccumulateGrad: the leaf it accumulates into
+        if variable is not None and id(variable) in names:
+            found.add(names[id(variable)])
+        stack.extend(f for f, _ in node.next_functions)
+    return frozenset(found)
 
 
 class _Found(Exception):
@@ -142,20 +235,19 @@ def locate_call(fn: Callable, tensors: list, target) -> str:
 
 def _call_with(fn, args, kwargs, flat, values):
     """Call fn with the traced tensors in place of the real ones, keeping its call shape."""
-    names = [name for name, _ in flat]
     try:
         bound = inspect.signature(fn).bind(*args, **kwargs)
     except (TypeError, ValueError):
-        return fn(*[values[n] for n in names])
+        return fn(*[_rebuilt(f"arg{k}", a, values) for k, a in enumerate(args)])
     new_args, new_kwargs = [], {}
     for name, value in bound.arguments.items():
         param = bound.signature.parameters[name]
         if param.kind is param.VAR_POSITIONAL:
-            new_args += [values[f"{name}{k}"] for k in range(len(value))]
+            new_args += [_rebuilt(f"{name}{k}", v, values) for k, v in enumerate(value)]
         elif param.kind is param.VAR_KEYWORD:
-            new_kwargs.update({k: values[f"{name}_{k}"] for k in value})
+            new_kwargs.update({k: _rebuilt(f"{name}_{k}", v, values) for k, v in value.items()})
         elif param.kind is param.KEYWORD_ONLY:
-            new_kwargs[name] = values[name]
+            new_kwargs[name] = _rebuilt(name, value, values)
         else:
-            new_args.append(values[name])
+            new_args.append(_rebuilt(name, value, values))
     return fn(*new_args, **new_kwargs)

@@ -17,10 +17,10 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import torch
 
 from .. import debug
-from ..autograd.backward import plan_autograd
+from ..autograd.backward import may_differ_from_eager, plan_autograd
 from ..autograd.function import GradExecutable
 from ..errors import CompileArgumentError, UnsupportedOpError
-from ..frontend.trace import flatten_arguments, trace
+from ..frontend.trace import CONTAINERS, eager_gradient_paths, flatten_arguments, holds_tensors, trace
 from ..ir import AxisStrategy
 from ..lower import lower
 from ..memory.donation import DonatedTensor
@@ -69,7 +69,8 @@ class CompiledFunction:
 
     def _flatten(self, args, kwargs) -> list[tuple[str, Any]]:
         # The common call (all parameters given positionally) skips inspect's binding.
-        if not kwargs and self._positional_names is not None and len(args) == len(self._positional_names):
+        if not kwargs and self._positional_names is not None and len(args) == len(self._positional_names) \
+                and not any(isinstance(a, CONTAINERS) and holds_tensors(a) for a in args):  # (those are flattened)
             return list(zip(self._positional_names, args))
         return flatten_arguments(self.fn, args, kwargs)
 
@@ -108,8 +109,12 @@ class CompiledFunction:
         t1 = time.perf_counter()
         if grad_inputs:
             self._check_differentiable(conversion, flat, grad_inputs)
-            executable = GradExecutable(conversion, plan_autograd(conversion.graph, grad_inputs), self.axis_strategies,
-                                        device)
+            eager = None
+            if may_differ_from_eager(conversion, grad_inputs):
+                eager = eager_gradient_paths(self.fn, *_detached((args, kwargs)), grad_inputs)
+            executable = GradExecutable(conversion, plan_autograd(conversion.graph, grad_inputs,
+                                                                  _by_output(conversion, eager)),
+                                        self.axis_strategies, device, eager)
             t2 = time.perf_counter()
         else:
             strides = {s.name: s.stride for s in conversion.outputs if s.kind == "computed"}
@@ -230,6 +235,14 @@ def _check_no_shared_memory(fn, flat, grad_inputs) -> None:
             raise UnsupportedOpError(getattr(fn, "__name__", str(fn)), f"inputs {first[0]!r} and {name!r} are different "
                                      "views of one tensor and one requires grad; pass separate tensors (e.g. .clone())")
         seen.setdefault(key, (name, (tuple(v.shape), v.stride(), v.storage_offset())))
+
+
+def _by_output(conversion, eager) -> Optional[dict]:
+    """Computed output name -> eager's gradient paths from it (see eager_gradient_paths), or
+    None when they were not asked."""
+    if eager is None or len(eager) != len(conversion.outputs):
+        return None
+    return {s.name: paths for s, paths in zip(conversion.outputs, eager) if s.kind == "computed"}
 
 
 def _detached(tree):

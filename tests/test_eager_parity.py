@@ -144,9 +144,6 @@ def test_gradient_of_a_zero_size_input():
     check(lambda x, y: (x.sum(0) + y, x * 2), torch.randn(0, 3), torch.randn(3))
 
 
-@pytest.mark.xfail(strict=True, reason="codegen._gather loads a table with an empty gathered axis at index 0: an "
-                                       "out-of-bounds read (a segfault in the interpreter) before the index check "
-                                       "reports; its load needs the index check in its mask")
 def test_gather_from_an_empty_axis_raises_instead_of_reading_out_of_bounds():
     program = textwrap.dedent("""
         import torch, tjit

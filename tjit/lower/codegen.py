@@ -595,8 +595,9 @@ class _Emitter(GridReductionEmitter):
         failed = f"(tl.where({mask}, 1, 0) * tl.where({ok}, 0, 1)) != 0"
         lines.append(f"tl.store({STATUS.param} + tl.where({mask}, 0, 0), {len(self.checks)}, mask={failed})")
         step = f"{idx} * {self._scalar(f'a{n}_gather_stride', stride)}" if stride != 1 else idx
+        # an index out of range loads nothing (index 0 may itself be out of range: an empty axis)
         lines.append(f"{out} = tl.load({self._address(n)} + tl.where({mask}, tl.where({ok}, {step}, 0), 0), "
-                     f"mask={mask})")
+                     f"mask=(tl.where({mask}, 1, 0) * tl.where({ok}, 1, 0)) != 0)")
         return out
 
     def _scan(self, node: GraphNode, src: str, lines: list[str], pre: Optional[list[str]] = None) -> str:

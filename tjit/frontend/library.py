@@ -38,14 +38,18 @@ def library_call(cv, node: fx.Node, target, args: tuple, kwargs: dict) -> Any:
         raise UnsupportedOpError(str(target), "an op that writes one of its arguments in place and has no "
                                  "functional form", target=node.target)
     operands: list[GraphNode] = []
+    traced = iter(leaf.meta.get("val") if isinstance(leaf, fx.Node) else None
+                  for leaf in tree_flatten((tuple(node.args), dict(node.kwargs)))[0])
 
     def placeholder(value):
+        meta = next(traced)
         if not isinstance(value, GraphNode):
             return value
-        operands.append(in_memory(cv, value))
+        operands.append(with_traced_layout(cv, in_memory(cv, value), meta))
         return Operand(len(operands) - 1)
 
-    call = ExternCall(target, tree_map(placeholder, tuple(args)), tree_map(placeholder, dict(kwargs)))
+    bound_args, bound_kwargs = tree_map(placeholder, (tuple(args), dict(kwargs)))
+    call = ExternCall(target, bound_args, bound_kwargs)
     results, spec = tree_flatten(node.meta["val"])
     nodes, k = [], 0
     for result in results:
@@ -56,6 +60,34 @@ def library_call(cv, node: fx.Node, target, args: tuple, kwargs: dict) -> Any:
         else:
             nodes.append(result)
     return tree_unflatten(nodes, spec)
+
+
+def with_traced_layout(vb, operand: GraphNode, meta) -> GraphNode:
+    """The operand in the layout the trace gave it: tjit drops copies that change only the
+    layout (`.contiguous()`), but an op may rely on one it was handed (embedding_bag's
+    indices), so a dense traced layout is written out as such first."""
+    if not isinstance(meta, torch.Tensor) or meta.numel() <= 1 or _same_strides(operand.view, meta):
+        return operand
+    order = sorted(range(meta.dim()), key=lambda d: (-meta.stride(d), d))  # outermost first
+    if not _dense(meta):
+        return operand  # an op handed a strided window reads it through its strides
+    permuted = vb.view(operand, ("permute", tuple(order)))
+    dense = vb.b.node(Contiguous(), operand.dtype, (permuted,), View.contiguous(permuted.shape))
+    back = tuple(order.index(d) for d in range(meta.dim()))
+    return vb.view(dense, ("permute", back))
+
+
+def _same_strides(view: View, meta: torch.Tensor) -> bool:
+    return all(size == 1 or a == b for size, a, b in zip(meta.shape, view.strides, meta.stride()))
+
+
+def _dense(meta: torch.Tensor) -> bool:
+    expected = 1
+    for size, stride in sorted(((s, st) for s, st in zip(meta.shape, meta.stride()) if s != 1), key=lambda p: p[1]):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def in_memory(vb, value: GraphNode) -> GraphNode:

@@ -211,3 +211,12 @@ def test_a_cnn_with_batch_norm_trains_as_eager(fresh_seed):
     _same_training_step(lambda: torch.nn.Sequential(
         torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
         torch.nn.Flatten(), torch.nn.Linear(8 * 8 * 8, 10)), torch.randn(4, 3, 16, 16))
+
+
+@pytest.mark.parametrize("fn", [lambda x: x.sum().item(), lambda x: x * x.sum().item(), lambda x: x.max().item() > 0])
+def test_python_numbers_read_from_tensor_data_are_refused_not_faked(fn):
+    """make_fx stands a symbolic number in for .item(): returning or using it would be a wrong
+    answer, so it is refused by name until data-dependent values are compiled."""
+    x = torch.randn(5)
+    with pytest.raises(tjit.UnsupportedOpError, match="computed from tensor data"):
+        tjit.compile(fn)(x)

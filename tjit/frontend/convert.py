@@ -113,6 +113,10 @@ class Converter(ValueBuilder):
         handler = self.handler_for(node)
         args = fx.node.map_arg(node.args, self.value)
         kwargs = fx.node.map_arg(node.kwargs, self.value)
+        if any(_data_dependent(a) for a in torch.utils._pytree.tree_flatten((args, kwargs))[0]):
+            raise UnsupportedOpError(str(node.target), "an argument is a Python number computed from tensor data "
+                                     "(.item(), .tolist()): tjit compiles no data-dependent values yet",
+                                     target=node.target)
         try:
             return handler(self, node, *args, **kwargs)
         except UnsupportedOpError as e:
@@ -252,6 +256,9 @@ class Converter(ValueBuilder):
             val = item.meta.get("val") if isinstance(item, fx.Node) else item
             if not isinstance(val, torch.Tensor):
                 value = self.env.get(item, item) if isinstance(item, fx.Node) else item
+                if _data_dependent(value):
+                    raise UnsupportedOpError("a returned Python number", "it is computed from tensor data (.item(), "
+                                             ".tolist()): return the tensor instead")
                 specs.append(OutputSpec("constant", value=value))
                 continue
             key = storage_key(val)
@@ -278,6 +285,11 @@ class Converter(ValueBuilder):
                 specs.append(OutputSpec("computed", name=name, **layout))
         graph = self.b.finish(self.input_names, outputs, self.mutations)
         return Conversion(graph, specs, tree, self.constants, count_eager_kernels(self.gm))
+
+
+def _data_dependent(value) -> bool:
+    """A symbolic Python number: make_fx's stand-in for a value read from tensor data."""
+    return isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool))
 
 
 def _library(target):

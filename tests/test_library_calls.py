@@ -220,3 +220,15 @@ def test_python_numbers_read_from_tensor_data_are_refused_not_faked(fn):
     x = torch.randn(5)
     with pytest.raises(tjit.UnsupportedOpError, match="computed from tensor data"):
         tjit.compile(fn)(x)
+
+
+def test_vector_matrix_product_with_an_in_place_squeeze(fresh_seed):
+    """matmul of a 1-d operand decomposes to unsqueeze, mm, squeeze_: an in-place view op on
+    the call's result, which changes its shape, not its data."""
+    check_against_eager(lambda u, a: (u.exp() @ a).sin(), torch.randn(70), torch.randn(70, 30))
+    check_against_eager(lambda x: (x * 2).unsqueeze_(0).t_() + 1, torch.randn(70))
+
+
+def test_an_in_place_view_op_on_an_input_is_refused():
+    with pytest.raises(tjit.UnsupportedOpError, match="shape of an input"):
+        tjit.compile(lambda x: x.unsqueeze_(0))(torch.randn(3))

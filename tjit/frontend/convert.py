@@ -138,7 +138,15 @@ class Converter(ValueBuilder):
 
             def in_place(cv, node, *args, **kwargs):
                 return cv.assign(node.args[0], compute(cv, node, *args, **kwargs))
-            return in_place
+
+            def in_place_view(cv, node, *args, **kwargs):
+                # x.squeeze_(0) changes x's shape, not its data: the result is the view (make_fx
+                # routes later uses through this node); an input's shape is the caller's
+                if storage_key(cv.meta(node.args[0])) in cv.input_storage:
+                    raise UnsupportedOpError(str(node.target), "changes the shape of an input in place",
+                                             target=node.target)
+                return compute(cv, node, *args, **kwargs)
+            return in_place_view if overload is not None and _returns_alias(overload) else in_place
         return _library(node.target)
 
     # -- values ----------------------------------------------------------------------
@@ -285,6 +293,12 @@ class Converter(ValueBuilder):
                 specs.append(OutputSpec("computed", name=name, **layout))
         graph = self.b.finish(self.input_names, outputs, self.mutations)
         return Conversion(graph, specs, tree, self.constants, count_eager_kernels(self.gm))
+
+
+def _returns_alias(op) -> bool:
+    """The op returns a view of an argument (squeeze, transpose, ...), per its schema."""
+    returns = op._schema.returns
+    return len(returns) == 1 and returns[0].alias_info is not None
 
 
 def _data_dependent(value) -> bool:

@@ -34,6 +34,9 @@ def library_call(cv, node: fx.Node, target, args: tuple, kwargs: dict) -> Any:
     if not isinstance(target, torch._ops.OpOverload):
         raise UnsupportedOpError(str(target), "not an aten op (tjit runs aten ops it does not generate as library "
                                  "calls)", target=node.target)
+    if not target._schema.returns:
+        raise UnsupportedOpError(str(target), "an op that returns nothing (a check that raises on bad data): tjit "
+                                 "has no step for it yet", target=node.target)
     if target._schema.is_mutable:
         raise UnsupportedOpError(str(target), "an op that writes one of its arguments in place and has no "
                                  "functional form", target=node.target)

@@ -39,22 +39,6 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported (con
 os.environ["TJIT_POISON"] = "1"
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 
-
-def _expecttest_shim() -> None:
-    """torch.testing._internal imports `expecttest` only for the base class of its own
-    TestCase; where the package is not installed, a stand-in lets op_db load."""
-    try:
-        import expecttest  # noqa: F401
-    except ImportError:
-        import types
-        import unittest
-        shim = types.ModuleType("expecttest")
-        shim.TestCase = unittest.TestCase
-        sys.modules["expecttest"] = shim
-
-
-_expecttest_shim()
-
 import json  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402

@@ -17,6 +17,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from ..errors import UnsupportedOpError
 from ..ir import Const, Contiguous, DType, Extern, ExternCall, GraphNode, Input, Operand, View, ViewOp
+from .overlap import is_non_overlapping_and_dense
 
 MEMORY = (Input, Contiguous, Extern)  # nodes whose value lives in memory a library call can read
 
@@ -71,9 +72,9 @@ def with_traced_layout(vb, operand: GraphNode, meta) -> GraphNode:
     indices), so a dense traced layout is written out as such first."""
     if not isinstance(meta, torch.Tensor) or meta.numel() <= 1 or _same_strides(operand.view, meta):
         return operand
-    order = sorted(range(meta.dim()), key=lambda d: (-meta.stride(d), d))  # outermost first
-    if not _dense(meta):
+    if not is_non_overlapping_and_dense(meta):
         return operand  # an op handed a strided window reads it through its strides
+    order = sorted(range(meta.dim()), key=lambda d: (-meta.stride(d), d))  # outermost first
     permuted = vb.view(operand, ("permute", tuple(order)))
     dense = vb.b.node(Contiguous(), operand.dtype, (permuted,), View.contiguous(permuted.shape))
     back = tuple(order.index(d) for d in range(meta.dim()))
@@ -82,15 +83,6 @@ def with_traced_layout(vb, operand: GraphNode, meta) -> GraphNode:
 
 def _same_strides(view: View, meta: torch.Tensor) -> bool:
     return all(size == 1 or a == b for size, a, b in zip(meta.shape, view.strides, meta.stride()))
-
-
-def _dense(meta: torch.Tensor) -> bool:
-    expected = 1
-    for size, stride in sorted(((s, st) for s, st in zip(meta.shape, meta.stride()) if s != 1), key=lambda p: p[1]):
-        if stride != expected:
-            return False
-        expected *= size
-    return True
 
 
 def in_memory(vb, value: GraphNode) -> GraphNode:

@@ -64,7 +64,7 @@ def domain_of_reduce(node: GraphNode) -> Domain:
     return Domain(node.src[0].shape, node.op.axes)
 
 
-def _normal(view: View) -> View:
+def normal(view: View) -> View:
     """Strides of size-1 axes never matter: zero them so equal layouts compare equal."""
     return View(view.shape, tuple(0 if s == 1 else st for s, st in zip(view.shape, view.strides)), view.offset)
 
@@ -75,11 +75,11 @@ def reference_space(ref: GraphNode) -> Optional[str]:
     reduce_node = ref.src[0]
     domain = domain_of_reduce(reduce_node)
     dense = reduce_node.view.strides
-    if _normal(ref.view) == _normal(View(domain.shape, tuple(0 if d in domain.axes else st
+    if normal(ref.view) == normal(View(domain.shape, tuple(0 if d in domain.axes else st
                                                             for d, st in enumerate(dense)))):
         return "full"
     squeezed = tuple(st for d, st in enumerate(dense) if d not in domain.axes)
-    if _normal(ref.view) == _normal(View(domain.squeezed_shape, squeezed)):
+    if normal(ref.view) == normal(View(domain.squeezed_shape, squeezed)):
         return "squeezed"
     return None
 

@@ -13,7 +13,7 @@ kernel, which the writing kernel then reads.
 from __future__ import annotations
 
 from ..ir import Contiguous, Gather, GraphNode, Input, View, ViewOp, toposort
-from .domains import Domain, is_kernel_input
+from .domains import Domain, is_kernel_input, normal
 
 
 def reads_older_version(leaf: GraphNode, name: str, version: int) -> bool:
@@ -33,7 +33,7 @@ def same_program_access(read: View, write: View, domain: Domain) -> bool:
     program's: persistent or looped, never split when it also stores a full-shape value.)"""
     if domain.space_of(read.shape) is None or domain.space_of(write.shape) is None:
         return False
-    r, w = _normal(domain.to_domain(read)), _normal(domain.to_domain(write))
+    r, w = normal(domain.to_domain(read)), normal(domain.to_domain(write))
     if r.offset != w.offset:
         return False
     for d in range(len(domain.shape)):
@@ -43,11 +43,6 @@ def same_program_access(read: View, write: View, domain: Domain) -> bool:
         elif r.strides[d] != w.strides[d]:
             return False
     return not domain.axes or _injective(r)
-
-
-def _normal(view: View) -> View:
-    """Strides of size-1 axes never matter."""
-    return View(view.shape, tuple(0 if size == 1 else st for size, st in zip(view.shape, view.strides)), view.offset)
 
 
 def _injective(view: View) -> bool:

@@ -90,15 +90,6 @@ EXPECTED_FAILURES: dict[str, str] = {
     **dict.fromkeys(("cfloat", "cdouble", "chalf", "complex", "polar", "view_as_complex", "stft", "linalg.eig",
                      "linalg.eigvals") + FFT, "complex dtype: tjit has no complex element type"),
     "hash_tensor": "uint64 dtype: tjit has no element type for it",
-    **dict.fromkeys(("nonzero", "argwhere", "masked_select", "unique", "unique_consecutive", "combinations"),
-                    "data-dependent output shape (bug: TypeError 'unhashable type: non-nested SymInt', not "
-                    "UnsupportedOpError)"),
-    **dict.fromkeys(("linalg.lstsq", "linalg.lstsq.grad_oriented", "nn.functional.ctc_loss"),
-                    "data-dependent output shape (DynamicOutputShapeException while tracing)"),
-    **dict.fromkeys(("allclose", "equal"), "returns a Python bool computed from tensor data"),
-    **dict.fromkeys(("cov", "corrcoef"), "calls aten.equal on tensor data (a data-dependent Python bool)"),
-    "nn.functional.gaussian_nll_loss": "data-dependent control flow (checks var < 0 and raises)",
-    "tensor_split": "split points given as a tensor: data-dependent sizes",
     **dict.fromkeys(("linalg.cholesky", "linalg.inv", "linalg.solve", "linalg.lu_factor", "linalg.ldl_factor",
                      "linalg.tensorinv", "linalg.tensorsolve"),
                     "aten._linalg_check_errors returns nothing: no library-call step for it yet"),
@@ -113,20 +104,15 @@ EXPECTED_FAILURES: dict[str, str] = {
                     "sparse layout (bug: torch's NotImplementedError 'Cannot access storage', not "
                     "UnsupportedOpError)"),
     "resize_": "resizes its input in place (bug: ValueError from View.expand, not UnsupportedOpError)",
-    "item": "returns a Python scalar read from tensor data",
     **dict.fromkeys(("nn.functional.dropout", "nn.functional.dropout2d", "nn.functional.dropout3d",
                      "nn.functional.alpha_dropout", "nn.functional.feature_alpha_dropout.with_train",
                      "nn.functional.scaled_dot_product_attention", "nn.functional.multi_head_attention_forward"),
                     "dropout in training mode: bernoulli_ has no functional form"),
-    "take": "a 0-d index tensor: data-dependent guard while tracing",
-    "narrow": "start given as a 0-d tensor: a Python number read from tensor data",
 }
 # OpInfo id -> why a later sample fails (strict xfail only with TJIT_OPINFO_ALL=1).
 EXPECTED_FAILURES_LATER: dict[str, str] = {
     **dict.fromkeys(("__getitem__", "nn.functional.interpolate.nearest", "nn.functional.interpolate.nearest-exact",
                      "nn.functional.upsample_nearest"), "indexing with several index tensors"),
-    "repeat_interleave": "repeats given as a tensor: data-dependent output shape (bug: TypeError 'unhashable type: "
-                         "non-nested SymInt')",
     "gather": "uint8 index tensor (empty) refused; eager accepts it",
     "linalg.matrix_power": "a negative power calls linalg.inv (see linalg.inv)",
 }

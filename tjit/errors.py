@@ -23,6 +23,13 @@ class UnsupportedOpError(TjitError, NotImplementedError):
         super().__init__(msg)
 
 
+class DataDependentError(UnsupportedOpError):
+    """The function needs a value read from tensor data to go on: an output size (nonzero,
+    unique, boolean-mask indexing), a Python number (.item(), torch.equal) or a branch on a
+    tensor. One trace cannot hold that; tjit.compile then runs the function split at those
+    points by Dynamo's graph breaks, each part compiled by tjit (runtime/split.py)."""
+
+
 class CompileArgumentError(TjitError, TypeError):
     """A compiled function was called with arguments tjit cannot accept."""
 

@@ -9,6 +9,7 @@ from .ir import Graph
 from .lower import LibraryPlan
 from .lower.codegen import KernelPlan
 from .memory import MemoryPlan
+from .runtime.split import SplitFunction
 
 
 @dataclass
@@ -70,6 +71,30 @@ class Explanation:
         return "\n".join(lines)
 
 
+@dataclass
+class SplitExplanation:
+    """A function one trace cannot hold (it needs tensor data to go on), run split by
+    Dynamo's graph breaks: per graph between the breaks, tjit's Explanation, or why that
+    graph runs eagerly. The data-dependent ops themselves run eagerly between the graphs."""
+    reason: str
+    graphs: list  # Explanation, or str: why the graph runs eagerly
+
+    @property
+    def kernels(self) -> list[KernelReport]:
+        return [k for g in self.graphs if isinstance(g, Explanation) for k in g.kernels]
+
+    @property
+    def library_calls(self) -> list[LibraryCallReport]:
+        return [c for g in self.graphs if isinstance(g, Explanation) for c in g.library_calls]
+
+    def __str__(self) -> str:
+        lines = [f"split by Dynamo into {len(self.graphs)} graph(s), the data-dependent ops run eagerly between "
+                 f"them; first: {self.reason}"]
+        for k, g in enumerate(self.graphs):
+            lines += ["", f"graph {k}:", str(g) if isinstance(g, Explanation) else f"runs eagerly: {g}"]
+        return "\n".join(lines)
+
+
 def report(plan: KernelPlan) -> KernelReport:
     return KernelReport(plan.name, plan.shape, plan.source, [d.describe() for d in plan.space.loop_dims],
                         plan.bytes_read, plan.bytes_written, plan.grid)
@@ -79,12 +104,31 @@ def explain(fn, *args, **kwargs) -> Explanation:
     from .runtime.compiled import CompiledFunction
     compiled = fn if isinstance(fn, CompiledFunction) else CompiledFunction(fn)
     entry = compiled.entry_for(*args, **kwargs)
+    if isinstance(entry.executable, SplitFunction):
+        return _explain_split(entry.executable, args, kwargs)
     explanation = _explain(entry.executable, entry.eager_ops)
     plan = getattr(entry.executable, "plan", None)  # a GradExecutable: inputs require grad
     if plan is not None:
         explanation.backward = _explain(entry.executable.backward_executable(entry.executable.dense_layouts()), 0)
         explanation.saved = plan.saved_inputs + plan.saved_outputs + tuple(plan.saved)
     return explanation
+
+
+def _explain_split(split: SplitFunction, args, kwargs) -> SplitExplanation:
+    """Dynamo finds the graphs by running the function: it runs on copies of the arguments."""
+    import torch
+    copies = torch.utils._pytree.tree_map(lambda v: v.detach().clone() if isinstance(v, torch.Tensor) else v,
+                                          (args, kwargs))
+    known = len(split.graphs)
+    split(*copies)
+    graphs = []
+    for graph in split.graphs[known:] or split.graphs:
+        if graph.eager_because is not None:
+            graphs.append(graph.eager_because)
+        else:
+            entry = next(reversed(graph.compiled._cache.values()))
+            graphs.append(_explain(entry.executable, entry.eager_ops))
+    return SplitExplanation(split.reason, graphs)
 
 
 def _explain(executable, eager_ops: int) -> Explanation:

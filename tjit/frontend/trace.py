@@ -17,7 +17,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 
-from ..errors import UnsupportedOpError
+from ..errors import DataDependentError, UnsupportedOpError
 from .convert import Conversion, Converter
 
 
@@ -121,13 +121,16 @@ def trace(fn: Callable, args: tuple, kwargs: dict) -> Conversion:
         return result
 
     watch = GradModeWatch()
+    name = getattr(fn, "__name__", str(fn))
     try:
         with torch.enable_grad(), watch:
             gm = fake_trace(with_tensors, [t.detach() for t in tensors])
     except UnsupportedOpError:
         raise
-    except Exception as e:  # data-dependent control flow and the like
-        raise UnsupportedOpError(getattr(fn, "__name__", str(fn)), f"tracing failed: {type(e).__name__}: {e}") from e
+    except Exception as e:
+        error = DataDependentError if _needs_tensor_data(e) else UnsupportedOpError
+        raise error(name, f"tracing failed: {type(e).__name__}: {str(e).strip()}") from e
+    check_no_data_dependence(gm, name)
     try:
         conversion = Converter(gm, tensor_names).run()
         conversion.stops_gradients = watch.saw_no_grad
@@ -139,6 +142,28 @@ def trace(fn: Callable, args: tuple, kwargs: dict) -> Conversion:
         if e.where or e.target is None:
             raise
         raise UnsupportedOpError(e.op, e.reason, locate_call(with_tensors, tensors, e.target)) from None
+
+
+def _needs_tensor_data(e: Exception) -> bool:
+    """The trace stopped because the function needs a value that only tensor data gives: a
+    branch or a size computed from data, an op whose output size or Python result depends on
+    data (fake tensors have no data to read)."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+    if isinstance(e, (DataDependentOutputException, DynamicOutputShapeException, GuardOnDataDependentSymNode)):
+        return True
+    return isinstance(e, RuntimeError) and "data is not allocated yet" in str(e)
+
+
+def check_no_data_dependence(gm: torch.fx.GraphModule, name: str) -> None:
+    """Raise DataDependentError at the first value the trace could only describe by a symbol
+    standing for tensor data: a size (nonzero's row count), a Python number (.item()). tjit's
+    IR has concrete sizes and no such numbers."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and free_unbacked_symbols(node.meta.get("val")):
+            raise DataDependentError(str(node.target), f"in {name}: its result depends on tensor data (an output size "
+                                     "or a Python number read from a tensor)", target=node.target)
 
 
 def eager_gradient_paths(fn: Callable, args: tuple, kwargs: dict, grad_inputs) -> Optional[list]:

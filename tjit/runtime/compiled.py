@@ -19,7 +19,7 @@ import torch
 from .. import debug
 from ..autograd.backward import may_differ_from_eager, plan_autograd
 from ..autograd.function import GradExecutable
-from ..errors import CompileArgumentError, UnsupportedOpError
+from ..errors import CompileArgumentError, DataDependentError, UnsupportedOpError
 from ..frontend.trace import CONTAINERS, eager_gradient_paths, flatten_arguments, holds_tensors, trace
 from ..ir import AxisStrategy
 from ..lower import lower
@@ -27,6 +27,7 @@ from ..memory.donation import DonatedTensor
 from .counters import counters
 from .executor import Executable
 from .interpreter import check_device
+from .split import SplitFunction
 
 
 @dataclass
@@ -57,9 +58,13 @@ def guard_key(flat: list[tuple[str, Any]]) -> tuple:
 
 class CompiledFunction:
     def __init__(self, fn: Callable, axis_strategies: Optional[Mapping[str, Sequence[AxisStrategy]]] = None,
-                 donate: Sequence[str] = ()):
+                 donate: Sequence[str] = (), split_data_dependent: bool = True):
         functools.update_wrapper(self, fn)
         self.fn = fn
+        # a function that needs tensor data to go on runs split by Dynamo (split.py); off for
+        # the graphs Dynamo itself hands over
+        self.split_data_dependent = split_data_dependent
+        self._split: Optional[SplitFunction] = None
         self.donate = tuple(donate)
         self.axis_strategies = dict(axis_strategies or {})
         self._cache: dict[tuple, CompiledEntry] = {}
@@ -91,6 +96,8 @@ class CompiledFunction:
                 entry = self._cache.get(key) or self._compile(args, kwargs, key)
         else:
             counters.cache_hits += 1
+        if isinstance(entry.executable, SplitFunction):
+            return _into_out(entry.executable(args, kwargs), out)
         return entry.executable(tensors, out)
 
     def entry_for(self, *args, **kwargs) -> CompiledEntry:
@@ -105,7 +112,12 @@ class CompiledFunction:
         flat = self._flatten(args, kwargs)
         grad_inputs = _grad_inputs(flat)
         device = _device_type(flat)
-        conversion = trace(self.fn, *_detached((args, kwargs)))  # the forward only: tjit differentiates it
+        try:
+            conversion = trace(self.fn, *_detached((args, kwargs)))  # the forward only: tjit differentiates it
+        except DataDependentError as e:
+            if not self.split_data_dependent or self.donate:
+                raise
+            return self._split_entry(key, e, t0)
         t1 = time.perf_counter()
         if grad_inputs:
             self._check_differentiable(conversion, flat, grad_inputs)
@@ -126,6 +138,16 @@ class CompiledFunction:
         self._cache[key] = entry
         counters.traces += 1
         _log_compile(self.fn, entry)
+        return entry
+
+    def _split_entry(self, key, error: DataDependentError, t0: float) -> CompiledEntry:
+        """The entry of a function one trace cannot hold: Dynamo splits it (one SplitFunction
+        for every key: Dynamo keeps its own guards)."""
+        if self._split is None:
+            self._split = SplitFunction(self.fn, str(error))
+        entry = CompiledEntry(self._split, time.perf_counter() - t0, 0.0, 0.0, 0)
+        self._cache[key] = entry
+        debug.log(1, f"{getattr(self.fn, '__name__', self.fn)} needs tensor data to go on; split by Dynamo: {error}")
         return entry
 
     def _check_differentiable(self, conversion, flat, grad_inputs) -> None:
@@ -243,6 +265,22 @@ def _by_output(conversion, eager) -> Optional[dict]:
     if eager is None or len(eager) != len(conversion.outputs):
         return None
     return {s.name: paths for s, paths in zip(conversion.outputs, eager) if s.kind == "computed"}
+
+
+def _into_out(result, out):
+    """Results of a split function copied into out= (one tensor per tensor result); out."""
+    if out is None:
+        return result
+    outs = [out] if isinstance(out, torch.Tensor) else list(out)
+    results = [t for t in torch.utils._pytree.tree_leaves(result) if isinstance(t, torch.Tensor)]
+    if len(outs) != len(results):
+        raise CompileArgumentError(f"out= needs {len(results)} tensor(s), one per tensor result; got {len(outs)}")
+    for o, r in zip(outs, results):
+        if o.shape != r.shape or o.dtype != r.dtype:
+            raise CompileArgumentError(f"out is {o.dtype} {list(o.shape)}; the result is {r.dtype} {list(r.shape)}")
+    for o, r in zip(outs, results):
+        o.copy_(r)
+    return out
 
 
 def _detached(tree):

@@ -1,5 +1,6 @@
 """`torch.compile(fn, backend="tjit")`: Dynamo hands us an FX graph of torch calls; tjit
-compiles it like any other Python function (the GraphModule is callable)."""
+compiles it like any other Python function (the GraphModule is callable). A graph tjit
+refuses runs eagerly, with a warning (split.py)."""
 from __future__ import annotations
 
 from typing import Callable
@@ -8,13 +9,8 @@ import torch
 
 
 def tjit_backend(gm: torch.fx.GraphModule, example_inputs) -> Callable:
-    from .compiled import CompiledFunction
-    compiled = CompiledFunction(gm.forward)
-
-    def run(*args):
-        return compiled(*args)
-
-    return run
+    from .split import graph_backend
+    return graph_backend(gm, example_inputs)
 
 
 def register_dynamo_backend() -> None:

@@ -1,0 +1,140 @@
+"""Functions that need tensor data to go on (output sizes, Python numbers, branches read from
+data) run split by Dynamo's graph breaks, each graph compiled by tjit (runtime/split.py)."""
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tjit
+from tjit.errors import DataDependentError
+from tjit.frontend.trace import trace
+from tjit.runtime import split
+
+
+def close(got, expected):
+    got, expected = torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(expected)
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        if isinstance(e, torch.Tensor):
+            assert g.dtype == e.dtype and g.shape == e.shape
+            torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
+        else:
+            assert type(g) is type(e) and g == e
+
+
+def masked_sum(x):
+    y = torch.tanh(x * 2)
+    return (y[y > 0] * 3).sum() + y.sum()
+
+
+def rows_of_nonzero(x):
+    return torch.nonzero(x > 0.5) * 2
+
+
+def scaled_by_item(x):
+    return x * x.abs().max().item() + 1
+
+
+def branch(x):
+    if x.sum() > 0:
+        return x * 2
+    return x - 1
+
+
+def uniques(x):
+    values, counts = torch.unique(x.floor(), return_counts=True)
+    return values * counts
+
+
+def exact_equal(x, y):
+    return torch.equal(x * 1, y)
+
+
+@pytest.mark.parametrize("fn, args", [
+    (masked_sum, lambda: [torch.randn(5000)]),
+    (rows_of_nonzero, lambda: [torch.rand(37, 41)]),
+    (scaled_by_item, lambda: [torch.randn(3000)]),
+    (uniques, lambda: [torch.randn(2000) * 4]),
+    (exact_equal, lambda: [torch.arange(7.0)] * 2),
+], ids=lambda v: getattr(v, "__name__", ""))
+def test_matches_eager(fn, args):
+    torch.manual_seed(0)
+    inputs = args()
+    compiled = tjit.compile(fn)
+    close(compiled(*inputs), fn(*inputs))
+    close(compiled(*inputs), fn(*inputs))  # the second call reuses what Dynamo and tjit compiled
+
+
+def test_trace_raises_data_dependent_error():
+    with pytest.raises(DataDependentError, match="depends on tensor data"):
+        trace(masked_sum, (torch.randn(8),), {})
+    with pytest.raises(DataDependentError, match="tracing failed"):
+        trace(branch, (torch.randn(8),), {})
+
+
+def test_branch_follows_the_data_on_every_call():
+    compiled = tjit.compile(branch)
+    for sign in (1, -1, 1):
+        x = torch.rand(3000) * sign
+        close(compiled(x), branch(x))
+
+
+def test_graphs_between_breaks_are_fused_by_tjit():
+    x = torch.randn(5000)
+    explained = tjit.explain(masked_sum, x)
+    assert "depends on tensor data" in explained.reason
+    assert len(explained.graphs) == 2 and all(isinstance(g, tjit.Explanation) for g in explained.graphs)
+    before = tjit.counters.launches
+    compiled = tjit.compile(masked_sum)
+    close(compiled(x), masked_sum(x))
+    assert tjit.counters.launches > before  # the graphs ran as tjit kernels, not eagerly
+
+
+def test_gradients_through_a_mask():
+    torch.manual_seed(1)
+    x, w = torch.randn(3000, requires_grad=True), torch.randn(3000, requires_grad=True)
+    x2, w2 = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+
+    def f(x, w):
+        y = torch.tanh(x * w)
+        z = y[y > 0]
+        return (z * z).sum() + y.sum() * 0.5
+
+    tjit.compile(f)(x, w).backward()
+    f(x2, w2).backward()
+    torch.testing.assert_close(x.grad, x2.grad)
+    torch.testing.assert_close(w.grad, w2.grad)
+
+
+def test_in_place_write_after_a_break():
+    def f(x):
+        x.add_(x.sum().item())
+        return x[x > 0].mul_(2)
+
+    x = torch.randn(2000)
+    x2 = x.clone()
+    close(tjit.compile(f)(x), f(x2))
+    torch.testing.assert_close(x, x2)
+
+
+def test_out_receives_the_results():
+    x = torch.rand(4000)
+    out = torch.full((1,), float("nan"))
+    got = tjit.compile(lambda x: (x[x > 0.5] + 1).sum(0, keepdim=True))(x, out=out)
+    assert got is out
+    torch.testing.assert_close(out, (x[x > 0.5] + 1).sum(0, keepdim=True))
+
+
+def test_a_refused_dynamo_graph_runs_eagerly_with_a_warning(monkeypatch):
+    """A graph tjit refuses is refused before anything runs, so running it eagerly is safe."""
+    def refuse(self, *args, **kwargs):
+        raise tjit.UnsupportedOpError("some_op", "refused for this test")
+
+    monkeypatch.setattr(tjit.runtime.compiled.CompiledFunction, "entry_for", refuse)
+    x = torch.randn(300)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = torch.compile(lambda x: F.gelu(x) * 2, backend=split.graph_backend)(x)
+    torch.testing.assert_close(got, F.gelu(x) * 2)
+    assert any("runs a graph" in str(w.message) and "refused for this test" in str(w.message) for w in caught)

@@ -55,7 +55,7 @@ class AutogradPlan:
     def forward_graph(self) -> Graph:
         """The forward graph with the saved intermediates as extra outputs."""
         return Graph(self.graph.input_names, {**self.graph.outputs, **self.saved}, self.graph.mutations,
-                     self.graph._inputs)
+                     self.graph._inputs, self.graph.effects)
 
 
 def may_differ_from_eager(conversion, grad_inputs) -> bool:

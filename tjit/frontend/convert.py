@@ -19,10 +19,10 @@ import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..errors import UnsupportedOpError
-from ..ir import Const, Contiguous, DType, GraphNode, Input, Mutation, View, ViewOp, Graph
+from ..ir import Const, Contiguous, DType, Extern, ExternCall, GraphNode, Input, Mutation, Operand, View, ViewOp, Graph
 from .build import ValueBuilder
-from .library import library_call
-from .overlap import check_in_place
+from .library import WriteThroughView, in_memory, library_call
+from .overlap import check_in_place, is_non_overlapping_and_dense
 
 @dataclass(frozen=True)
 class OutputSpec:
@@ -67,6 +67,10 @@ class Converter(ValueBuilder):
         self.version: dict[str, int] = {}
         self.forwarded: dict[str, Optional[GraphNode]] = {}
         self.mutations: list[Mutation] = []
+        self.effects: list[GraphNode] = []  # library calls that return nothing (checks)
+        # intermediate storages written through a view while other views of them are read
+        # later: storage key -> its current contents, a flat buffer read through each view
+        self.storages: dict[int, GraphNode] = {}
         self.constants: dict[str, torch.Tensor] = {}
         self.current: Optional[fx.Node] = None
 
@@ -79,6 +83,7 @@ class Converter(ValueBuilder):
             self.add_placeholder(name, ph)
         for node in nodes:
             self.current = node
+            _check_layout(node)
             if node.op == "get_attr":
                 self.add_constant(node)
             elif node.op == "call_function":
@@ -134,7 +139,7 @@ class Converter(ValueBuilder):
         if functional is not None:
             # x.op_(...) is x = op(x, ...) written back into x's memory
             overload = getattr(functional, node.target._overloadname, None)
-            compute = self.handlers.get(functional) or self.handlers.get(overload) or _library(overload)
+            compute = self.handlers.get(functional) or self.handlers.get(overload) or (overload and _library(overload))
 
             def in_place(cv, node, *args, **kwargs):
                 return cv.assign(node.args[0], compute(cv, node, *args, **kwargs))
@@ -146,8 +151,9 @@ class Converter(ValueBuilder):
                     raise UnsupportedOpError(str(node.target), "changes the shape of an input in place",
                                              target=node.target)
                 return compute(cv, node, *args, **kwargs)
-            return in_place_view if overload is not None and _returns_alias(overload) else in_place
-        return _library(node.target)
+            if compute:
+                return in_place_view if torch.Tag.inplace_view in node.target.tags else in_place
+        return _library(node.target)  # an op with no functional form is functionalised by the call
 
     # -- values ----------------------------------------------------------------------
     def meta(self, node: fx.Node) -> torch.Tensor:
@@ -162,6 +168,8 @@ class Converter(ValueBuilder):
             if found.dtype.is_float and self._detached(node):  # a view of x.detach()
                 found = self.elementwise("stop_gradient", [found], found.dtype)
             return found
+        if isinstance(val, torch.Tensor) and storage_key(val) in self.storages:
+            return self.read_storage(val)
         return self.env[node]
 
     def _detached(self, node: fx.Node) -> bool:
@@ -212,6 +220,9 @@ class Converter(ValueBuilder):
             base = self.input_meta[name]
             self.forwarded[name] = value if view == View(tuple(base.shape), tuple(base.stride())) else None
             return value
+        if key in self.storages or self._other_views_read_later(target, key):
+            self.storages[key] = self.storage_after_write(target, key, value)
+            return value
         for node in self.same_tensor_nodes(target, key):
             self.env[node] = value
         return value
@@ -238,21 +249,58 @@ class Converter(ValueBuilder):
                 self.env[fx_node] = self.materialize(value)
 
     def same_tensor_nodes(self, target: fx.Node, key: int) -> list[fx.Node]:
-        """An in-place write into an intermediate rebinds it; other FX values that are the
-        very same tensor are rebound too, and any other view of it read later is refused."""
+        """An in-place write into an intermediate that no other view of reads later rebinds
+        it, and the other FX values that are the very same tensor."""
+        tval = self.meta(target)
+        same = (tuple(tval.shape), tuple(tval.stride()), tval.storage_offset())
+        return [target] + [other for other in self._storage_nodes(key) if other is not target
+                           and (tuple(other.meta["val"].shape), tuple(other.meta["val"].stride()),
+                                other.meta["val"].storage_offset()) == same]
+
+    def _storage_nodes(self, key: int) -> list[fx.Node]:
+        return [n for n in self.gm.graph.nodes
+                if isinstance(n.meta.get("val"), torch.Tensor) and storage_key(n.meta["val"]) == key]
+
+    def _other_views_read_later(self, target: fx.Node, key: int) -> bool:
         here, tval = self.position[self.current], self.meta(target)
         same = (tuple(tval.shape), tuple(tval.stride()), tval.storage_offset())
-        found = [target]
-        for other in self.gm.graph.nodes:
-            val = other.meta.get("val")
-            if other is target or not isinstance(val, torch.Tensor) or storage_key(val) != key:
-                continue
-            if (tuple(val.shape), tuple(val.stride()), val.storage_offset()) == same:
-                found.append(other)
-            elif any(self.position[u] > here for u in other.users):
-                raise UnsupportedOpError(str(self.current.target),
-                                         "in-place write into an intermediate tensor that other views still read")
-        return found
+        return any((tuple(n.meta["val"].shape), tuple(n.meta["val"].stride()), n.meta["val"].storage_offset()) != same
+                   and any(self.position[u] > here for u in n.users) for n in self._storage_nodes(key))
+
+    # -- intermediate storages written through views -----------------------------------------
+    # As functionalisation does: the storage's contents are a value (a flat buffer); a write
+    # through a view makes a new one (a library call), and every later read
+    # of any view of the storage reads that view of the newest contents.
+    def read_storage(self, val: torch.Tensor) -> GraphNode:
+        flat = self.storages[storage_key(val)]
+        if val.dtype != flat.dtype.torch:
+            raise UnsupportedOpError("view(dtype)", f"reinterpreting a written {flat.dtype!r} intermediate as {val.dtype}")
+        view = View(tuple(val.shape), tuple(val.stride()), val.storage_offset())
+        return flat if view == flat.view else self.b.node(ViewOp(), flat.dtype, (flat,), view)
+
+    def storage_after_write(self, target: fx.Node, key: int, value: GraphNode) -> GraphNode:
+        """The storage's contents after `value` is written through the view `target`."""
+        val = self.meta(target)
+        if _covers_storage(val) and is_non_overlapping_and_dense(val):
+            return self.flat(value, val)  # the whole storage is written
+        base = self.storages.get(key)
+        if base is None:
+            owner = next((n for n in self._storage_nodes(key) if self.position.get(n, -1) < self.position[self.current]
+                          and _covers_storage(n.meta["val"]) and is_non_overlapping_and_dense(n.meta["val"])), None)
+            if owner is None:
+                raise UnsupportedOpError(str(self.current.target), "in-place write into an intermediate tensor that "
+                                         "other views still read, and no tensor of the trace holds all its storage")
+            base = self.flat(self.env[owner], owner.meta["val"])
+        call = ExternCall(WriteThroughView(tuple(val.shape), tuple(val.stride()), val.storage_offset()),
+                          (Operand(0), Operand(1)), {})
+        operands = (in_memory(self, base), in_memory(self, value))
+        return self.b.node(Extern(call, 0), base.dtype, operands, View.contiguous(base.shape))
+
+    def flat(self, value: GraphNode, val: torch.Tensor) -> GraphNode:
+        """A dense value laid out as `val` is in its storage, as the storage's flat contents."""
+        order = sorted(range(val.dim()), key=lambda d: (-val.stride(d), d))  # outermost first
+        permuted = self.view(value, ("permute", tuple(order)))
+        return in_memory(self, self.view(permuted, ("reshape", (val.numel(),))))
 
     # -- outputs -------------------------------------------------------------------------
     def finish(self, out_node: fx.Node) -> Conversion:
@@ -291,14 +339,18 @@ class Converter(ValueBuilder):
                 if _covers_storage(val):  # later outputs in the same storage become views of it
                     computed_storage[key] = k
                 specs.append(OutputSpec("computed", name=name, **layout))
-        graph = self.b.finish(self.input_names, outputs, self.mutations)
+        graph = self.b.finish(self.input_names, outputs, self.mutations, self.effects)
         return Conversion(graph, specs, tree, self.constants, count_eager_kernels(self.gm))
 
 
-def _returns_alias(op) -> bool:
-    """The op returns a view of an argument (squeeze, transpose, ...), per its schema."""
-    returns = op._schema.returns
-    return len(returns) == 1 and returns[0].alias_info is not None
+def _check_layout(node: fx.Node) -> None:
+    """Sparse (and other non-strided) tensors have no strided memory for kernels or calls to
+    read: refused by name, as an input or as an op's operand or result."""
+    for value in torch.utils._pytree.tree_flatten(node.meta.get("val"))[0]:
+        if isinstance(value, torch.Tensor) and value.layout != torch.strided:
+            what = f"input {node.target}" if node.op == "placeholder" else str(node.target)
+            raise UnsupportedOpError(what, f"a tensor of layout {value.layout}: tjit compiles strided tensors only",
+                                     target=node.target if node.op == "call_function" else None)
 
 
 def _data_dependent(value) -> bool:
@@ -309,8 +361,6 @@ def _data_dependent(value) -> bool:
 def _library(target):
     """The handler that runs `target` as a library call (see library.py)."""
     def call(cv, node, *args, **kwargs):
-        if target is None:
-            raise UnsupportedOpError(str(node.target), "an in-place op without a functional form", target=node.target)
         return library_call(cv, node, target, args, kwargs)
     return call
 

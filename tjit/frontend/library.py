@@ -29,18 +29,32 @@ def reads_memory(node: GraphNode) -> bool:
     return isinstance(base.op, MEMORY) and all(stride >= 0 for stride in node.view.strides)
 
 
+aten = torch.ops.aten
+# Ops that write arguments their schema does not mark as written: the argument positions
+# they write, given the call's arguments (native_batch_norm updates its running statistics
+# in training mode).
+HIDDEN_WRITES = {
+    aten.native_batch_norm.default: lambda args: (3, 4) if args[5] else (),
+}
+# Ops whose results do not read the arguments they write, given the call's arguments (a batch
+# norm in training mode only updates its running statistics): their derivative, which runs
+# the op again, is handed zeros there rather than the values from before the write.
+RESULTS_IGNORE_WRITTEN = {
+    aten.native_batch_norm.default: lambda args: args[5],
+    aten._native_batch_norm_legit.default: lambda args: args[5],
+    aten._batch_norm_with_update.default: lambda args: True,
+}
+
+
 def library_call(cv, node: fx.Node, target, args: tuple, kwargs: dict) -> Any:
     """Run `target` (an aten OpOverload) as a library call on the converted args: returns
-    its results as Extern nodes, in the structure the op returns them."""
+    its results as Extern nodes, in the structure the op returns them. Arguments the op
+    writes in place are written as an in-place op writes them (Converter.assign), from the
+    copies the call writes; a call that returns nothing is kept as one of the graph's effects."""
     if not isinstance(target, torch._ops.OpOverload):
         raise UnsupportedOpError(str(target), "not an aten op (tjit runs aten ops it does not generate as library "
                                  "calls)", target=node.target)
-    if not target._schema.returns:
-        raise UnsupportedOpError(str(target), "an op that returns nothing (a check that raises on bad data): tjit "
-                                 "has no step for it yet", target=node.target)
-    if target._schema.is_mutable:
-        raise UnsupportedOpError(str(target), "an op that writes one of its arguments in place and has no "
-                                 "functional form", target=node.target)
+    written = written_arguments(node, target)
     operands: list[GraphNode] = []
     traced = iter(leaf.meta.get("val") if isinstance(leaf, fx.Node) else None
                   for leaf in tree_flatten((tuple(node.args), dict(node.kwargs)))[0])
@@ -53,17 +67,67 @@ def library_call(cv, node: fx.Node, target, args: tuple, kwargs: dict) -> Any:
         return Operand(len(operands) - 1)
 
     bound_args, bound_kwargs = tree_map(placeholder, (tuple(args), dict(kwargs)))
-    call = ExternCall(target, bound_args, bound_kwargs)
+    writes = tuple((bound_args[k] if k < len(bound_args) else bound_kwargs[arg.name]).index
+                   for k, arg, _ in written)
+    call = ExternCall(target, bound_args, bound_kwargs, writes)
+    if not target._schema.returns:
+        cv.effects.append(cv.b.node(Extern(call, None), DType.bool, tuple(operands), View((), ())))
+        return None
     results, spec = tree_flatten(node.meta["val"])
+    n_results = sum(isinstance(r, torch.Tensor) for r in results)
+    copies = {}  # alias set of a written argument -> the call's copy of it, after the call
+    for j, ((_, arg, fx_arg), k) in enumerate(zip(written, writes)):
+        src = operands[k]
+        copies[frozenset(arg.alias_info.before_set) if arg.alias_info else None] = copy = \
+            cv.b.node(Extern(call, n_results + j), src.dtype, tuple(operands), View.contiguous(src.shape))
+        cv.assign(fx_arg, copy)
     nodes, k = [], 0
-    for result in results:
-        if isinstance(result, torch.Tensor):
+    for result, returned in zip(results, _returns_per_result(target, results)):
+        if not isinstance(result, torch.Tensor):
+            nodes.append(result)
+            continue
+        alias = returned.alias_info if returned is not None else None
+        if alias is not None and alias.is_write:  # an in-place op returns the tensor it wrote
+            nodes.append(copies[frozenset(alias.before_set)])
+        else:
             view = View(tuple(result.shape), tuple(result.stride()))
             nodes.append(cv.b.node(Extern(call, k), DType.from_torch(result.dtype), tuple(operands), view))
-            k += 1
-        else:
-            nodes.append(result)
+        k += 1
     return tree_unflatten(nodes, spec)
+
+
+def written_arguments(node: fx.Node, target) -> list[tuple[int, Any, fx.Node]]:
+    """(position, schema argument, FX node passed for it) for each tensor argument the op writes in
+    place; None arguments (an optional running mean) are written by no one."""
+    schema = target._schema
+    values = _schema_values(node, schema)
+    hidden = HIDDEN_WRITES.get(target, lambda args: ())(values)
+    found = []
+    for position, arg in enumerate(schema.arguments):
+        if not ((arg.alias_info is not None and arg.alias_info.is_write) or position in hidden):
+            continue
+        value = values[position]
+        if value is None:
+            continue
+        if not isinstance(value, fx.Node) or not isinstance(value.meta.get("val"), torch.Tensor):
+            raise UnsupportedOpError(str(target), f"writes its argument {arg.name!r} ({arg.type}) in place: tjit "
+                                     "functionalises only single tensor arguments", target=node.target)
+        found.append((position, arg, value))
+    return found
+
+
+def _schema_values(node: fx.Node, schema) -> list:
+    """The value the FX node passes for each schema argument (positional or keyword)."""
+    return [node.args[k] if k < len(node.args) else node.kwargs.get(arg.name, arg.default_value)
+            for k, arg in enumerate(schema.arguments)]
+
+
+def _returns_per_result(target, results: list) -> list:
+    """The schema return each flattened result comes from (None where a return is a list)."""
+    returns = target._schema.returns
+    if len(returns) == len(results):
+        return list(returns)
+    return [None] * len(results)
 
 
 def with_traced_layout(vb, operand: GraphNode, meta) -> GraphNode:
@@ -95,6 +159,25 @@ def in_memory(vb, value: GraphNode) -> GraphNode:
     return vb.materialize(value)
 
 
+@dataclass(frozen=True)
+class WriteThroughView:
+    """`base` (a storage's flat contents) with `src` written through the view (size, stride,
+    offset) of it: torch's as_strided_scatter, except for its derivative, which torch gets
+    wrong (the base's gradient is kept inside the view rather than outside it); here torch
+    differentiates a copy written through a view."""
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+
+    def __call__(self, base: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+        out = base.clone()
+        out.as_strided(self.size, self.stride, self.offset).copy_(src)
+        return out
+
+    def __str__(self) -> str:
+        return "write_through_view"
+
+
 @dataclass(frozen=True, eq=False)
 class ExternGradient:
     """The gradient of result `index` of a library call with respect to its operands `wrt`,
@@ -106,17 +189,13 @@ class ExternGradient:
     wrt: tuple[int, ...]
 
     def __call__(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        from ..runtime.library import call_results  # the runtime runs calls; the frontend only describes them
         *operands, grad = tensors
         with torch.enable_grad():
             # the op runs again: operands without a gradient are copies, since some ops write
             # into them although their schema does not say so (a batch norm's running stats)
             leaves = [t.detach().requires_grad_() if k in self.wrt else t.clone() for k, t in enumerate(operands)]
-
-            def bind(arg):
-                return leaves[arg.index] if isinstance(arg, Operand) else arg
-
-            result = self.call.target(*tree_map(bind, self.call.args), **tree_map(bind, self.call.kwargs))
-            out = [t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)][self.index]
+            out = call_results(self.call, leaves)[self.index]
             wrt = [leaves[k] for k in self.wrt]
             grads = torch.autograd.grad(out, wrt, grad, allow_unused=True) if out.requires_grad else [None] * len(wrt)
         return tuple(torch.zeros_like(w) if g is None else g for w, g in zip(wrt, grads))
@@ -133,7 +212,12 @@ def library_call_gradient(vb, node: GraphNode, grad: GraphNode, value, wanted) -
     wrt = tuple(k for k, s in enumerate(node.src) if s.dtype.is_float and wanted(s))
     if not wrt:
         return [None] * len(node.src)
-    operands = tuple(in_memory(vb, value(s)) for s in node.src) + (in_memory(vb, grad),)
+    target = node.op.call.target
+    if torch.Tag.nondeterministic_seeded in getattr(target, "tags", ()):
+        # the derivative runs the op again, which would draw other random numbers
+        raise UnsupportedOpError(str(target), "a gradient through a random op run as a library call (rrelu in "
+                                 "training mode): its derivative would draw other random numbers")
+    operands = tuple(in_memory(vb, v) for v in forward_operands(vb, node, wrt, value)) + (in_memory(vb, grad),)
     call = ExternCall(ExternGradient(node.op.call, node.op.index, wrt), tuple(Operand(k) for k in range(len(operands))),
                       {})
     grads: list[Optional[GraphNode]] = [None] * len(node.src)
@@ -141,3 +225,13 @@ def library_call_gradient(vb, node: GraphNode, grad: GraphNode, value, wanted) -
         src = node.src[k]
         grads[k] = vb.b.node(Extern(call, j), src.dtype, operands, View.contiguous(src.shape))
     return grads
+
+
+def forward_operands(vb, node: GraphNode, wrt: tuple[int, ...], value) -> list[GraphNode]:
+    """The values of the call's operands that its derivative reads, in the backward graph:
+    the forward's (`value`), except zeros for operands the op only writes (a batch norm's
+    running statistics in training mode): their values from before the write may be gone."""
+    call = node.op.call
+    ignored = call.writes if RESULTS_IGNORE_WRITTEN.get(call.target, lambda args: False)(call.args) else ()
+    return [vb.expand_to(vb.const(0, s.dtype), s.shape) if k in ignored and k not in wrt else value(s)
+            for k, s in enumerate(node.src)]

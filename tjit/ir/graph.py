@@ -84,10 +84,15 @@ class Gather:
 class ExternCall:
     """One call of an aten op that tjit does not generate: at run time the op itself runs (a
     library call: cuBLAS, a sort, ... ) on its operands' memory. `args`/`kwargs` are the
-    call's arguments with each tensor operand replaced by `Operand(k)`, the node's src[k]."""
+    call's arguments with each tensor operand replaced by `Operand(k)`, the node's src[k].
+
+    An op that writes some of its operands in place (bernoulli_, a batch norm's running
+    statistics) runs functionalised: the operands in `writes` are copied first, the op
+    writes the copies, and the copies are results of the call after the op's own."""
     target: Any  # the aten OpOverload
     args: tuple
     kwargs: dict
+    writes: tuple[int, ...] = ()  # operand indices the op writes in place
 
     @property
     def name(self) -> str:
@@ -104,9 +109,12 @@ class Operand:
 class Extern:
     """Tensor result `index` (in pytree order) of an ExternCall. The node's src are the
     call's tensor operands, each read from memory (an input, a buffer or another call's
-    result, possibly through a view); its view is the layout torch gives the result."""
+    result, possibly through a view); its view is the layout torch gives the result.
+
+    A call that returns nothing (a check that raises on bad data) has one node with index
+    None: no tensor, only the call having run; the graph keeps it among its effects."""
     call: ExternCall
-    index: int
+    index: Optional[int]
 
 
 GraphOp = Union[Input, Const, ViewOp, Contiguous, Elementwise, Reduce, Cumulative, Gather, Extern]
@@ -148,13 +156,14 @@ class Graph:
     mutations: tuple[Mutation, ...] = ()
     # Inputs are held weakly: the graph is kept alive by what it computes, not by its inputs.
     _inputs: dict[str, "weakref.ref[GraphNode]"] = field(default_factory=dict, repr=False)
+    effects: tuple[GraphNode, ...] = ()  # calls that return nothing, run for their checks (Extern index None)
 
     def input_node(self, name: str) -> Optional[GraphNode]:
         ref = self._inputs.get(name)
         return None if ref is None else ref()
 
     def roots(self) -> list[GraphNode]:
-        return list(self.outputs.values()) + [m.value for m in self.mutations]
+        return list(self.outputs.values()) + [m.value for m in self.mutations] + list(self.effects)
 
     def nodes(self) -> list[GraphNode]:
         return toposort(self.roots())
@@ -186,8 +195,8 @@ class GraphBuilder:
         return self.node(Const(value), dtype, (), View((), ()))
 
     def finish(self, input_names: Iterable[str], outputs: dict[str, GraphNode],
-               mutations: Sequence[Mutation] = ()) -> Graph:
-        graph = Graph(tuple(input_names), dict(outputs), tuple(mutations))
+               mutations: Sequence[Mutation] = (), effects: Sequence[GraphNode] = ()) -> Graph:
+        graph = Graph(tuple(input_names), dict(outputs), tuple(mutations), effects=tuple(effects))
         graph._inputs = {n: weakref.ref(node) for n, node in self._inputs.items()}
         return graph
 
@@ -230,7 +239,7 @@ def describe_op(node: GraphNode) -> str:
     if isinstance(op, Gather):
         return f"gather axis={op.axis}"
     if isinstance(op, Extern):
-        return f"library {op.call.name}[{op.index}]"
+        return f"library {op.call.name}" + ("" if op.index is None else f"[{op.index}]")
     return op.op
 
 
@@ -252,6 +261,7 @@ def format_graph(graph: Graph) -> str:
         lines.append("  " + format_node(node, names))
     for m in graph.mutations:
         lines.append(f"  {m.name}@v{m.version}[{m.view}] <- {names[id(m.value)]}")
+    lines += [f"  check {names[id(node)]}" for node in graph.effects]
     outs = ", ".join(f"{name}={names[id(node)]}" for name, node in graph.outputs.items())
     lines.append(f"  return {outs}")
     lines.append("}")

@@ -89,12 +89,14 @@ def collect_stores(graph: Graph) -> list[Store]:
 
 
 def collect_externs(graph: Graph) -> list[ExternStep]:
-    """One step per library call the graph reads a result of."""
+    """One step per library call the graph reads a result of, or keeps as an effect (a
+    call that returns nothing: a step with no results, run for its check)."""
     steps: dict[int, ExternStep] = {}
     for node in toposort(graph.roots()):
         if isinstance(node.op, Extern):
-            call = node.op.call
-            steps.setdefault(id(call), ExternStep(call, node.src, [])).results.append(node)
+            step = steps.setdefault(id(node.op.call), ExternStep(node.op.call, node.src, []))
+            if node.op.index is not None:
+                step.results.append(node)
     return list(steps.values())
 
 

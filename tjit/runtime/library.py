@@ -6,7 +6,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 from ..errors import TjitError
-from ..ir import GraphNode, Input, Operand, ViewOp
+from ..ir import ExternCall, GraphNode, Input, Operand, ViewOp
 from ..lower.fusion import buffer_of
 from ..lower.library import LibraryPlan
 from .counters import counters
@@ -27,18 +27,25 @@ def operand_tensor(node: GraphNode, memory: dict) -> torch.Tensor:
     return tensor.as_strided(view.shape, view.strides, tensor.storage_offset() + view.offset)
 
 
-def run_library_call(plan: LibraryPlan, memory: dict) -> None:
-    operands = [operand_tensor(op, memory) for op in plan.operands]
+def call_results(call: ExternCall, operands: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Run the call on these operand tensors: its tensor results (pytree order), then a
+    copy of each operand it writes in place, as the op left it (the op writes the copies:
+    the operands themselves stay as they were)."""
+    copies = {k: operands[k].clone(memory_format=torch.contiguous_format) for k in call.writes}
 
     def bind(arg):
-        return operands[arg.index] if isinstance(arg, Operand) else arg
+        return copies.get(arg.index, operands[arg.index]) if isinstance(arg, Operand) else arg
 
-    call = plan.call
     result = call.target(*tree_map(bind, call.args), **tree_map(bind, call.kwargs))
+    return [t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)] + [copies[k] for k in call.writes]
+
+
+def run_library_call(plan: LibraryPlan, memory: dict) -> None:
+    operands = [operand_tensor(op, memory) for op in plan.operands]
+    tensors = call_results(plan.call, operands)
     counters.library_calls += 1
-    tensors = [t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)]
     for node in plan.results:
-        memory[("buffer", id(node))] = _as_planned(tensors[node.op.index], node, operands, call.name)
+        memory[("buffer", id(node))] = _as_planned(tensors[node.op.index], node, operands, plan.call.name)
 
 
 def _as_planned(t: torch.Tensor, node: GraphNode, operands: list[torch.Tensor], op: str) -> torch.Tensor:

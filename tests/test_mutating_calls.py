@@ -1,0 +1,163 @@
+"""Library calls to ops that write their arguments in place with no functional form
+(bernoulli_ in dropout, normal_, rrelu's noise, a batch norm's running statistics), run
+functionalised: the op writes copies, which are written back where eager writes; and calls
+that return nothing (linalg's error checks), kept as steps that raise eager's error."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tjit
+
+from helpers import check_against_eager, clone_args
+
+
+@pytest.mark.parametrize("shape", [(37, 61), (3001,), (5, 0, 7)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_dropout_in_training_mode_keeps_and_scales_like_eager(shape, dtype, fresh_seed):
+    x = torch.rand(shape, dtype=dtype) + 0.5  # no zeros of its own
+    f = tjit.compile(lambda x: F.dropout(x * 2, 0.3, training=True))
+    y = f(x)
+    assert y.shape == x.shape and y.dtype == dtype and not y.isnan().any()
+    kept = y != 0
+    torch.testing.assert_close(y[kept], (x * 2 / 0.7).to(dtype)[kept])
+    if x.numel() > 1000:
+        assert abs(kept.float().mean().item() - 0.7) < 0.05
+        assert not torch.equal(f(x) != 0, kept), "each call draws a new mask"
+
+
+def test_dropout_gradient_flows_through_the_kept_elements(fresh_seed):
+    x = torch.randn(40, 70, requires_grad=True)
+    y = tjit.compile(lambda x: F.dropout(x, 0.4, training=True) * 3)(x)
+    y.sum().backward()
+    expected = (y != 0).float() * 3 / 0.6
+    torch.testing.assert_close(x.grad, expected)
+
+
+def test_normal_into_an_input_writes_the_callers_tensor(fresh_seed):
+    x = torch.zeros(3001)
+    out = tjit.compile(lambda x: x.normal_(2.0, 0.5))(x)
+    assert out is x and not x.isnan().any()
+    assert abs(x.mean().item() - 2.0) < 0.1 and abs(x.std().item() - 0.5) < 0.1
+
+
+def test_normal_into_an_intermediate_is_what_later_ops_read(fresh_seed):
+    x = torch.randn(50, 61)
+
+    def f(x):
+        y = x * 2
+        y.normal_(10.0, 0.01)
+        return y + x, y.sum(1)
+    a, s = tjit.compile(f)(x)
+    torch.testing.assert_close(a - x, torch.full_like(x, 10.0), atol=0.1, rtol=0)
+    torch.testing.assert_close(s, (a - x).sum(1))
+
+
+def test_rrelu_in_training_mode_scales_negatives_within_bounds(fresh_seed):
+    x = torch.randn(2001)
+    y = tjit.compile(lambda x: F.rrelu(x, 0.1, 0.3, training=True))(x)
+    neg = x < 0
+    assert torch.equal(y[~neg], x[~neg])
+    ratio = y[neg] / x[neg]
+    assert ratio.min() >= 0.1 - 1e-6 and ratio.max() <= 0.3 + 1e-6 and ratio.std() > 0.01
+
+
+def test_a_gradient_through_a_random_call_is_refused_by_name():
+    x = torch.randn(20, requires_grad=True)
+    with pytest.raises(tjit.UnsupportedOpError, match="rrelu_with_noise.*random"):
+        tjit.compile(lambda x: F.rrelu(x, training=True))(x)
+
+
+def _batch_norm_args(c=5):
+    return (torch.randn(4, c, 33), torch.randn(c), torch.rand(c) + 0.5, torch.randn(c), torch.randn(c))
+
+
+@pytest.mark.parametrize("op", ["legit", "with_update", "native"])
+def test_batch_norm_updates_running_statistics_as_eager(op, fresh_seed):
+    aten = torch.ops.aten
+    fns = {
+        "legit": lambda x, m, v, w, b: aten._native_batch_norm_legit(x, w, b, m, v, True, 0.1, 1e-5),
+        "with_update": lambda x, m, v, w, b: aten._batch_norm_with_update(x, w, b, m, v, 0.2, 1e-5)[:3],
+        "native": lambda x, m, v, w, b: aten.native_batch_norm(x, w, b, m, v, True, 0.1, 1e-5),
+    }
+    check_against_eager(fns[op], *_batch_norm_args())
+
+
+def test_running_statistics_reads_before_and_after_the_update_are_ordered(fresh_seed):
+    """Reads of the running mean before the batch norm see the old values, reads after it
+    the updated ones (the write is a Mutation ordered like any in-place write)."""
+    def f(x, m, v, w, b):
+        before = m * 1
+        y = F.batch_norm(x, m, v, w, b, training=True, momentum=0.3)
+        return y, before, m + v, torch.sort(m).values
+    check_against_eager(f, *_batch_norm_args(37))
+
+
+def test_running_statistics_of_an_intermediate(fresh_seed):
+    """The running statistics are computed values: the update rebinds them."""
+    def f(x, m, v, w, b):
+        m2, v2 = m * 2, v + 1
+        y = torch.ops.aten._native_batch_norm_legit(x, w, b, m2, v2, True, 0.1, 1e-5)[0]
+        return y, m2, v2
+    check_against_eager(f, *_batch_norm_args())
+
+
+@pytest.mark.filterwarnings("error:tjit runs a graph")  # compiled, not run eagerly
+def test_batch_norm_module_trains_as_eager(fresh_seed):
+    """BatchNorm2d in training mode through torch.compile(backend='tjit'): outputs, running
+    statistics and parameters after a few SGD steps agree with eager."""
+    torch._dynamo.reset()
+    make = lambda: torch.nn.Sequential(torch.nn.BatchNorm2d(6), torch.nn.Tanh())  # noqa: E731
+    eager, ours = make(), make()
+    with torch.no_grad():
+        for m in (eager, ours):
+            m[0].weight.copy_(torch.linspace(0.5, 2, 6))
+    compiled = torch.compile(ours, backend="tjit")
+    inputs = [torch.randn(4, 6, 9, 11) for _ in range(3)]
+    for model, run in ((eager, eager), (ours, compiled)):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x in inputs:
+            loss = (run(x) * torch.arange(11.0)).sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    for (name, a), b in zip(ours.state_dict().items(), eager.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
+
+
+LINALG = {  # name -> (fn, its number of operands, eager's message on a bad matrix)
+    "inv": (torch.linalg.inv, 1, "singular"),
+    "solve": (lambda a, b: torch.linalg.solve(a, b), 2, "singular"),
+    "cholesky": (torch.linalg.cholesky, 1, "positive-definite"),
+    "matrix_power": (lambda a: torch.linalg.matrix_power(a, -2), 1, "singular"),
+}
+
+
+@pytest.mark.parametrize("name", LINALG)
+def test_linalg_checks_raise_eagers_error_on_bad_data(name, fresh_seed):
+    fn, arity, message = LINALG[name]
+    good = torch.randn(3, 6, 6)
+    good = good @ good.transpose(1, 2) + 6 * torch.eye(6)  # positive definite
+    args = (good, torch.randn(3, 6, 2))[:arity]
+    f = check_against_eager(fn, *args)
+    bad = clone_args(args)
+    bad[0][1] = 0  # the second matrix is singular
+    with pytest.raises(torch.linalg.LinAlgError, match=message):
+        fn(*clone_args(bad))
+    with pytest.raises(torch.linalg.LinAlgError, match=message):
+        f(*bad)
+
+
+def test_a_check_is_kept_when_its_result_is_differentiated(fresh_seed):
+    a = torch.randn(6, 6) + 6 * torch.eye(6)
+    f = tjit.compile(lambda a: torch.linalg.inv(a * 2).sum())
+    ours, theirs = a.clone().requires_grad_(), a.clone().requires_grad_()
+    f(ours).backward()
+    torch.linalg.inv(theirs * 2).sum().backward()
+    torch.testing.assert_close(ours.grad, theirs.grad)
+    with pytest.raises(torch.linalg.LinAlgError, match="singular"):
+        f(torch.zeros(6, 6, requires_grad=True))
+
+
+def test_a_check_is_listed_by_explain():
+    ex = tjit.explain(torch.linalg.inv, torch.randn(4, 4))
+    assert "aten._linalg_check_errors.default" in [c.op for c in ex.library_calls]

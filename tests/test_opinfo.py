@@ -90,31 +90,16 @@ EXPECTED_FAILURES: dict[str, str] = {
     **dict.fromkeys(("cfloat", "cdouble", "chalf", "complex", "polar", "view_as_complex", "stft", "linalg.eig",
                      "linalg.eigvals") + FFT, "complex dtype: tjit has no complex element type"),
     "hash_tensor": "uint64 dtype: tjit has no element type for it",
-    **dict.fromkeys(("linalg.cholesky", "linalg.inv", "linalg.solve", "linalg.lu_factor", "linalg.ldl_factor",
-                     "linalg.tensorinv", "linalg.tensorsolve"),
-                    "aten._linalg_check_errors returns nothing: no library-call step for it yet"),
-    **dict.fromkeys(("_native_batch_norm_legit", "_batch_norm_with_update"),
-                    "updates running stats in place: a mutating op with no functional form"),
-    "nn.functional.rrelu": "rrelu_with_noise writes its noise argument in place: no functional form",
-    "normal.in_place": "normal_: an in-place random op with no functional form",
-    **dict.fromkeys(("quantile", "nanquantile", "nn.functional.pad.circular"),
-                    "copy_ into an intermediate that other views still read"),
     **dict.fromkeys(("_unsafe_masked_index", "nn.functional.unfold"), "indexing with several index tensors"),
-    **dict.fromkeys(("to_sparse", "sparse.mm.reduce", "sparse.sampled_addmm"),
-                    "sparse layout (bug: torch's NotImplementedError 'Cannot access storage', not "
-                    "UnsupportedOpError)"),
-    "resize_": "resizes its input in place (bug: ValueError from View.expand, not UnsupportedOpError)",
-    **dict.fromkeys(("nn.functional.dropout", "nn.functional.dropout2d", "nn.functional.dropout3d",
-                     "nn.functional.alpha_dropout", "nn.functional.feature_alpha_dropout.with_train",
-                     "nn.functional.scaled_dot_product_attention", "nn.functional.multi_head_attention_forward"),
-                    "dropout in training mode: bernoulli_ has no functional form"),
+    "to_sparse": "sparse layout: refused by name (UnsupportedOpError)",
+    **dict.fromkeys(("sparse.mm.reduce", "sparse.sampled_addmm"),
+                    "sparse input (bug: torch's NotImplementedError 'Cannot access storage' from the guard key in "
+                    "runtime/compiled.py, not UnsupportedOpError)"),
 }
 # OpInfo id -> why a later sample fails (strict xfail only with TJIT_OPINFO_ALL=1).
 EXPECTED_FAILURES_LATER: dict[str, str] = {
     **dict.fromkeys(("__getitem__", "nn.functional.interpolate.nearest", "nn.functional.interpolate.nearest-exact",
                      "nn.functional.upsample_nearest"), "indexing with several index tensors"),
-    "gather": "uint8 index tensor (empty) refused; eager accepts it",
-    "linalg.matrix_power": "a negative power calls linalg.inv (see linalg.inv)",
 }
 
 # (opinfo id, sample index) -> why the sample is never run: it kills the process. None does
@@ -125,6 +110,7 @@ NEVER_RUN: dict[tuple[str, int], str] = {}
 RANDOM_SAMPLES = {
     "nn.functional.scaled_dot_product_attention": lambda s: s.kwargs.get("dropout_p", 0.0) > 0,
     "nn.functional.multi_head_attention_forward": lambda s: bool(s.kwargs.get("training")) and s.args[9] > 0,
+    "nn.functional.rrelu": lambda s: s.kwargs.get("training", False),
 }
 
 

@@ -13,8 +13,8 @@ from typing import Callable, Optional, Union
 
 from ..errors import UnsupportedOpError
 from ..ir import Const, Contiguous, Cumulative, DType, Elementwise, Extern, Gather, GraphNode, Input, Reduce, ViewOp
-from ..frontend.library import library_call_gradient
 from .algebra import LN2, TWO_OVER_SQRT_PI, Algebra
+from .library_grad import library_gradient
 from .views import view_transpose
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ def vjp(alg: Algebra, node: GraphNode, grad: GraphNode, value: ValueOf,
     if isinstance(op, Gather):
         return [_gather(alg, node, grad, value), None]
     if isinstance(op, Extern):
-        return library_call_gradient(alg.vb, node, grad, value, wanted)
+        return library_gradient(alg.vb, node, grad, value, wanted)
     raise UnsupportedOpError(type(op).__name__, "no gradient rule for this IR op")
 
 

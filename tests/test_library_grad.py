@@ -1,0 +1,110 @@
+"""Gradients of library calls: torch's derivative formulas traced into aten ops, converted
+into the backward graph (autograd/library_grad.py), so they fuse with the rest of the
+backward and the op itself is not run again where the formula does not read its results."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tjit
+from tjit.autograd.library_grad import trace_formula
+
+
+def gradients(fn, args, compiled):
+    leaves = [a.detach().clone().requires_grad_(a.is_floating_point()) for a in args]
+    out = (compiled or fn)(*leaves)
+    torch.manual_seed(3)
+    cotangent = torch.rand(out.shape, dtype=out.dtype) + 0.5  # (by shape: the strides of an output may differ)
+    out.backward(cotangent)
+    return out.detach(), [leaf.grad for leaf in leaves if leaf.requires_grad]
+
+
+def check(fn, *args, atol=1e-5, rtol=1.3e-6):
+    expected, expected_grads = gradients(fn, args, None)
+    got, got_grads = gradients(fn, args, tjit.compile(fn))
+    torch.testing.assert_close(got, expected, atol=atol, rtol=rtol)
+    for g, e in zip(got_grads, expected_grads):
+        torch.testing.assert_close(g, e, atol=atol, rtol=rtol)
+
+
+def backward_calls(fn, *args):
+    leaves = [a.detach().clone().requires_grad_() for a in args]
+    return [c.op for c in tjit.explain(fn, *leaves).backward.library_calls]
+
+
+def matmul_relu(x, w, b):
+    return torch.relu(x @ w + b) * 2
+
+
+def conv_relu(x, w):
+    return torch.relu(F.conv2d(x, w, padding=1)) + 1
+
+
+def sorted_exp(x):
+    return torch.sort(x * 2 + 1, dim=1).values.exp()
+
+
+def batched(a, b):
+    return torch.tanh(torch.bmm(a, b))
+
+
+def attention(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True) * 3
+
+
+def max_pool(x):
+    return F.max_pool2d(x.sin(), 2) * 2
+
+
+@pytest.mark.parametrize("fn, shapes", [
+    (matmul_relu, [(1100, 37), (37, 29), (29,)]),
+    (conv_relu, [(2, 3, 17, 19), (5, 3, 3, 3)]),
+    (sorted_exp, [(7, 1500)]),
+    (batched, [(3, 33, 40), (3, 40, 1030)]),
+    (attention, [(2, 3, 40, 16), (2, 3, 40, 16), (2, 3, 40, 16)]),
+    (max_pool, [(2, 3, 33, 34)]),
+], ids=lambda v: getattr(v, "__name__", ""))
+def test_gradients_match_eager(fn, shapes):
+    torch.manual_seed(0)
+    check(fn, *[torch.randn(s) for s in shapes], atol=2e-5)
+
+
+def test_matmul_backward_is_two_matmuls_not_a_forward_run_again():
+    x, w, b = torch.randn(64, 32), torch.randn(32, 16), torch.randn(16)
+    assert backward_calls(matmul_relu, x, w, b) == ["aten.mm.default", "aten.mm.default"]
+
+
+def test_convolution_backward_does_not_run_the_convolution_again():
+    assert backward_calls(conv_relu, torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3)) == [
+        "aten.convolution_backward.default"]
+
+
+def test_the_formula_is_aten_ops_of_the_gradient():
+    """Traced on fake tensors: mm's formula reads both operands and never calls mm on them
+    as the forward does."""
+    x, w = torch.randn(64, 32), torch.randn(32, 16)
+    explained = tjit.explain(lambda x, w: x @ w, x.requires_grad_(), w.requires_grad_())
+    node = next(n for n in explained.graph.nodes() if "library" in str(n.op.__class__).lower()
+                or type(n.op).__name__ == "Extern")
+    formula = trace_formula(node, (0, 1), node)
+    calls = [n.target for n in formula.graph.nodes if n.op == "call_function"]
+    assert calls.count(torch.ops.aten.mm.default) == 2
+
+
+def test_half_precision_matmul():
+    torch.manual_seed(0)
+    x, w = torch.randn(70, 33, dtype=torch.bfloat16), torch.randn(33, 21, dtype=torch.bfloat16)
+    check(lambda x, w: (x @ w).float().sigmoid(), x, w, atol=1e-2, rtol=1e-2)
+
+
+def test_an_operand_without_gradient_is_not_needed():
+    torch.manual_seed(0)
+    x, w = torch.randn(50, 20), torch.randn(20, 10).requires_grad_()
+
+    def f(x, w):
+        return (x @ w).cos()
+
+    got = tjit.compile(f)(x, w)
+    got.sum().backward()
+    w2 = w.detach().clone().requires_grad_()
+    f(x, w2).sum().backward()
+    torch.testing.assert_close(w.grad, w2.grad)

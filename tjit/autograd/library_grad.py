@@ -1,0 +1,156 @@
+"""Gradients of library calls from torch's own derivative formulas, traced into aten ops.
+
+For a library call `op(operands) -> results` and the gradient of one result, make_fx traces
+`torch.autograd.grad(op(operands)[k], operands, grad)` on fake tensors (as AOTAutograd
+does): torch's derivative formula for the op, as aten ops (mm's backward is two mm's,
+convolution's is convolution_backward, sort's is a scatter by its indices). That graph is
+converted into the backward IR graph like any traced function, so the formula's pointwise
+work fuses with the rest of the backward and the ops tjit does not generate are library
+calls of their own. The op itself appears in the traced graph only when the formula reads
+its results; the result whose gradient this is is then the forward's value (saved or
+recomputed), not a second run of the op.
+
+Where the formula cannot be traced that way (an op that writes its arguments, a formula
+that needs tensor data), the op's gradient is one library call that runs torch's backward
+on real tensors (frontend/library.py: ExternGradient).
+"""
+from __future__ import annotations
+
+import operator
+from typing import Callable, Optional
+
+import torch
+import torch.fx as fx
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+
+from .. import debug
+from ..errors import TjitError
+from ..frontend.convert import Converter
+from ..frontend.library import library_call_gradient
+from ..frontend.trace import decomposition_table
+from ..ir import Extern, GraphNode, Operand
+
+ValueOf = Callable[[GraphNode], GraphNode]
+
+
+def library_gradient(vb, node: GraphNode, grad: GraphNode, value: ValueOf, wanted) -> list[Optional[GraphNode]]:
+    """Gradients of the library call's result `node` for each of its operands whose gradient
+    is `wanted` (None for the others), given the result's gradient `grad`."""
+    wrt = tuple(k for k, s in enumerate(node.src) if s.dtype.is_float and wanted(s))
+    if not wrt:
+        return [None] * len(node.src)
+    call = node.op.call
+    if isinstance(call.target, torch._ops.OpOverload) and not call.target._schema.is_mutable \
+            and not getattr(call, "writes", ()):  # (a write the op makes in place would be traced as one)
+        try:
+            formula = trace_formula(node, wrt, grad)
+            # (what a failed conversion built is unreachable from the backward's outputs)
+            return FormulaConverter(formula, vb, node, value).gradients(grad, wrt)
+        except Exception as e:  # not traceable on fake tensors, or not convertible: torch's backward runs as a call
+            debug.log(2, f"gradient of {call.name} runs as one library call: its formula does not trace: {e}")
+    return library_call_gradient(vb, node, grad, value, wanted)
+
+
+def _fake_like(mode, node: GraphNode) -> torch.Tensor:
+    strides = node.view.strides if all(s >= 0 for s in node.view.strides) else None
+    with mode:
+        if strides is None:
+            return torch.empty(node.shape, dtype=node.dtype.torch)
+        return torch.empty_strided(node.shape, strides, dtype=node.dtype.torch)
+
+
+def trace_formula(node: GraphNode, wrt: tuple[int, ...], grad: GraphNode) -> fx.GraphModule:
+    """The aten graph of (operands..., grad) -> gradients of the operands in `wrt`."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+    call, index = node.op.call, node.op.index
+
+    def formula(*tensors):
+        *operands, g = tensors
+        leaves = [t.detach().requires_grad_() if k in wrt else t for k, t in enumerate(operands)]
+
+        def bind(arg):
+            return leaves[arg.index] if isinstance(arg, Operand) else arg
+
+        result = call.target(*tree_map(bind, call.args), **tree_map(bind, call.kwargs))
+        out = [t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)][index]
+        if not out.requires_grad:
+            return [None] * len(wrt)
+        return list(torch.autograd.grad(out, [leaves[k] for k in wrt], g, allow_unused=True))
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fakes = [_fake_like(mode, s) for s in node.src] + [_fake_like(mode, grad)]
+    with torch.enable_grad():
+        gm = make_fx(formula, decomposition_table=decomposition_table(), tracing_mode="fake",
+                     _allow_non_fake_inputs=True)(*fakes)
+    _drop_detaches(gm)
+    gm.graph.eliminate_dead_code()
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+    if any(free_unbacked_symbols(n.meta.get("val")) for n in gm.graph.nodes):
+        raise TjitError("the formula's sizes depend on tensor data")
+    return gm
+
+
+def _drop_detaches(gm: fx.GraphModule) -> None:
+    """The formula detaches its operands to make them leaves of autograd; inside the
+    backward graph that would only stop gradients that are never taken, and costs copies."""
+    for n in list(gm.graph.nodes):
+        if n.op == "call_function" and n.target is torch.ops.aten.detach.default:
+            n.replace_all_uses_with(n.args[0])
+            gm.graph.erase_node(n)
+
+
+class FormulaConverter(Converter):
+    """Converts a traced derivative formula into the backward graph being built: its
+    placeholders are the operands' and the gradient's values there; the op's own call in the
+    formula gives the forward's value for the result being differentiated."""
+
+    def __init__(self, gm: fx.GraphModule, vb, node: GraphNode, value: ValueOf):
+        super().__init__(gm, [])
+        self.b, self._view_memo, self.indices_checked = vb.b, vb._view_memo, True
+        self.forward_node, self.forward_value = node, value
+
+    def gradients(self, grad: GraphNode, wrt: tuple[int, ...]) -> list[Optional[GraphNode]]:
+        bound = iter(list(self.forward_node.src) + [None])
+        nodes = list(self.gm.graph.nodes)
+        self.position = {n: k for k, n in enumerate(nodes)}
+        result: list[Optional[GraphNode]] = [None] * len(self.forward_node.src)
+        for n in nodes:
+            self.current = n
+            if n.op == "placeholder":  # an operand's forward value is read only if the formula uses it
+                src = next(bound)
+                self.env[n] = None if not n.users else grad if src is None else self.forward_value(src)
+            elif n.op == "get_attr":
+                raise TjitError(f"derivative formula of {self.forward_node.op.call.name} holds a tensor constant")
+            elif n.op == "call_function":
+                self.env[n] = self._forward_call(n) if self._is_forward_call(n) else self.call(n)
+            elif n.op == "output":
+                flat, _ = tree_flatten(n.args[0])
+                for k, item in zip(wrt, flat):
+                    if isinstance(item, fx.Node):
+                        src = self.forward_node.src[k]
+                        result[k] = self.expand_to(self.cast(self.value(item), src.dtype), src.shape)
+        return result
+
+    def _is_forward_call(self, n: fx.Node) -> bool:
+        """The op itself, on the formula's operands (its first call in the formula)."""
+        return n.target is self.forward_node.op.call.target and all(
+            not isinstance(a, fx.Node) or a.op == "placeholder" for a in tree_flatten((n.args, n.kwargs))[0])
+
+    def _forward_call(self, n: fx.Node):
+        """The op's results, when the formula reads only the one being differentiated: the
+        forward's value. Running the op again for the others (a sort's indices) could repeat
+        a write it makes unseen (a batch norm's running statistics): such a formula is not
+        converted (the caller runs torch's backward as one call instead)."""
+        results = n.meta["val"]
+        if isinstance(results, torch.Tensor):
+            return self.forward_value(self.forward_node)
+        flat, spec = tree_flatten(results)
+        tensors = [k for k, r in enumerate(flat) if isinstance(r, torch.Tensor)]
+        wanted = tensors[self.forward_node.op.index]
+        if not isinstance(results, (tuple, list)) or len(flat) != len(results) or any(
+                u.target is not operator.getitem or u.args[1] != wanted for u in n.users):
+            raise TjitError(f"the derivative formula of {self.forward_node.op.call.name} reads results of the op "
+                            "other than the one differentiated")
+        flat[wanted] = self.forward_value(self.forward_node)
+        return tree_unflatten(flat, spec)

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
 from ..errors import UnsupportedOpError
-from ..ir import Const, Contiguous, Cumulative, DType, Elementwise, Extern, Gather, GraphNode, Input, Reduce, ViewOp
+from ..ir import (Const, Contiguous, Cumulative, DType, Elementwise, Extern, Gather, GraphNode, Input, Iota, Reduce, ViewOp,
+                  Window)
 from .algebra import LN2, TWO_OVER_SQRT_PI, Algebra
 from .library_grad import library_gradient
 from .views import view_transpose
@@ -44,8 +45,10 @@ def vjp(alg: Algebra, node: GraphNode, grad: GraphNode, value: ValueOf,
     """`wanted(src)`: whether a source's gradient is used (a library call computes only
     those: torch refuses some, a batch norm's running statistics)."""
     op = node.op
-    if isinstance(op, (Input, Const)):
+    if isinstance(op, (Input, Const, Iota)):
         return []
+    if isinstance(op, Window):  # the shifted read's transpose: the gradient read back, 0 where nothing was read
+        return [alg.vb.window(grad, tuple(-lo for lo in op.low), node.src[0].shape, 0)]
     if isinstance(op, Contiguous):
         return [grad]
     if isinstance(op, ViewOp):
@@ -253,7 +256,7 @@ def _gather(alg: Algebra, node: GraphNode, g: GraphNode, value: ValueOf):
     idx = value(index)
     if node.op.wrap_negative:
         idx = alg.where(alg.test("lt", idx, 0), alg.add(idx, n), idx)
-    if count > MAX_ONE_HOT_INDICES:  # a one-hot sum per index would cost too much: scatter
+    if count > MAX_ONE_HOT_INDICES or node.op.flat:  # a one-hot sum per index would cost too much: scatter
         return ScatterGrad(axis, idx, g, node.op.what)
     where_j = alg.coordinate(table.shape, axis)
     total = None

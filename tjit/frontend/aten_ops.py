@@ -814,3 +814,4 @@ def _getitem(cv, node, values, index):
 
 from . import reduce_ops  # noqa: E402,F401  (registers the reduction handlers)
 from . import index_ops  # noqa: E402,F401  (registers the indexed reads)
+from . import shape_ops  # noqa: E402,F401  (registers arange, cat, pad, repeat)

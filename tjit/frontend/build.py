@@ -7,12 +7,14 @@ the same way. Both are memoised, so the same view of the same value is one node.
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
 
-from ..ir import (Const, Contiguous, Cumulative, DType, Elementwise, Extern, Gather, GraphBuilder, GraphNode, Input, Reduce,
-                  View, ViewOp)
+from ..ir import (Const, Contiguous, Cumulative, DType, Elementwise, Extern, Gather, GraphBuilder, GraphNode, Input, Iota,
+                  Reduce, View, ViewOp, Window)
+from ..ir.view import _infer_reshape
 
 ViewFn = tuple  # ("permute", dims) etc.: a hashable description of a movement op
 
@@ -83,6 +85,17 @@ class ValueBuilder:
 
     def _gather_uncached(self, node, axis, index, wrap_negative, what) -> GraphNode:
         shape = index.shape
+        in_range = self.indices_checked or known_in_range(index, node.shape[axis])
+        if isinstance(node.op, Iota) and in_range:  # arithmetic: the coordinate replaced
+            v = node.view
+            rest = self.iota(View(shape, tuple(0 if d == axis else st for d, st in enumerate(v.strides)), v.offset),
+                             DType.int64)
+            step = self.elementwise("mul", [self.cast(index, DType.int64),
+                                            self.expand_to(self.const(v.strides[axis], DType.int64), shape)], DType.int64)
+            return self.cast(self.elementwise("add", [rest, step], DType.int64), node.dtype)
+        if isinstance(node.op, Gather) and not node.op.checked and _reads_memory(node.src[0]) and \
+                (in_range or node.op.axis != axis):
+            return self._gather_of_gather(node, axis, index, wrap_negative, what, in_range)
         if isinstance(node.op, Elementwise):
             src = [self.gather(s, axis, index, wrap_negative, what) for s in node.src]
             return self.b.node(node.op, node.dtype, tuple(src), View.contiguous(shape))
@@ -96,9 +109,29 @@ class ValueBuilder:
             if view == base.view and isinstance(base.op, Reduce):
                 return base
             return self.b.node(ViewOp(), node.dtype, (base,), view)
-        if not (node.is_leaf and not isinstance(node.op, Const)) and not isinstance(node.op, Contiguous):
+        if not (node.is_leaf and not isinstance(node.op, (Const, Iota))) and not isinstance(node.op, Contiguous):
             node = self.materialize(node)
-        return self.b.node(Gather(axis, wrap_negative, what), node.dtype, (node, index), View.contiguous(shape))
+        return self.b.node(Gather(axis, wrap_negative, what, checked=not in_range), node.dtype, (node, index),
+                           View.contiguous(shape))
+
+    def _gather_of_gather(self, inner: GraphNode, axis: int, index: GraphNode, wrap_negative: bool, what: str,
+                          in_range: bool) -> GraphNode:
+        """An indexed read of an indexed read whose index is in range by construction (roll
+        along two dims, a pad by reflection): one read of the inner table, at the inner
+        index read at the outer one (so the inner value need not be in memory)."""
+        table, inner_index = inner.src
+        shape = index.shape
+        index = self.cast(index, DType.int64)
+        coords = []
+        for d in range(len(shape)):
+            if d == inner.op.axis:
+                coords.append(self.cast(self.gather(inner_index, axis, index, wrap_negative, what), DType.int64))
+            elif d == axis:
+                coords.append(index if in_range else in_range_or_minus_one(self, index, inner.shape[axis],
+                                                                           wrap_negative))
+            else:
+                coords.append(self.cast(self.coordinate(shape, d), DType.int64))
+        return self.read_at(table, coords, checked=not in_range, what=what)
 
     def materialize(self, node: GraphNode) -> GraphNode:
         if isinstance(node.op, (Contiguous, Input, Const, Extern)):
@@ -114,6 +147,16 @@ class ValueBuilder:
         return found
 
     def _view_uncached(self, node: GraphNode, desc: ViewFn) -> GraphNode:
+        if isinstance(node.op, Iota):
+            new = apply_view_desc(node.view, desc)
+            if new is not None:
+                return self.b.node(Iota(), node.dtype, (), new)
+            node = self.materialize(node)
+        if isinstance(node.op, Window):
+            found = self.view_window(node, desc)
+            if found is not None:
+                return found
+            node = self.materialize(node)
         if isinstance(node.op, Elementwise):
             pushed = [self._try_view(s, desc) for s in node.src]
             if all(p is not None for p in pushed):
@@ -127,6 +170,12 @@ class ValueBuilder:
                 return base if new == base.view and isinstance(base.op, (Reduce, Gather)) else \
                     self.b.node(ViewOp(), node.dtype, node.src, new)
             node = self.materialize(node)
+        if isinstance(node.op, Gather) and not node.op.checked and _reads_memory(node.src[0]) and \
+                not _keeps_elements(node.view, apply_view_desc(node.view, desc)):
+            # an in-range indexed read, viewed: one read of its table at viewed coordinates
+            coords = [self.view(self.cast(node.src[1] if d == node.op.axis else self.coordinate(node.shape, d),
+                                          DType.int64), desc) for d in range(len(node.shape))]
+            return self.read_at(node.src[0], coords, checked=False, what=node.op.what)
         if isinstance(node.op, Gather) and _keeps_elements(node.view, apply_view_desc(node.view, desc)):
             # a gathered value squeezed, unsqueezed or broadcast stays in registers (cross-entropy's row)
             return self.b.node(ViewOp(), node.dtype, (node,), apply_view_desc(node.view, desc))
@@ -139,8 +188,10 @@ class ValueBuilder:
         return node if new == node.view else self.b.node(ViewOp(), node.dtype, (node,), new)
 
     def _try_view(self, node: GraphNode, desc: ViewFn) -> Optional[GraphNode]:
-        if isinstance(node.op, (ViewOp, Input, Const, Contiguous, Reduce, Extern)):
+        if isinstance(node.op, (ViewOp, Input, Const, Contiguous, Reduce, Extern, Iota)):
             return None if apply_view_desc(node.view, desc) is None else self.view(node, desc)
+        if isinstance(node.op, Window):
+            return self.view(node, desc) if self.view_window(node, desc) is not None else None
         return self.view(node, desc)
 
     def expand_to(self, node: GraphNode, shape: tuple[int, ...]) -> GraphNode:
@@ -148,6 +199,248 @@ class ValueBuilder:
         if node.shape == shape:
             return node
         return self.view(node, ("expand", shape))
+
+    # -- index arithmetic: coordinates, shifted reads, reads at computed coordinates -----------
+    def iota(self, view: View, dtype: DType) -> GraphNode:
+        """The offset `view` maps each index to, as a value (no memory is read)."""
+        return self.b.node(Iota(), dtype, (), view)
+
+    def coordinate(self, shape, axis: int, dtype: Optional[DType] = None) -> GraphNode:
+        """Each element's index along `axis` of `shape` (int32 when it fits, else int64)."""
+        shape = tuple(shape)
+        dtype = dtype or (DType.int32 if shape[axis] <= INT32_MAX else DType.int64)
+        return self.iota(View(shape, tuple(int(d == axis) for d in range(len(shape)))), dtype)
+
+    def in_window(self, low, src_shape, shape) -> Optional[GraphNode]:
+        """Where out index i - low is an index of a `src_shape` value (None: everywhere)."""
+        test = None
+        for d, (lo, n, size) in enumerate(zip(low, src_shape, shape)):
+            if lo <= 0 and lo + n >= size:
+                continue
+            c = self.coordinate(shape, d, DType.int64 if max(abs(lo), abs(lo + n), size) > INT32_MAX else None)
+            for op, bound in (("ge", lo), ("lt", lo + n)):
+                part = self.elementwise(op, [c, self.expand_to(self.const(bound, c.dtype), shape)], DType.bool)
+                test = part if test is None else self.elementwise("logical_and", [test, part], DType.bool)
+        return test
+
+    def window(self, node: GraphNode, low, shape, fill) -> GraphNode:
+        """out[i] = node[i - low] where that is an index of node, else `fill` (a pad: low is
+        the pad before each axis, negative to crop)."""
+        shape, low = tuple(shape), tuple(low)
+        reach = [(max(lo, 0), min(lo + n, size)) for lo, n, size in zip(low, node.shape, shape)]
+        fill_value = self.expand_to(self.const(fill, node.dtype), shape)
+        if math.prod(shape) == 0 or any(a >= b for a, b in reach):
+            return fill_value  # nothing of node is read
+        if all(lo <= 0 and lo + n >= size for lo, n, size in zip(low, node.shape, shape)):
+            for d, (lo, size) in enumerate(zip(low, shape)):  # a crop: a plain view
+                if (lo, size) != (0, node.shape[d]):
+                    node = self.view(node, ("slice", d, -lo, -lo + size, 1))
+            return node
+        if _reads_memory(node):
+            return self.b.node(Window(low, _coerce_scalar(fill, node.dtype)), node.dtype, (node,), View.contiguous(shape))
+        inside = self.in_window(low, node.shape, shape)
+        return self.elementwise("where", [inside, self.shifted(node, low, shape), fill_value], node.dtype)
+
+    def shifted(self, node: GraphNode, low, shape) -> GraphNode:
+        """node[i - low] wherever that is an index of node; any value elsewhere (the caller
+        selects those lanes away), but never a read outside node's memory. Pushed through
+        elementwise ops to the leaves, so the shifted expression fuses into its reader."""
+        key = (id(node), "shifted", tuple(low), tuple(shape))
+        found = self._view_memo.get(key)
+        if found is None:
+            found = self._view_memo[key] = self._shifted_uncached(node, tuple(low), tuple(shape))
+        return found
+
+    def _shifted_uncached(self, node: GraphNode, low, shape) -> GraphNode:
+        if all(lo == 0 for lo in low) and node.shape == shape:
+            return node
+        if isinstance(node.op, Const) or isinstance(node.op, ViewOp) and isinstance(node.src[0].op, Const):
+            return self.expand_to(node.src[0] if node.src else node, shape)
+        if isinstance(node.op, Iota):
+            v = node.view
+            return self.iota(View(shape, v.strides, v.offset - sum(lo * st for lo, st in zip(low, v.strides))),
+                             node.dtype)
+        if isinstance(node.op, Window):
+            low = tuple(a + b for a, b in zip(node.op.low, low))
+            return self.b.node(Window(low, node.op.fill), node.dtype, node.src, View.contiguous(shape))
+        if isinstance(node.op, Elementwise) and not _checked_division(node):
+            src = [self.shifted(s, low, shape) for s in node.src]
+            return self.b.node(node.op, node.dtype, tuple(src), View.contiguous(shape))
+        if not _reads_memory(node):  # a reduction, an indexed read, an integer division that checks
+            node = self.materialize(node)  # its divisor: read from memory, so no lane computes garbage
+        return self.b.node(Window(low, _coerce_scalar(0, node.dtype)), node.dtype, (node,), View.contiguous(shape))
+
+    def view_window(self, node: GraphNode, desc: ViewFn) -> Optional[GraphNode]:
+        """A movement op applied to a Window: to its source and its offsets, axis by axis
+        (None when the op mixes a shifted axis with others: the caller materialises)."""
+        kind, *args = desc
+        src, low, shape, fill = node.src[0], list(node.op.low), list(node.shape), node.op.fill
+        if kind == "permute":
+            dims = [d % len(shape) for d in args[0]]
+            return self.window(self.view(src, desc), [low[d] for d in dims], [shape[d] for d in dims], fill)
+        if kind == "unsqueeze":
+            d = args[0] % (len(shape) + 1)
+            return self.window(self.view(src, desc), low[:d] + [0] + low[d:], shape[:d] + [1] + shape[d:], fill)
+        if kind == "flip":
+            dims = {d % len(shape) for d in args[0]}
+            low = [shape[d] - src.shape[d] - lo if d in dims else lo for d, lo in enumerate(low)]
+            return self.window(self.view(src, desc), low, shape, fill)
+        if kind == "slice":
+            return self._slice_window(node, *args)
+        if kind == "select":
+            d, index = args[0] % len(shape), args[1] % max(shape[args[0] % len(shape)], 1)
+            return self._select_window(node, d, index)
+        if kind == "squeeze":
+            dims = range(len(shape)) if args[0] is None else {d % len(shape) for d in args[0]}
+            for d in sorted((d for d in dims if shape[d] == 1), reverse=True):
+                node = self.view(node, ("select", d, 0))
+            return node
+        if kind == "expand":
+            return self._expand_window(node, tuple(args[0]))
+        if kind == "reshape":
+            return self._reshape_window(node, tuple(args[0]))
+        return None
+
+    def _slice_window(self, node, d, start, stop, step):
+        src, low, shape, fill = node.src[0], list(node.op.low), list(node.shape), node.op.fill
+        d %= len(shape)
+        start, stop, _ = slice(start, stop, step).indices(shape[d])
+        shape[d] = len(range(start, stop, step))
+        first = (start - low[d]) % step  # the first source index a lane reads
+        if shape[d] == 0 or first >= src.shape[d]:
+            return self.expand_to(self.const(fill, node.dtype), tuple(shape))
+        src = self.view(src, ("slice", d, first, src.shape[d], step))
+        low[d] = (low[d] + first - start) // step
+        return self.window(src, low, shape, fill)
+
+    def _select_window(self, node, d, index):
+        src, low, shape, fill = node.src[0], list(node.op.low), list(node.shape), node.op.fill
+        shape.pop(d)
+        at = index - low.pop(d)
+        if not 0 <= at < src.shape[d]:
+            return self.expand_to(self.const(fill, node.dtype), tuple(shape))
+        return self.window(self.view(src, ("select", d, at)), low, shape, fill)
+
+    def _expand_window(self, node, target):
+        lead = len(target) - len(node.shape)
+        for _ in range(lead):
+            node = self.view(node, ("unsqueeze", 0))
+        for d, (n, t) in enumerate(zip(node.shape, target)):
+            if isinstance(node.op, Window) and n == 1 and t not in (1, -1) and \
+                    (node.op.low[d], node.src[0].shape[d]) != (0, 1):
+                node = self.view(self.view(node, ("select", d, 0)), ("unsqueeze", d))  # the one lane, read once
+        if not isinstance(node.op, Window):
+            return self.expand_to(node, target)
+        src, low = node.src[0], node.op.low
+        shape = tuple(n if t == -1 else t for n, t in zip(node.shape, target))
+        wide = tuple(s if (lo, s) != (0, n) else t for lo, s, n, t in zip(low, src.shape, node.shape, shape))
+        return self.window(self.expand_to(src, wide), low, shape, node.op.fill)
+
+    def _reshape_window(self, node, target):
+        """A reshape that keeps each shifted axis whole, or splits one into (k, n, ...) where
+        the source is whole rows of the inner sizes at a row boundary (stack's cat then
+        view); the other axes regroup freely. None otherwise."""
+        target = _infer_reshape(target, node.view.numel)
+        for d in reversed(range(len(node.shape))):  # drop size-1 axes
+            if node.shape[d] == 1:
+                node = self.view(node, ("select", d, 0))
+        if not isinstance(node.op, Window):
+            return self.view(node, ("reshape", target))
+        sizes, low, src = node.shape, node.op.low, node.src[0]
+        dense = [n for n in target if n != 1]
+        src_sizes, new_low = [], []
+        for group_a, group_b in _reshape_groups(sizes, dense):
+            outer = [dense[b] for b in group_b]
+            shifted = [a for a in group_a if (low[a], src.shape[a]) != (0, sizes[a])]
+            if not shifted:
+                src_sizes += outer
+                new_low += [0] * len(outer)
+                continue
+            a = group_a[0]
+            if len(group_a) != 1:
+                return None
+            if len(outer) == 1:
+                src_sizes.append(src.shape[a])
+                new_low.append(low[a])
+                continue
+            inner = math.prod(outer[1:])
+            if src.shape[a] != inner or low[a] % inner:
+                return None
+            src_sizes += [1] + outer[1:]
+            new_low += [low[a] // inner] + [0] * (len(outer) - 1)
+        result = self.window(self.view(src, ("reshape", tuple(src_sizes))), new_low, dense, node.op.fill)
+        for k, n in enumerate(target):  # put back the size-1 axes
+            if n == 1:
+                result = self.view(result, ("unsqueeze", k))
+        return result
+
+    def read_at(self, node: GraphNode, coords: list[GraphNode], checked: bool, what: str) -> GraphNode:
+        """node[coords[0], coords[1], ...] (each an int64 value of the result's shape): one
+        indexed read of node's memory at the element's storage offset. `checked`: an offset
+        out of range (coordinates that were out of range arrive as -1) is reported; without
+        it, the coordinates are in range by construction."""
+        shape = coords[0].shape
+        if isinstance(node.op, Const) or isinstance(node.op, ViewOp) and isinstance(node.src[0].op, Const):
+            return self.expand_to(node.src[0] if node.src else node, shape)  # (a checked read checks elsewhere)
+        if isinstance(node.op, Iota) and not checked:
+            terms = [self.expand_to(self.const(node.view.offset, DType.int64), shape)]
+            terms += [self.elementwise("mul", [c, self.expand_to(self.const(st, DType.int64), shape)], DType.int64)
+                      for c, st in zip(coords, node.view.strides) if st]
+            total = terms[0]
+            for t in terms[1:]:
+                total = self.elementwise("add", [total, t], DType.int64)
+            return self.cast(total, node.dtype)
+        if isinstance(node.op, Elementwise) and not _checked_division(node):
+            src = [self.read_at(s, coords, checked, what) for s in node.src]
+            found = self.b.node(node.op, node.dtype, tuple(src), View.contiguous(shape))
+            if not checked or _checks_an_index(found):
+                return found
+        if not _reads_memory(node) or isinstance(node.op, Window):
+            node = self.materialize(node)
+        view = node.view
+        if not checked and not any(st and size > 1 for size, st in zip(view.shape, view.strides)):
+            for d in reversed(range(len(view.shape))):  # every coordinate reads the same element
+                node = self.view(node, ("select", d, 0))
+            return self.expand_to(node, shape)
+        base = node.src[0] if isinstance(node.op, ViewOp) else node
+        offset = self.expand_to(self.const(view.offset, DType.int64), shape)
+        for c, size, st in zip(coords, view.shape, view.strides):
+            if st and size > 1:
+                step = self.elementwise("mul", [c, self.expand_to(self.const(st, DType.int64), shape)], DType.int64)
+                offset = self.elementwise("add", [offset, step], DType.int64)
+        if checked:  # a coordinate out of range arrives as -1: keep it out of range
+            bad = self.elementwise("lt", [self.elementwise("min", list(_lowest(self, coords)), DType.int64),
+                                          self.expand_to(self.const(0, DType.int64), shape)], DType.bool)
+            offset = self.elementwise("where", [bad, self.expand_to(self.const(-1, DType.int64), shape), offset],
+                                      DType.int64)
+        extent = _extent(base.view)
+        axis = len(shape) - 1
+        if not shape:  # a 0-d result: read as a line of one
+            line = self.read_at(node, [self.view(c, ("reshape", (1,))) for c in coords], checked, what)
+            return self.view(line, ("reshape", ()))
+        table = self.b.node(ViewOp(), node.dtype, (base,),
+                            View(tuple(extent if d == axis else 1 for d in range(len(shape))), (0,) * axis + (1,)))
+        table = self.expand_to(table, tuple(extent if d == axis else n for d, n in enumerate(shape)))
+        return self.b.node(Gather(axis, False, what, checked, flat=True), node.dtype, (table, offset), View.contiguous(shape))
+
+
+def _reshape_groups(old, new):
+    """Pairs (old axes, new axes) of consecutive axes with equal products (no size-1 axes)."""
+    groups, i, j = [], 0, 0
+    while i < len(old):
+        a, b, pa, pb = [i], [j], old[i], new[j]
+        while pa != pb:
+            if pa < pb:
+                i += 1
+                a.append(i)
+                pa *= old[i]
+            else:
+                j += 1
+                b.append(j)
+                pb *= new[j]
+        groups.append((a, b))
+        i, j = i + 1, j + 1
+    return groups
 
 
 def _keeps_elements(dense: View, view: Optional[View]) -> bool:
@@ -166,3 +459,74 @@ def _coerce_scalar(value, dtype: DType):
     if dtype.is_int:
         return int(value)
     return float(value)
+
+
+INT32_MAX = 2**31 - 1
+MEMORY = (Input, Contiguous, Extern)
+
+
+def _reads_memory(node: GraphNode) -> bool:
+    """An input, buffer or call result, or a view of one: a leaf a kernel loads."""
+    base = node.src[0] if isinstance(node.op, ViewOp) else node
+    return isinstance(base.op, MEMORY)
+
+
+def _checked_division(node: GraphNode) -> bool:
+    """An integer division whose divisor the kernel checks for zero (codegen's rule): a
+    shifted read must not compute it on lanes that read no element."""
+    if not (isinstance(node.op, Elementwise) and node.op.op in ("floordiv", "truncdiv", "rem", "fmod")):
+        return False
+    if node.dtype.is_float or node.dtype is DType.bool:
+        return False
+    divisor = node.src[1]
+    if isinstance(divisor.op, ViewOp) and isinstance(divisor.src[0].op, Const):
+        divisor = divisor.src[0]
+    return not isinstance(divisor.op, Const) or divisor.op.value == 0
+
+
+def _extent(view: View) -> int:
+    """Elements of the buffer a memory node's view spans (its strides are not negative)."""
+    if view.numel == 0:
+        return 1
+    return view.offset + sum((n - 1) * abs(st) for n, st in zip(view.shape, view.strides)) + 1
+
+
+def _lowest(vb: ValueBuilder, coords: list[GraphNode]):
+    """The coordinates pairwise reduced with min, as two operands (repeats the last)."""
+    low = coords[0]
+    for c in coords[1:-1]:
+        low = vb.elementwise("min", [low, c], DType.int64)
+    return low, coords[-1]
+
+
+def known_in_range(index: GraphNode, size: int) -> bool:
+    """The index is computed from coordinates and literals, within [0, size)."""
+    from .ranges import value_range
+    found = value_range(index)
+    return found is not None and found[0] >= 0 and found[1] < size
+
+
+def in_range_or_minus_one(vb: ValueBuilder, index: GraphNode, size: int, wrap: bool = True) -> GraphNode:
+    """index (int64), wrapped when negative (as eager's indexing does); -1 where it is out of
+    range, or as it is when it is known to be in range."""
+    if known_in_range(index, size):
+        return index
+    shape = index.shape
+
+    def num(v):
+        return vb.expand_to(vb.const(v, DType.int64), shape)
+
+    if wrap:
+        negative = vb.elementwise("lt", [index, num(0)], DType.bool)
+        index = vb.elementwise("where", [negative, vb.elementwise("add", [index, num(size)], DType.int64), index],
+                               DType.int64)
+    ok = vb.elementwise("logical_and", [vb.elementwise("ge", [index, num(0)], DType.bool),
+                                        vb.elementwise("lt", [index, num(size)], DType.bool)], DType.bool)
+    return vb.elementwise("where", [ok, index, num(-1)], DType.int64)
+
+
+def _checks_an_index(value: GraphNode) -> bool:
+    """Some indexed read in value's expression checks its index."""
+    from ..ir import toposort
+    stop = lambda n: n.is_leaf or isinstance(n.op, (Contiguous, Gather))  # noqa: E731
+    return any(isinstance(n.op, Gather) and n.op.checked for n in toposort([value], stop=stop))

@@ -11,6 +11,7 @@ import torch
 from ..errors import UnsupportedOpError
 from ..ir import DType, GraphNode
 from .aten_ops import out_shape, register
+from .build import in_range_or_minus_one, known_in_range
 
 aten = torch.ops.aten
 
@@ -58,11 +59,38 @@ def _embedding(cv, node, weight, indices, padding_idx=-1, scale_grad_by_freq=Fal
 @register(aten.index)
 def _index_tensor(cv, node, x, indices):
     tensors = [(k, i) for k, i in enumerate(indices) if i is not None]
-    if len(tensors) != 1 or tensors[0][1].dtype is DType.bool:
-        raise UnsupportedOpError(str(node.target), "indexing with one integer tensor is supported; several index "
-                                                   "tensors or a boolean mask are not yet")
+    if any(i.dtype is DType.bool for _, i in tensors):
+        raise UnsupportedOpError(str(node.target), "indexing with a boolean mask (its result's shape depends on the "
+                                                   "data) is not supported yet")
+    if len(tensors) > 1:
+        return _index_several(cv, node, x, indices)
     k, index = tensors[0]
     return _take_rows(cv, node, x, _index(cv, node, index), k, True, f"indexing dimension {k}")
+
+
+def _index_several(cv, node, x: GraphNode, indices) -> GraphNode:
+    """x[..., i, ..., j, ...]: the index tensors broadcast together; their dims replace the
+    indexed dims where those are adjacent, else come first (torch's rule). One read of x
+    at each result element's coordinates (those of an index wrapped when negative; one out
+    of range is reported)."""
+    shape = out_shape(node)
+    indexed = [k for k, i in enumerate(indices) if i is not None]
+    sliced = [k for k in range(len(x.shape)) if k not in indexed]
+    rank = len(shape) - len(sliced)  # the broadcast index dims
+    start = indexed[0] if indexed == list(range(indexed[0], indexed[-1] + 1)) else 0
+    index_dims = range(start, start + rank)
+    kept = [d for d in range(len(shape)) if d not in index_dims]
+    coords = []
+    for k in range(len(x.shape)):
+        if k in sliced:
+            coords.append(cv.cast(cv.coordinate(shape, kept[sliced.index(k)]), DType.int64))
+            continue
+        index = _index(cv, node, indices[k])
+        spread = (1,) * (start + rank - len(index.shape)) + tuple(index.shape) + (1,) * (len(shape) - start - rank)
+        coords.append(in_range_or_minus_one(cv, cv.expand_to(cv.view(index, ("reshape", spread)), shape), x.shape[k]))
+    checked = not all(known_in_range(c, n) for c, n in zip(coords, x.shape))
+    return cv.read_at(x, coords, checked=checked, what=f"index of a tensor of shape {list(x.shape)} along dimensions "
+                                                    f"{indexed}")
 
 
 def _take_rows(cv, node, table: GraphNode, index: GraphNode, dim: int, wrap: bool, what: str) -> GraphNode:

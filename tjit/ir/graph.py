@@ -78,6 +78,26 @@ class Gather:
     axis: int
     wrap_negative: bool = False
     what: str = "gather"  # the user's op, for the error message
+    checked: bool = True  # False: the index is in range by construction (repeat), no check is made
+    flat: bool = False  # the table is a line of storage, the index an element's offset there (several coordinates)
+
+
+@dataclass(frozen=True)
+class Iota:
+    """A leaf that reads no memory: its value at index i is the offset its view maps i to,
+    view.offset + sum(i_k * stride_k), in the node's integer type (arange, a coordinate).
+    Movement ops apply to the view as for an input, so they cost nothing."""
+
+
+@dataclass(frozen=True)
+class Window:
+    """out[i] = src[i - low] where i - low is an index of src on every axis, else `fill`: a
+    read at a shifted coordinate (constant_pad_nd, each operand of cat). src[0] is a leaf
+    read from memory (an input, a buffer, a call's result or a view of one) and is read at
+    addresses its own view does not reach, only where they hold src's elements; the
+    node's shape is out's."""
+    low: tuple[int, ...]  # per axis: the out index of src's element 0 (a pad before it)
+    fill: Scalar
 
 
 @dataclass(frozen=True, eq=False)
@@ -117,7 +137,7 @@ class Extern:
     index: Optional[int]
 
 
-GraphOp = Union[Input, Const, ViewOp, Contiguous, Elementwise, Reduce, Cumulative, Gather, Extern]
+GraphOp = Union[Input, Const, ViewOp, Contiguous, Elementwise, Reduce, Cumulative, Gather, Extern, Iota, Window]
 
 
 @dataclass(frozen=True, eq=False)
@@ -137,7 +157,7 @@ class GraphNode:
         reduction's result is not: the kernel that reduces may hold it in registers."""
         if isinstance(self.op, ViewOp):
             return not isinstance(self.src[0].op, (Reduce, Cumulative, Gather))
-        return isinstance(self.op, (Input, Const, Extern))
+        return isinstance(self.op, (Input, Const, Extern, Iota))
 
 
 @dataclass(frozen=True)
@@ -237,7 +257,11 @@ def describe_op(node: GraphNode) -> str:
     if isinstance(op, Cumulative):
         return f"cumulative.{op.op} axis={op.axis}"
     if isinstance(op, Gather):
-        return f"gather axis={op.axis}"
+        return f"gather axis={op.axis}" + ("" if op.checked else " unchecked")
+    if isinstance(op, Iota):
+        return "iota"
+    if isinstance(op, Window):
+        return f"window low={list(op.low)} fill={op.fill!r}"
     if isinstance(op, Extern):
         return f"library {op.call.name}" + ("" if op.index is None else f"[{op.index}]")
     return op.op
@@ -246,7 +270,7 @@ def describe_op(node: GraphNode) -> str:
 def format_node(node: GraphNode, names: dict[int, str]) -> str:
     args = ", ".join(names[id(s)] for s in node.src)
     layout = ""
-    if isinstance(node.op, (ViewOp, Input, Extern)) and not node.view.is_contiguous():
+    if isinstance(node.op, (ViewOp, Input, Extern, Iota)) and not node.view.is_contiguous():
         layout = f" strides={list(node.view.strides)}" + (f" offset={node.view.offset}" if node.view.offset else "")
     strategies = getattr(node.op, "axis_strategies", None)
     forced = f" strategies={list(strategies)}" if strategies else ""

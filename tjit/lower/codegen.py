@@ -15,8 +15,8 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..ir import (AxisStrategy, Const, Cumulative, DType, Elementwise, Extern, Gather, GraphNode, Input, Reduce, View, ViewOp,
-                  toposort)
+from ..ir import (AxisStrategy, Const, Cumulative, DType, Elementwise, Extern, Gather, GraphNode, Input, Iota, Reduce, View,
+                  ViewOp, Window, toposort)
 from .domains import is_value_ref
 from .elementwise import _cast, literal, render, tl_dtype
 from .fusion import BufferTarget, InputTarget, KernelGroup, OutputTarget, buffer_of, expression_leaves, is_kernel_input
@@ -128,11 +128,15 @@ class _Emitter(GridReductionEmitter):
         self.accesses: list[Access] = []
         self.buffers: dict[tuple, BufferRef] = {}
         self.leaf_access: dict[int, int] = {}
+        self.coords: list[View] = []  # affine index values the kernel computes (Iota leaves, window bounds)
         self._collect(output_strides)
         self.widest = max(n.dtype.itemsize for s in group.stores for n in toposort([s.value], stop=is_kernel_input))
         strides = [a.view.strides for a in self.accesses]
-        self.space = schedule(self.shape, strides, forced, self.store_access[0], self.widest, self.domain.axes,
-                              self._reduction_input(strides), self._splittable())
+        # the coordinates take part in the schedule like accesses: axes merge only where every
+        # access and every coordinate walks them as one
+        self.space = schedule(self.shape, strides + [c.strides for c in self.coords], forced, self.store_access[0],
+                              self.widest, self.domain.axes, self._reduction_input(strides), self._splittable(),
+                              len(self.coords))
         self.split = any(d.kind == "split" for d in self.space.loop_dims)
         self.red_dims = [k for k, d in enumerate(self.space.loop_dims) if d.reduce]
         self.red_axes = [a for k in self.red_dims for a in self.space.loop_dims[k].axes]
@@ -143,10 +147,13 @@ class _Emitter(GridReductionEmitter):
         self._counter = 0
         self._varies: dict[int, bool] = {}
         self._addresses: dict[int, str] = {}
+        self._coord_exprs: dict[int, str] = {}
+        self._window_bounds: dict[int, list] = {}
+        self._gather_steps: dict[int, Optional[str]] = {}
         self.checks: list[Check] = []
         self._zero_div_code = 0  # the status code of this kernel's integer divisions (0: none yet)
         divides = any(_checked_division(n) for n in toposort(self._store_values(), stop=is_kernel_input))
-        if self.gather_access or divides:
+        if any(n.op.checked for n in self._gathers()) or divides:
             self.buffers[("status",)] = STATUS
             self.params.append(STATUS.param)
         self.totals = list({id(t): t for s in group.stores for t in s.totals}.values())
@@ -186,15 +193,25 @@ class _Emitter(GridReductionEmitter):
             return self._buffer("input", base.op.name, base.dtype)
         return self._buffer("buffer", "", base.dtype, base)
 
+    def _gathers(self) -> list[GraphNode]:
+        return [n for n in toposort(self._store_values(), stop=is_kernel_input) if isinstance(n.op, Gather)]
+
     def _collect(self, output_strides):
         self.gather_access: dict[int, int] = {}
+        self.window_access: dict[int, int] = {}
+        self.coord_index: dict[tuple, int] = {}
         read_directly = {id(s.value) for s in self.group.stores}  # leaves loaded at the kernel's own index
         for node in toposort([s.value for s in self.group.stores], stop=is_kernel_input):
             if isinstance(node.op, Gather) and id(node) not in self.gather_access:
                 self._collect_gather(node)
+            if isinstance(node.op, Window) and id(node) not in self.window_access:
+                self._collect_window(node)
+            if isinstance(node.op, Iota):
+                self._coordinate(node.view)
             if is_kernel_input(node):
                 continue  # what a leaf views is read through the leaf
-            table_slot = isinstance(node.op, Gather)  # src[0] is a Gather's table: read at its own addresses
+            # src[0] of a Gather or Window is read at its own addresses
+            table_slot = isinstance(node.op, (Gather, Window))
             read_directly.update(id(s) for k, s in enumerate(node.src) if not (table_slot and k == 0))
         for store in self.group.stores:
             for leaf in expression_leaves(store.value):
@@ -233,7 +250,37 @@ class _Emitter(GridReductionEmitter):
                                     self.domain.to_domain(View(node.shape, strides, view.offset)), False,
                                     (view.strides[axis], table.shape[axis], math.prod(node.shape))))
 
+    def _coordinate(self, view: View) -> int:
+        """The index of the coordinate that computes `view`'s offset for each kernel index."""
+        view = self.domain.to_domain(view)
+        key = (view.strides, view.offset)
+        if key not in self.coord_index:
+            self.coord_index[key] = len(self.coords)
+            self.coords.append(view)
+        return self.coord_index[key]
+
+    def _collect_window(self, node: GraphNode) -> None:
+        """A Window loads its source's memory through the source's view shifted by `low`
+        (addresses off the source only on lanes its bounds mask off); each shifted axis's
+        bounds test a coordinate along it."""
+        src, low = node.src[0], node.op.low
+        view = src.view if isinstance(src.op, (ViewOp, Input, Extern)) else View.contiguous(src.shape)
+        offset = view.offset - sum(lo * st for lo, st in zip(low, view.strides))
+        self.window_access[id(node)] = len(self.accesses)
+        self.accesses.append(Access(self._buffer_for_node(buffer_of(src)),
+                                    self.domain.to_domain(View(node.shape, view.strides, offset)), False))
+        for d in self._window_axes(node):
+            self._coordinate(View(node.shape, tuple(int(k == d) for k in range(len(node.shape)))))
+
+    @staticmethod
+    def _window_axes(node: GraphNode) -> list[int]:
+        return [d for d, (lo, n, size) in enumerate(zip(node.op.low, node.src[0].shape, node.shape))
+                if lo > 0 or lo + n < size]
+
     def _needs_int64(self) -> bool:
+        for c in self.coords:
+            if abs(c.offset) + sum((s - 1) * abs(st) for s, st in zip(c.shape, c.strides)) > INT32_LIMIT:
+                return True
         for a in self.accesses:
             reach = abs(a.view.offset) + sum((s - 1) * abs(st) for s, st in zip(a.view.shape, a.view.strides))
             reach += (a.gather[1] - 1) * abs(a.gather[0]) if a.gather else 0
@@ -371,6 +418,12 @@ class _Emitter(GridReductionEmitter):
         if id(node) not in self._varies:
             if id(node) in self.leaf_access:
                 found = any(self.space.strides[self.leaf_access[id(node)]][a] for a in self.red_axes)
+            elif isinstance(node.op, Iota):
+                found = any(self._coord_strides(node.view)[a] for a in self.red_axes)
+            elif isinstance(node.op, Window):
+                found = any(self.space.strides[self.window_access[id(node)]][a] for a in self.red_axes) or \
+                    any(self._coord_strides(self._axis_view(node, d))[a]
+                        for d in self._window_axes(node) for a in self.red_axes)
             elif isinstance(node.op, Gather):
                 found = self._varies_along_reduction(node.src[1]) or \
                     any(self.space.strides[self.gather_access[id(node)]][a] for a in self.red_axes)
@@ -579,10 +632,21 @@ class _Emitter(GridReductionEmitter):
         used as an address."""
         n = self.gather_access[id(node)]
         stride, size, _ = self.accesses[n].gather
-        size_arg = self._scalar(f"a{n}_gather_size", size)
         op = node.op
+        mask = "mask" if self._varies_along_reduction(node) else self._mask_for(n)
+        if not op.checked:  # in range by construction
+            idx = self._fresh()
+            lines.append(f"{idx} = {index}.to(tl.int64)")
+            if n not in self._gather_steps:
+                self._gather_steps[n] = self._scalar(f"a{n}_gather_stride", stride) if stride != 1 else None
+            step = f"{idx} * {self._gather_steps[n]}" if self._gather_steps[n] else idx
+            out = self._fresh()
+            lines.append(f"{out} = tl.load({self._address(n)} + {step}, mask={mask})")
+            return out
+        size_arg = self._scalar(f"a{n}_gather_size", size)
         low = -size if op.wrap_negative else 0
-        self.checks.append(Check(IndexError, f"{op.what}: an index is out of bounds (valid: {low} to {size - 1})"))
+        valid = "" if op.flat else f" (valid: {low} to {size - 1})"  # a flat read's range is of offsets
+        self.checks.append(Check(IndexError, f"{op.what}: an index is out of bounds{valid}"))
         idx, ok, out = self._fresh(), self._fresh(), self._fresh()
         lines.append(f"{idx} = {index}.to(tl.int64)")
         if op.wrap_negative:
@@ -616,7 +680,57 @@ class _Emitter(GridReductionEmitter):
             return self._reduce_result(node, result, lines)
         return self._reduce_result(node, result, lines, work)
 
+    def _coord_strides(self, view: View) -> tuple[int, ...]:
+        """A coordinate's strides over the kernel's (simplified) axes."""
+        return self.space.strides[len(self.accesses) + self._coordinate(view)]
+
+    @staticmethod
+    def _axis_view(node: GraphNode, d: int) -> View:
+        return View(node.shape, tuple(int(k == d) for k in range(len(node.shape))))
+
+    def _coordinate_value(self, view: View, dtype: DType, lines: list[str]) -> str:
+        """offset + sum(i_a * stride_a) over the kernel's axes, in `dtype`."""
+        j = self._coordinate(view)
+        if j not in self._coord_exprs:  # its offset and stride arguments are made once
+            terms = []
+            for axis, stride in enumerate(self._coord_strides(view)):
+                if stride == 1:
+                    terms.append(f"i{axis}")
+                elif stride != 0:
+                    terms.append(f"i{axis} * " + self._scalar(f"c{j}_stride{axis}", stride))
+            if self.coords[j].offset:
+                terms.append(self._scalar(f"c{j}_offset", self.coords[j].offset))
+            if not terms or not terms[0].startswith("i"):  # a tensor to start from (an argument may be a constexpr)
+                terms.insert(0, f"tl.full([], 0, {'tl.int64' if self.int64 else 'tl.int32'})")
+            self._coord_exprs[j] = " + ".join(terms)
+        var = self._fresh()
+        lines.append(f"{var} = ({self._coord_exprs[j]}).to({tl_dtype(dtype)})")
+        return var
+
+    def _window_load(self, node: GraphNode, lines: list[str], mask: str) -> str:
+        """The source's element where the lane's index lies in its window, else the fill."""
+        n = self.window_access[id(node)]
+        if n not in self._window_bounds:
+            self._window_bounds[n] = [(self._axis_view(node, d),
+                                       self._scalar(f"a{n}_low{d}", node.op.low[d]),
+                                       self._scalar(f"a{n}_high{d}", node.op.low[d] + node.src[0].shape[d]))
+                                      for d in self._window_axes(node)]
+        test = [mask]
+        for view, low, high in self._window_bounds[n]:
+            c = self._coordinate_value(view, DType.int64 if self.int64 else DType.int32, lines)
+            test.append(f"({c} >= {low}) & ({c} < {high})")
+        out = self._fresh()
+        lines.append(f"{out} = tl.load({self._address(n)}, mask={' & '.join(test)}, "
+                     f"other={literal(node.op.fill, node.dtype)})")
+        return out
+
     def _value(self, node: GraphNode, names: dict[int, str], lines: list[str]) -> str:
+        if isinstance(node.op, Iota):
+            return self._coordinate_value(node.view, node.dtype, lines)
+        if isinstance(node.op, Window):
+            n = self.window_access[id(node)]
+            mask = "mask" if self._varies_along_reduction(node) else self._mask_for(n)
+            return self._window_load(node, lines, mask)
         if id(node) in self.leaf_access:
             n = self.leaf_access[id(node)]
             # a load that no index reaches (a broadcast scalar) is one unmasked scalar load

@@ -12,7 +12,7 @@ kernel, which the writing kernel then reads.
 """
 from __future__ import annotations
 
-from ..ir import Contiguous, Gather, GraphNode, Input, View, ViewOp, toposort
+from ..ir import Contiguous, Gather, GraphNode, Input, View, ViewOp, Window, toposort
 from .domains import Domain, is_kernel_input, normal
 
 
@@ -23,8 +23,9 @@ def reads_older_version(leaf: GraphNode, name: str, version: int) -> bool:
 
 
 def gather_tables(value: GraphNode) -> set[int]:
-    """ids of the leaves a store's expression reads at data-dependent addresses."""
-    return {id(n.src[0]) for n in toposort([value], stop=is_kernel_input) if isinstance(n.op, Gather)}
+    """ids of the leaves a store's expression reads at addresses other than their own view's:
+    data-dependent ones (Gather) or shifted ones (Window)."""
+    return {id(n.src[0]) for n in toposort([value], stop=is_kernel_input) if isinstance(n.op, (Gather, Window))}
 
 
 def same_program_access(read: View, write: View, domain: Domain) -> bool:

@@ -75,13 +75,14 @@ def memory_order(strides: Sequence[int]) -> list[int]:
 def schedule(shape: Sequence[int], access_strides: Sequence[Sequence[int]],
              forced: Optional[Sequence[AxisStrategy]] = None, primary: int = -1,
              widest_itemsize: int = 4, reduced: Sequence[int] = (), reduced_primary: int = -1,
-             splittable: bool = False) -> IterationSpace:
+             splittable: bool = False, coordinates: int = 0) -> IterationSpace:
     """`primary` is the access whose memory order Auto follows (the first store);
     `widest_itemsize` the widest element the kernel computes with (sizes Auto's block).
     `reduced` are the axes the kernel reduces (they come last, innermost, in the order the
     access `reduced_primary`, the reduction's main input, walks memory). `splittable`: the
     kernel may split a reduced axis across programs (a full reduction whose results the last
-    program can finish)."""
+    program can finish). The last `coordinates` entries of `access_strides` are index values
+    the kernel computes (no memory): they keep axes from merging, but choose no tile."""
     if forced is not None and len(forced) != len(shape):
         raise TjitError(f"axis strategies {list(forced)} do not match the kernel's {len(shape)}-d shape {list(shape)}")
     if reduced:
@@ -93,7 +94,7 @@ def schedule(shape: Sequence[int], access_strides: Sequence[Sequence[int]],
         access_strides = [[st[d] for d in order] for st in access_strides]
         sizes, strides, _ = simplify(shape, access_strides, merge=True)
         block = AUTO_BLOCK_64BIT if widest_itemsize >= 8 else AUTO_BLOCK
-        return IterationSpace(sizes, strides, auto_dims(sizes, strides, block))
+        return IterationSpace(sizes, strides, auto_dims(sizes, strides[:len(strides) - coordinates], block))
     sizes, strides, origin = simplify(shape, access_strides, merge=False)
     dims = tuple(_forced_dim(k, forced[origin[k][0]], sizes[k]) for k in range(len(sizes)))
     _check_block(dims, forced, shape)

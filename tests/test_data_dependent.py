@@ -138,3 +138,21 @@ def test_a_refused_dynamo_graph_runs_eagerly_with_a_warning(monkeypatch):
         got = torch.compile(lambda x: F.gelu(x) * 2, backend=split.graph_backend)(x)
     torch.testing.assert_close(got, F.gelu(x) * 2)
     assert any("runs a graph" in str(w.message) and "refused for this test" in str(w.message) for w in caught)
+
+
+def test_sparse_tensors_run_split_their_graphs_eagerly():
+    """Sparse tensors have no strided memory for kernels: the graphs that hold one run
+    eagerly (with a warning), the rest is compiled."""
+    torch.manual_seed(0)
+    a, b = torch.randn(40, 50).relu().to_sparse_csr(), torch.randn(50, 30)
+
+    def f(a, b):
+        return torch.sparse.mm(a, b, "sum") * 2
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (torch's own: sparse CSR is in beta)
+        close(tjit.compile(f)(a, b), f(a, b))
+        dense = torch.randn(30, 20).relu()
+        got = tjit.compile(lambda x: (x * 2).to_sparse())(dense)
+    assert got.layout == torch.sparse_coo
+    torch.testing.assert_close(got.to_dense(), dense * 2)

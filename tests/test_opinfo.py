@@ -91,10 +91,6 @@ EXPECTED_FAILURES: dict[str, str] = {
                      "linalg.eigvals") + FFT, "complex dtype: tjit has no complex element type"),
     "hash_tensor": "uint64 dtype: tjit has no element type for it",
     **dict.fromkeys(("_unsafe_masked_index", "nn.functional.unfold"), "indexing with several index tensors"),
-    "to_sparse": "sparse layout: refused by name (UnsupportedOpError)",
-    **dict.fromkeys(("sparse.mm.reduce", "sparse.sampled_addmm"),
-                    "sparse input (bug: torch's NotImplementedError 'Cannot access storage' from the guard key in "
-                    "runtime/compiled.py, not UnsupportedOpError)"),
 }
 # OpInfo id -> why a later sample fails (strict xfail only with TJIT_OPINFO_ALL=1).
 EXPECTED_FAILURES_LATER: dict[str, str] = {

@@ -23,11 +23,20 @@ class UnsupportedOpError(TjitError, NotImplementedError):
         super().__init__(msg)
 
 
-class DataDependentError(UnsupportedOpError):
+class SplitError(UnsupportedOpError):
+    """One trace cannot hold the function; tjit.compile runs it split by Dynamo's graph breaks,
+    each graph compiled by tjit where it can be (runtime/split.py)."""
+
+
+class DataDependentError(SplitError):
     """The function needs a value read from tensor data to go on: an output size (nonzero,
     unique, boolean-mask indexing), a Python number (.item(), torch.equal) or a branch on a
-    tensor. One trace cannot hold that; tjit.compile then runs the function split at those
-    points by Dynamo's graph breaks, each part compiled by tjit (runtime/split.py)."""
+    tensor."""
+
+
+class LayoutError(SplitError):
+    """A sparse (or other non-strided) tensor: no strided memory for kernels or library calls
+    to read. The graphs that hold one run eagerly."""
 
 
 class CompileArgumentError(TjitError, TypeError):

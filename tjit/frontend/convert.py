@@ -18,7 +18,7 @@ import torch
 import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from ..errors import UnsupportedOpError
+from ..errors import LayoutError, UnsupportedOpError
 from ..ir import Const, Contiguous, DType, Extern, ExternCall, GraphNode, Input, Mutation, Operand, View, ViewOp, Graph
 from .build import ValueBuilder
 from .library import WriteThroughView, in_memory, library_call
@@ -349,7 +349,7 @@ def _check_layout(node: fx.Node) -> None:
     for value in torch.utils._pytree.tree_flatten(node.meta.get("val"))[0]:
         if isinstance(value, torch.Tensor) and value.layout != torch.strided:
             what = f"input {node.target}" if node.op == "placeholder" else str(node.target)
-            raise UnsupportedOpError(what, f"a tensor of layout {value.layout}: tjit compiles strided tensors only",
+            raise LayoutError(what, f"a tensor of layout {value.layout}: tjit compiles strided tensors only",
                                      target=node.target if node.op == "call_function" else None)
 
 

@@ -17,7 +17,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 
-from ..errors import DataDependentError, UnsupportedOpError
+from ..errors import DataDependentError, LayoutError, UnsupportedOpError
 from .convert import Conversion, Converter
 
 
@@ -111,6 +111,9 @@ def trace(fn: Callable, args: tuple, kwargs: dict) -> Conversion:
     flat = flatten_arguments(fn, args, kwargs)
     tensor_names = [name for name, v in flat if isinstance(v, torch.Tensor)]
     tensors = [v for _, v in flat if isinstance(v, torch.Tensor)]
+    for name, t in zip(tensor_names, tensors):
+        if t.layout != torch.strided:
+            raise LayoutError(f"input {name}", f"a tensor of layout {t.layout}: tjit compiles strided tensors only")
     returned = []  # the pytree spec of what fn returns (make_fx's output loses named tuples)
 
     def with_tensors(*traced):
@@ -141,7 +144,7 @@ def trace(fn: Callable, args: tuple, kwargs: dict) -> Conversion:
     except UnsupportedOpError as e:
         if e.where or e.target is None:
             raise
-        raise UnsupportedOpError(e.op, e.reason, locate_call(with_tensors, tensors, e.target)) from None
+        raise type(e)(e.op, e.reason, locate_call(with_tensors, tensors, e.target)) from None
 
 
 def _needs_tensor_data(e: Exception) -> bool:

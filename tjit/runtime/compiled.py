@@ -19,7 +19,7 @@ import torch
 from .. import debug
 from ..autograd.backward import may_differ_from_eager, plan_autograd
 from ..autograd.function import GradExecutable
-from ..errors import CompileArgumentError, DataDependentError, UnsupportedOpError
+from ..errors import CompileArgumentError, SplitError, UnsupportedOpError
 from ..frontend.trace import CONTAINERS, eager_gradient_paths, flatten_arguments, holds_tensors, trace
 from ..ir import AxisStrategy
 from ..lower import lower
@@ -43,7 +43,9 @@ def guard_key(flat: list[tuple[str, Any]]) -> tuple:
     key = [torch.is_grad_enabled()]
     storages: dict[int, tuple[int, int]] = {}  # which tensors share memory is traced in
     for k, (name, v) in enumerate(flat):
-        if isinstance(v, torch.Tensor):
+        if isinstance(v, torch.Tensor) and v.layout != torch.strided:  # (no storage: a sparse tensor)
+            key.append((name, tuple(v.shape), v.layout, v.dtype, v.device, v.requires_grad))
+        elif isinstance(v, torch.Tensor):
             first, offset = storages.setdefault(v.untyped_storage().data_ptr(), (k, v.storage_offset()))
             alias = (first, v.storage_offset() - offset) if first != k else None
             key.append((name, tuple(v.shape), v.stride(), v.dtype, v.device, v.requires_grad, alias))
@@ -114,7 +116,7 @@ class CompiledFunction:
         device = _device_type(flat)
         try:
             conversion = trace(self.fn, *_detached((args, kwargs)))  # the forward only: tjit differentiates it
-        except DataDependentError as e:
+        except SplitError as e:
             if not self.split_data_dependent or self.donate:
                 raise
             return self._split_entry(key, e, t0)
@@ -140,14 +142,14 @@ class CompiledFunction:
         _log_compile(self.fn, entry)
         return entry
 
-    def _split_entry(self, key, error: DataDependentError, t0: float) -> CompiledEntry:
+    def _split_entry(self, key, error: SplitError, t0: float) -> CompiledEntry:
         """The entry of a function one trace cannot hold: Dynamo splits it (one SplitFunction
         for every key: Dynamo keeps its own guards)."""
         if self._split is None:
             self._split = SplitFunction(self.fn, str(error))
         entry = CompiledEntry(self._split, time.perf_counter() - t0, 0.0, 0.0, 0)
         self._cache[key] = entry
-        debug.log(1, f"{getattr(self.fn, '__name__', self.fn)} needs tensor data to go on; split by Dynamo: {error}")
+        debug.log(1, f"{getattr(self.fn, '__name__', self.fn)} runs split by Dynamo: {error}")
         return entry
 
     def _check_differentiable(self, conversion, flat, grad_inputs) -> None:

@@ -210,6 +210,12 @@ def _saved_view(node: GraphNode) -> View:
 def _needs_grad(graph: Graph, grad_inputs: set[str]) -> set[int]:
     needs = set()
     for node in graph.nodes():
+        grad_input = isinstance(node.op, Input) and node.op.name in grad_inputs
+        if node.dtype.is_complex and (grad_input or any(id(s) in needs for s in node.src)):
+            op = node.op.call.name if isinstance(node.op, Extern) else f"input {node.op.name}" if grad_input else \
+                type(node.op).__name__
+            raise UnsupportedOpError(op, f"a gradient through a {node.dtype!r} value: tjit differentiates no "
+                                     "complex values yet")
         if not differentiable(node) or isinstance(node.op, Elementwise) and node.op.op == "stop_gradient":
             continue
         if isinstance(node.op, Input) and node.op.name in grad_inputs or any(id(s) in needs for s in node.src):

@@ -38,6 +38,15 @@ class OutputSpec:
     # when the value is a view of a materialised buffer: the kernel writes the buffer's
     # dense layout straight into the output's memory instead of a second copy kernel
     view: Optional[tuple] = None
+    # a computed output of a type no kernel writes (complex, uint64): the kernel writes its
+    # bits as another type (Converter.carrier), and the output is returned as this dtype
+    returned_as: Optional[torch.dtype] = None
+
+    def returned(self, out: torch.Tensor) -> torch.Tensor:
+        """The computed output as the function returns it, from what the kernel wrote."""
+        if self.returned_as is None:
+            return out
+        return torch.view_as_complex(out) if self.returned_as.is_complex else out.view(self.returned_as)
 
 
 @dataclass
@@ -130,6 +139,8 @@ class Converter(ValueBuilder):
             raise
 
     def handler_for(self, node: fx.Node):
+        if _computes_library_dtype(node):
+            return _library(node.target)
         packet = getattr(node.target, "overloadpacket", node.target)
         handler = self.handlers.get(node.target) or self.handlers.get(packet)
         if handler is not None:
@@ -163,7 +174,10 @@ class Converter(ValueBuilder):
         val = node.meta.get("val")
         if node.target is torch.ops.aten.detach.default:  # shares the input's memory, not its gradient
             return self.env[node]
-        if isinstance(val, torch.Tensor) and storage_key(val) in self.input_storage:
+        if isinstance(val, torch.Tensor) and (val.is_conj() or val.is_neg()):
+            return self.env[node]  # a lazily conjugated (negated) view: a library call made its values
+        if isinstance(val, torch.Tensor) and storage_key(val) in self.input_storage \
+                and val.dtype == self.input_meta[self.input_storage[storage_key(val)]].dtype:
             found = self.read_input_storage(node, val)
             if found.dtype.is_float and self._detached(node):  # a view of x.detach()
                 found = self.elementwise("stop_gradient", [found], found.dtype)
@@ -213,6 +227,7 @@ class Converter(ValueBuilder):
         key = storage_key(val)
         if key in self.input_storage:
             name = self.input_storage[key]
+            self._check_input_write(name, key)
             view = self.input_view(name, val)
             self.materialize_readers_of(name)
             self.version[name] += 1
@@ -226,6 +241,18 @@ class Converter(ValueBuilder):
         for node in self.same_tensor_nodes(target, key):
             self.env[node] = value
         return value
+
+    def _check_input_write(self, name: str, key: int) -> None:
+        """Writes into an input that only library calls can compute, or that the function
+        also reads as another dtype (a library call's copy, which would not see the write),
+        are refused."""
+        dtype = self.input_meta[name].dtype
+        if DType.from_torch(dtype).library_only:
+            raise UnsupportedOpError(str(self.current.target), f"an in-place write into {dtype} input {name!r}: tjit "
+                                     "computes that type in library calls only, which write no inputs yet")
+        if any(n.meta["val"].dtype != dtype for n in self._storage_nodes(key)):
+            raise UnsupportedOpError(str(self.current.target), f"an in-place write into input {name!r}, which the "
+                                     "function also reads as another dtype (view_as_real, view_as_complex, view(dtype))")
 
     def _tensor_operands(self, node: fx.Node, skip: fx.Node) -> list[torch.Tensor]:
         """The tensors an FX node reads, other than `skip` (the tensor it writes)."""
@@ -303,6 +330,20 @@ class Converter(ValueBuilder):
         return in_memory(self, self.view(permuted, ("reshape", (val.numel(),))))
 
     # -- outputs -------------------------------------------------------------------------
+    def carrier(self, value: GraphNode, val: torch.Tensor) -> tuple[GraphNode, dict]:
+        """A result of a type only library calls compute, as a value of a type kernels can
+        copy, and its layout: a complex tensor as its (real, imaginary) pairs (view_as_real),
+        uint64 as int64; OutputSpec.returned_as turns the output back."""
+        if value.dtype.is_complex:
+            call = ExternCall(torch.ops.aten.view_as_real.default, (Operand(0),), {})
+            dtype, shape = DType.from_torch(val.real.dtype), tuple(val.shape) + (2,)
+            stride = tuple(2 * st for st in val.stride()) + (1,)
+        else:
+            call = ExternCall(torch.ops.aten.view.dtype, (Operand(0), torch.int64), {})
+            dtype, shape, stride = DType.int64, tuple(val.shape), tuple(val.stride())
+        node = self.b.node(Extern(call, 0), dtype, (in_memory(self, value),), View.contiguous(shape))
+        return node, dict(shape=shape, stride=stride)
+
     def finish(self, out_node: fx.Node) -> Conversion:
         flat, tree = torch.utils._pytree.tree_flatten(out_node.args[0])
         outputs: dict[str, GraphNode] = {}
@@ -319,7 +360,7 @@ class Converter(ValueBuilder):
                 continue
             key = storage_key(val)
             layout = dict(shape=tuple(val.shape), stride=tuple(val.stride()))
-            if key in self.input_storage:
+            if key in self.input_storage and val.dtype == self.input_meta[self.input_storage[key]].dtype:
                 name = self.input_storage[key]
                 rel = self.input_view(name, val).offset
                 specs.append(OutputSpec("input_alias", name=name, offset=rel, **layout))
@@ -335,9 +376,13 @@ class Converter(ValueBuilder):
                     specs.append(OutputSpec("computed", name=name, shape=base.shape, stride=base.view.strides,
                                             view=(layout["shape"], layout["stride"], value.view.offset)))
                     continue
-                outputs[name] = value
                 if _covers_storage(val):  # later outputs in the same storage become views of it
                     computed_storage[key] = k
+                if value.dtype.library_only:  # no kernel writes it: a kernel writes its bits as another type
+                    outputs[name], carrier = self.carrier(value, val)
+                    specs.append(OutputSpec("computed", name=name, returned_as=val.dtype, **carrier))
+                    continue
+                outputs[name] = value
                 specs.append(OutputSpec("computed", name=name, **layout))
         graph = self.b.finish(self.input_names, outputs, self.mutations, self.effects)
         return Conversion(graph, specs, tree, self.constants, count_eager_kernels(self.gm))
@@ -351,6 +396,28 @@ def _check_layout(node: fx.Node) -> None:
             what = f"input {node.target}" if node.op == "placeholder" else str(node.target)
             raise LayoutError(what, f"a tensor of layout {value.layout}: tjit compiles strided tensors only",
                                      target=node.target if node.op == "call_function" else None)
+
+
+def _computes_library_dtype(node: fx.Node) -> bool:
+    """The op reads or makes a tensor of a type only library calls compute (complex, uint64),
+    and is not a view that keeps its dtype (a view computes nothing)."""
+    if not isinstance(node.target, torch._ops.OpOverload):
+        return False  # operator.getitem picks a result
+    metas = [node.meta.get("val")] + [a.meta.get("val") for a in node.all_input_nodes]
+    dtypes = {t.dtype for t in torch.utils._pytree.tree_flatten(metas)[0] if isinstance(t, torch.Tensor)}
+    if not any(d in LIBRARY_DTYPES for d in dtypes):
+        return False
+    tags = getattr(node.target, "tags", ())
+    returns = getattr(getattr(node.target, "_schema", None), "returns", ())
+    is_view = torch.Tag.inplace_view in tags or (len(returns) == 1 and returns[0].alias_info is not None
+                                                  and not returns[0].alias_info.is_write)
+    return not (is_view and len(dtypes) == 1) or node.target in LAZY_VIEWS
+
+
+LIBRARY_DTYPES = {d.torch for d in DType if d.library_only}
+# views that mark their values conjugated or negated rather than move them: the IR's views
+# only move values, so a library call makes them
+LAZY_VIEWS = (torch.ops.aten._conj.default, torch.ops.aten._neg_view.default)
 
 
 def _data_dependent(value) -> bool:

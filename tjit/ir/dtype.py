@@ -1,4 +1,7 @@
-"""Graph-level element types (no pointers or vectors exist at this level)."""
+"""Graph-level element types (no pointers or vectors exist at this level).
+
+Complex types and uint64 have no Triton type: only library calls compute them (they are
+read and written as memory, never loaded by a kernel)."""
 from __future__ import annotations
 
 import enum
@@ -19,6 +22,10 @@ class DType(enum.Enum):
     bfloat16 = "bfloat16"
     float32 = "float32"
     float64 = "float64"
+    complex32 = "complex32"
+    complex64 = "complex64"
+    complex128 = "complex128"
+    uint64 = "uint64"
 
     @staticmethod
     def from_torch(dtype: torch.dtype) -> "DType":
@@ -34,7 +41,19 @@ class DType(enum.Enum):
     @property
     def triton(self) -> str:
         """The `tl.<name>` spelling of this type."""
+        if self.library_only:
+            raise UnsupportedOpError(f"dtype {self.torch}", "a kernel would compute it: tjit computes this type in "
+                                     "library calls only")
         return "int1" if self is DType.bool else self.value
+
+    @property
+    def library_only(self) -> bool:
+        """A type no kernel computes: library calls produce and consume it."""
+        return self.is_complex or self is DType.uint64
+
+    @property
+    def is_complex(self) -> bool:
+        return self in (DType.complex32, DType.complex64, DType.complex128)
 
     @property
     def itemsize(self) -> int:

@@ -319,7 +319,7 @@ class Executable:
             return spec.value
         if spec.kind == "computed":
             out = memory[("output", spec.name)]
-            return out if spec.view is None else out.as_strided(*spec.view)
+            return spec.returned(out if spec.view is None else out.as_strided(*spec.view))
         base = memory[spec.name] if spec.kind == "input_alias" else done[spec.index]
         offset = base.storage_offset() + spec.offset if spec.kind == "input_alias" else spec.offset
         if (tuple(base.shape), tuple(base.stride()), base.storage_offset()) == (spec.shape, spec.stride, offset):

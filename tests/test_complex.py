@@ -1,0 +1,110 @@
+"""Complex and uint64 tensors: types only library calls compute. Inputs, outputs, views and
+intermediates of those types never reach a kernel; the real-valued work around them still
+fuses. Gradients through complex values are refused by name."""
+import pytest
+import torch
+
+import tjit
+from tjit.ir import DType
+
+from helpers import check_against_eager
+
+
+def cplx(*shape, dtype=torch.complex64):
+    return torch.randn(*shape, dtype=dtype)
+
+
+PROGRAMS = {
+    "fft": (lambda x: torch.fft.fft(x), lambda: (torch.randn(7, 1201),)),
+    "rfft_of_transposed": (lambda x: torch.fft.rfft(x.t() * 2), lambda: (torch.randn(301, 9),)),
+    "irfft": (lambda x: torch.fft.irfft(torch.fft.rfft(x), n=x.shape[-1]) - x, lambda: (torch.randn(5, 1031),)),
+    "fft2_abs_fuses_around": (lambda x: torch.fft.fft2(x + 1).abs() * 2 + x, lambda: (torch.randn(3, 33, 35),)),
+    "conj_product": (lambda c: c * c.conj() + 1, lambda: (cplx(40, 37),)),
+    "real_and_imag": (lambda c: c.real * 2 + c.imag, lambda: (cplx(1100, 3),)),
+    "view_as_real_sum": (lambda c: torch.view_as_real(c).sum(-1), lambda: (cplx(50, 41),)),
+    "view_as_complex": (lambda x: torch.view_as_complex(x.view(x.shape[0], -1, 2)) * (1 + 2j),
+                        lambda: (torch.randn(30, 42),)),
+    "views_of_a_complex_input": (lambda c: (c.t()[1], c[:, ::2].t()), lambda: (cplx(9, 11),)),
+    "complex128": (lambda c: (c * c).sum(0), lambda: (cplx(17, 5, dtype=torch.complex128),)),
+    "to_complex": (lambda x: x.cfloat() * 1j + x.cdouble().real.float(), lambda: (torch.randn(20, 3),)),
+    "chalf": (lambda x: x.chalf(), lambda: (torch.randn(20, 3),)),
+    "polar": (lambda a, t: torch.polar(a, t), lambda: (torch.rand(7, 9), torch.randn(7, 9))),
+    "write_a_row_of_a_complex_intermediate": (lambda c: _row_write(c), lambda: (cplx(6, 37),)),
+    "write_a_whole_complex_intermediate": (lambda c: (c * 2).mul_(1j) + 1, lambda: (cplx(6, 37),)),
+    "empty": (lambda c: c * 2, lambda: (cplx(0, 5),)),
+    "hash_tensor": (lambda x: torch.hash_tensor(x * 2, dim=1), lambda: (torch.randn(9, 300),)),
+}
+
+
+def _row_write(c):
+    d = c * 2
+    first = d[0]
+    d[0].mul_(3)
+    return first + 1, d.sum(0)
+
+
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_programs_with_complex_and_uint64_values_match_eager(name, fresh_seed):
+    fn, make = PROGRAMS[name]
+    check_against_eager(fn, *make())
+
+
+def test_complex_outputs_have_eagers_layout(fresh_seed):
+    c = cplx(9, 11)
+    got, expected = tjit.compile(lambda c: (c * 2).t())(c), (c * 2).t()
+    assert got.dtype == torch.complex64 and got.stride() == expected.stride()
+    torch.testing.assert_close(got, expected)
+
+
+def test_real_work_around_a_complex_call_still_fuses(fresh_seed):
+    x = torch.randn(30, 64)
+    cf = check_against_eager(lambda x: torch.fft.rfft(x * 2 + 1).abs().sum(1), x)
+    before, calls = tjit.counters.launches, tjit.counters.library_calls
+    cf(x)
+    # the call, its abs (a call: it reads complex values), one kernel before and one after
+    assert (tjit.counters.launches - before, tjit.counters.library_calls - calls) == (2, 2)
+
+
+def test_no_kernel_is_generated_for_a_library_only_type():
+    for dtype in (DType.complex64, DType.complex128, DType.complex32, DType.uint64):
+        with pytest.raises(tjit.UnsupportedOpError, match="library calls only"):
+            dtype.triton
+
+
+def test_a_write_into_a_complex_input_is_refused():
+    c = cplx(4, 3)
+    with pytest.raises(tjit.UnsupportedOpError, match="complex64 input"):
+        tjit.compile(lambda c: c.mul_(2))(c)
+
+
+def test_a_write_into_an_input_also_read_as_another_dtype_is_refused():
+    def f(x):
+        c = torch.view_as_complex(x.view(4, 3, 2))
+        x.mul_(2)
+        return c
+    with pytest.raises(tjit.UnsupportedOpError, match="another dtype"):
+        tjit.compile(f)(torch.randn(4, 6))
+
+
+@pytest.mark.parametrize("fn", [lambda x: torch.fft.rfft(x).abs().sum(),
+                                lambda x: torch.view_as_real(torch.fft.fft(x)).sum()])
+def test_a_gradient_through_a_complex_value_is_refused(fn):
+    x = torch.randn(4, 6, requires_grad=True)
+    with pytest.raises(tjit.UnsupportedOpError, match="_fft_r2c.*gradient through a complex64 value"):
+        tjit.compile(fn)(x)
+
+
+def test_a_complex_input_that_requires_grad_is_refused():
+    c = cplx(4, 3).requires_grad_()
+    with pytest.raises(tjit.UnsupportedOpError, match="input c.*complex64"):
+        tjit.compile(lambda c: (c * 2).abs().sum())(c)
+
+
+def test_complex_work_without_gradients_beside_a_differentiated_value(fresh_seed):
+    """Complex values on inputs that need no gradient do not stop the rest from differentiating."""
+    x, y = torch.randn(5, 8, requires_grad=True), torch.randn(5, 8)
+    ours = x.detach().clone().requires_grad_()
+    f = lambda x, y: (x * torch.fft.rfft(y, n=14).abs()).sum()  # noqa: E731
+    f(x, y).backward()
+    tjit.compile(f)(ours, y).backward()
+    torch.testing.assert_close(ours.grad, x.grad)

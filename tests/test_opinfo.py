@@ -90,12 +90,9 @@ EXPECTED_FAILURES: dict[str, str] = {
     **dict.fromkeys(("cfloat", "cdouble", "chalf", "complex", "polar", "view_as_complex", "stft", "linalg.eig",
                      "linalg.eigvals") + FFT, "complex dtype: tjit has no complex element type"),
     "hash_tensor": "uint64 dtype: tjit has no element type for it",
-    **dict.fromkeys(("_unsafe_masked_index", "nn.functional.unfold"), "indexing with several index tensors"),
 }
 # OpInfo id -> why a later sample fails (strict xfail only with TJIT_OPINFO_ALL=1).
 EXPECTED_FAILURES_LATER: dict[str, str] = {
-    **dict.fromkeys(("__getitem__", "nn.functional.interpolate.nearest", "nn.functional.interpolate.nearest-exact",
-                     "nn.functional.upsample_nearest"), "indexing with several index tensors"),
 }
 
 # (opinfo id, sample index) -> why the sample is never run: it kills the process. None does

@@ -84,12 +84,8 @@ TOLERANCES: dict[str, tuple[float, float]] = {  # opinfo id -> (atol, rtol)
 
 # Expected failures, grouped by cause. "(bug)" marks a cause that is tjit's fault rather than a
 # form it refuses on purpose: an internal exception instead of UnsupportedOpError, or a wrong answer.
-FFT = tuple(f"fft.{k}{n}" for k in ("", "i", "r", "ir", "h", "ih") for n in ("fft", "fft2", "fftn"))
 # OpInfo id -> why it fails on its first SAMPLES samples (strict xfail in the default run).
 EXPECTED_FAILURES: dict[str, str] = {
-    **dict.fromkeys(("cfloat", "cdouble", "chalf", "complex", "polar", "view_as_complex", "stft", "linalg.eig",
-                     "linalg.eigvals") + FFT, "complex dtype: tjit has no complex element type"),
-    "hash_tensor": "uint64 dtype: tjit has no element type for it",
 }
 # OpInfo id -> why a later sample fails (strict xfail only with TJIT_OPINFO_ALL=1).
 EXPECTED_FAILURES_LATER: dict[str, str] = {

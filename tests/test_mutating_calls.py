@@ -161,3 +161,23 @@ def test_a_check_is_kept_when_its_result_is_differentiated(fresh_seed):
 def test_a_check_is_listed_by_explain():
     ex = tjit.explain(torch.linalg.inv, torch.randn(4, 4))
     assert "aten._linalg_check_errors.default" in [c.op for c in ex.library_calls]
+
+
+@pytest.mark.parametrize("fn", [lambda a, x: (torch.linalg.inv(a), x.mul_(2))[0],
+                                lambda a, x: (torch.linalg.inv(a), x.mul_(2), x.add_(1))[0]])
+def test_a_write_after_a_failing_check_is_not_made(fn):
+    """Eager never reaches a write that comes after a check that raises: tjit's write waits
+    for the check."""
+    bad, ours, theirs = torch.zeros(4, 4), torch.ones(1030), torch.ones(1030)
+    with pytest.raises(torch.linalg.LinAlgError):
+        fn(bad, theirs)
+    with pytest.raises(torch.linalg.LinAlgError):
+        tjit.compile(fn)(bad, ours)
+    assert torch.equal(ours, theirs)
+    good = torch.eye(4) * 2
+    check_against_eager(fn, good, torch.ones(1030))
+
+
+def test_writes_before_and_after_a_check(fresh_seed):
+    a = torch.randn(4, 4) + 4 * torch.eye(4)
+    check_against_eager(lambda a, x: (x.mul_(2), torch.linalg.inv(a), x.add_(1))[1], a, torch.randn(1030))

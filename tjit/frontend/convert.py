@@ -252,7 +252,8 @@ class Converter(ValueBuilder):
                                      "computes that type in library calls only, which write no inputs yet")
         if any(n.meta["val"].dtype != dtype for n in self._storage_nodes(key)):
             raise UnsupportedOpError(str(self.current.target), f"an in-place write into input {name!r}, which the "
-                                     "function also reads as another dtype (view_as_real, view_as_complex, view(dtype))")
+                                     "function also reads as another dtype (view_as_real, view_as_complex, "
+                                     "view(dtype))")
 
     def _tensor_operands(self, node: fx.Node, skip: fx.Node) -> list[torch.Tensor]:
         """The tensors an FX node reads, other than `skip` (the tensor it writes)."""
@@ -301,7 +302,8 @@ class Converter(ValueBuilder):
     def read_storage(self, val: torch.Tensor) -> GraphNode:
         flat = self.storages[storage_key(val)]
         if val.dtype != flat.dtype.torch:
-            raise UnsupportedOpError("view(dtype)", f"reinterpreting a written {flat.dtype!r} intermediate as {val.dtype}")
+            raise UnsupportedOpError("view(dtype)", f"reinterpreting a written {flat.dtype!r} intermediate as "
+                                     f"{val.dtype}")
         view = View(tuple(val.shape), tuple(val.stride()), val.storage_offset())
         return flat if view == flat.view else self.b.node(ViewOp(), flat.dtype, (flat,), view)
 

@@ -69,8 +69,9 @@ def library_call(cv, node: fx.Node, target, args: tuple, kwargs: dict) -> Any:
     bound_args, bound_kwargs = tree_map(placeholder, (tuple(args), dict(kwargs)))
     writes = tuple((bound_args[k] if k < len(bound_args) else bound_kwargs[arg.name]).index
                    for k, arg, _ in written)
-    call = ExternCall(target, bound_args, bound_kwargs, writes)
-    if not target._schema.returns:
+    returns_nothing = not target._schema.returns
+    call = ExternCall(target, bound_args, bound_kwargs, writes, tuple(cv.version.items()) if returns_nothing else ())
+    if returns_nothing:
         cv.effects.append(cv.b.node(Extern(call, None), DType.bool, tuple(operands), View((), ())))
         return None
     results, spec = tree_flatten(node.meta["val"])

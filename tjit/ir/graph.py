@@ -113,6 +113,9 @@ class ExternCall:
     args: tuple
     kwargs: dict
     writes: tuple[int, ...] = ()  # operand indices the op writes in place
+    # a call that returns nothing (a check): each input's version where eager runs it; a later
+    # write into an input waits for the check, which eager never reaches if the check raises
+    versions: tuple[tuple[str, int], ...] = ()
 
     @property
     def name(self) -> str:

@@ -258,7 +258,8 @@ def _levels(stores: list[Store], externs: list[ExternStep] = ()) -> dict[int, in
     Strict dependencies (the store must run in a later kernel): reading a buffer another
     store writes or a library call's result; reading an input version a mutation produces;
     writing an input that another store or a library call reads (an older version of)
-    through a different view or iteration space. Reading through the same view in the same
+    through a different view or iteration space, or that eager writes after a check (a call
+    that returns nothing) that may raise. Reading through the same view in the same
     iteration space is safe in one kernel: each lane loads its elements before it stores
     them. A library call depends strictly on whatever writes what it reads.
     """
@@ -287,7 +288,8 @@ def _levels(stores: list[Store], externs: list[ExternStep] = ()) -> dict[int, in
             yield from _write_after_read(item, stores, reads)
             name, version = item.target.mutation.name, item.target.mutation.version
             yield from ((e, True) for e in externs
-                        if any(reads_older_version(op, name, version) for op, _ in reads[id(e)]))
+                        if any(reads_older_version(op, name, version) for op, _ in reads[id(e)])
+                        or version > dict(e.call.versions).get(name, version))  # a check eager runs first
 
     def visit(item) -> int:
         if id(item) not in level:

@@ -1,4 +1,5 @@
-"""Test harness: interpreter mode, poisoned outputs, and an sm_90 compile of every kernel.
+"""Test harness: interpreter mode, poisoned outputs, the pipeline's verifiers between its
+passes (TJIT_VERIFY, tjit/pipeline.py), and an sm_90 compile of every kernel.
 
 TRITON_INTERPRET must be set before triton is imported, so it is set here, first.
 Every kernel a test launches is also compiled for Hopper (sm_90) after the test and must
@@ -8,6 +9,7 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ["TJIT_POISON"] = "1"
+os.environ["TJIT_VERIFY"] = "1"
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 
 import pytest  # noqa: E402

@@ -17,7 +17,7 @@ import torch
 from ..errors import CompileArgumentError
 from ..frontend.convert import Conversion, OutputSpec
 from ..ir import contiguous_strides
-from ..lower import lower
+from ..pipeline import build_program
 from ..runtime.executor import Executable
 from .backward import AutogradPlan, GradLayout, backward_graph, incoming_grad_name
 
@@ -39,7 +39,7 @@ class GradExecutable:
         strides.update({name: contiguous_strides(node.shape) for name, node in plan.saved.items()})
         forward = Conversion(graph, conversion.outputs, conversion.output_tree, conversion.constants,
                              conversion.eager_ops)
-        self.forward = Executable(forward, lower(graph, strides, strategies, device), tape=list(plan.saved))
+        self.forward = Executable(forward, build_program(graph, strides, strategies, device), tape=list(plan.saved))
         self.output_names = [s.name for s in conversion.outputs if s.kind == "computed"]
         self._backward: dict[tuple, object] = {}
         self._lock = threading.Lock()
@@ -100,8 +100,8 @@ class GradExecutable:
         specs = [OutputSpec("computed", name=name, shape=node.shape, stride=contiguous_strides(node.shape))
                  for name, node in graph.outputs.items()]
         tree = torch.utils._pytree.tree_flatten([0] * len(specs))[1]
-        lowered = lower(graph, {s.name: s.stride for s in specs}, device=self.device)
-        executable = Executable(Conversion(graph, specs, tree, found.constants, 0), lowered)
+        program = build_program(graph, {s.name: s.stride for s in specs}, device=self.device)
+        executable = Executable(Conversion(graph, specs, tree, found.constants, 0), program)
         self._backward[key] = _Backward(executable, found.scatters, found.zeros)
         return self._backward[key]
 

@@ -20,10 +20,10 @@ from .. import debug
 from ..autograd.backward import may_differ_from_eager, plan_autograd
 from ..autograd.function import GradExecutable
 from ..errors import CompileArgumentError, SplitError, UnsupportedOpError
-from ..frontend.trace import CONTAINERS, eager_gradient_paths, flatten_arguments, holds_tensors, trace
+from ..frontend.trace import CONTAINERS, eager_gradient_paths, flatten_arguments, holds_tensors
 from ..ir import AxisStrategy
-from ..lower import lower
 from ..memory.donation import DonatedTensor
+from ..pipeline import build_program, trace_and_convert
 from .counters import counters
 from .executor import Executable
 from .interpreter import check_device
@@ -115,7 +115,7 @@ class CompiledFunction:
         grad_inputs = _grad_inputs(flat)
         device = _device_type(flat)
         try:
-            conversion = trace(self.fn, *_detached((args, kwargs)))  # the forward only: tjit differentiates it
+            conversion = trace_and_convert(self.fn, *_detached((args, kwargs)))  # the forward: tjit differentiates it
         except SplitError as e:
             if not self.split_data_dependent or self.donate:
                 raise
@@ -132,9 +132,10 @@ class CompiledFunction:
             t2 = time.perf_counter()
         else:
             strides = {s.name: s.stride for s in conversion.outputs if s.kind == "computed"}
-            lowered = lower(conversion.graph, strides, self.axis_strategies, device)
+            program = build_program(conversion.graph, strides, self.axis_strategies, device,
+                                    self._donations(conversion, args, kwargs))
             t2 = time.perf_counter()
-            executable = Executable(conversion, lowered, self._donations(conversion, args, kwargs))
+            executable = Executable(conversion, program)
         t3 = time.perf_counter()
         entry = CompiledEntry(executable, t1 - t0, t2 - t1, t3 - t2, conversion.eager_ops)
         self._cache[key] = entry

@@ -18,11 +18,11 @@ from .. import debug
 from ..autograd import tape
 from ..errors import CompileArgumentError
 from ..frontend.convert import Conversion, OutputSpec
-from ..lower import LibraryPlan, LoweredGraph
+from ..lower import LibraryPlan
 from ..lower.codegen import ZERO_DIV_FLAG, BufferRef, KernelPlan
 from ..lower import gpu_compile
-from ..memory.donation import give_up, last_read_step, place_in_donated
-from ..memory.liveness import plan_memory, plan_slab
+from ..memory.donation import give_up
+from ..pipeline import Program
 from ..memory.slab import POOL, Slab
 from .counters import counters
 from .interpreter import interpreting
@@ -47,10 +47,12 @@ class Launch:
 
 
 class Executable:
-    def __init__(self, conversion: Conversion, lowered: LoweredGraph, donated: dict = None, tape: Sequence[str] = ()):
+    """Runs a Program (tjit/pipeline.py): binds memory, launches its steps in order."""
+
+    def __init__(self, conversion: Conversion, program: Program, tape: Sequence[str] = ()):
         """tape: names of graph outputs that are kept for backward rather than returned;
         each call allocates them together in one tape block (see tjit.autograd.tape)."""
-        self.conversion, self.lowered = conversion, lowered
+        self.conversion, self.program = conversion, program
         self.graph = conversion.graph
         self.tape = [(name, self.graph.outputs[name]) for name in tape]
         self._constant_copies: dict[torch.device, dict[str, torch.Tensor]] = {}
@@ -58,13 +60,7 @@ class Executable:
         # the steps in order: kernel launches, and library calls (LibraryPlans, run as they are)
         self.launches = [p if isinstance(p, LibraryPlan) else
                          Launch(p, load_kernel(p), list(p.buffers) + list(p.scalar_args), self._constexprs(p))
-                         for p in lowered.steps if p.writes_anything]
-        # every intermediate at a planned offset in one slab (see tjit.memory), except those a
-        # donated input's memory can hold once the kernels are done reading it
-        self.memory_plan, self.slab_buffers = plan_memory([_plan(step) for step in self.launches])
-        self.donated: dict[str, list[tuple]] = {}  # input name -> (buffer, offset in its memory)
-        if donated:
-            self._plan_donations(donated)
+                         for p in program.steps]
         self._slabs: dict[tuple, Slab] = {}
         # kernels with checks take a status word; it is read after the call (one sync) when a
         # check is made: always in the interpreter, only index checks in compiled kernels
@@ -119,17 +115,22 @@ class Executable:
             memory["counter"].zero_()  # a grid reduction cut short must not skew the next call's count
             raise
 
-    def _plan_donations(self, donated: dict) -> None:
-        """donated: input name -> its size in bytes. Buffers placed in a donated input leave
-        the slab, which is planned again without them."""
-        plans = [_plan(step) for step in self.launches]
-        remaining = list(self.slab_buffers)
-        for name, capacity in donated.items():
-            placed = place_in_donated(remaining, last_read_step(plans, name) + 1, capacity)
-            self.donated[name] = [(b, placed[b.key]) for b in remaining if b.key in placed]
-            remaining = [b for b in remaining if b.key not in placed]
-        self.slab_buffers = remaining
-        self.memory_plan = plan_slab(remaining)
+    # what explain(), the logs and the benchmarks read
+    @property
+    def lowered(self) -> Program:
+        return self.program
+
+    @property
+    def memory_plan(self):
+        return self.program.memory
+
+    @property
+    def slab_buffers(self):
+        return self.program.slab_buffers
+
+    @property
+    def donated(self) -> dict:
+        return self.program.donated
 
     def _donated_views(self, tensors) -> dict:
         views = {}

@@ -1,0 +1,173 @@
+"""The compiler's passes, in order. Every compiled form goes through them: a function's
+forward, its backward (autograd/backward.py builds the backward's IR graph, which enters at
+`partition`), and what `tjit.explain` shows.
+
+    trace      fn + example args  -> aten FX graph         frontend/trace.py (make_fx)
+    convert    aten FX graph      -> IR Graph, outputs     frontend/convert.py + op tables
+    partition  IR Graph           -> ordered steps:        lower/fusion.py
+                                     KernelGroups (fused) and ExternSteps (library calls)
+    codegen    each step          -> KernelPlan (axis      lower/schedule.py, codegen.py;
+                                     mapping, Triton text)  lower/library.py for calls
+               or LibraryPlan
+    memory     the steps          -> slab offsets of every memory/liveness.py, planner.py,
+                                     intermediate; donated  donation.py
+                                     memory
+    Program    all of the above, which the runtime runs (runtime/executor.py) and nothing
+               else decides: the runtime only binds memory and launches.
+
+Each pass is a function from one stage's data to the next. With TJIT_VERIFY=1 (the test
+suite sets it) a verifier checks each stage's data before the next pass reads it.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Optional, Sequence, Union
+
+from .errors import TjitError
+from .frontend.convert import Conversion
+from .frontend.trace import trace
+from .ir import AxisStrategy, Graph, GraphNode, Input, toposort
+from .lower import LibraryPlan, lower
+from .lower.codegen import KernelPlan
+from .lower.fusion import KernelGroup
+from .memory import MemoryPlan
+from .memory.donation import last_read_step, place_in_donated
+from .memory.liveness import SlabBuffer, plan_memory, plan_slab
+
+StrategyMap = Mapping[str, Sequence[AxisStrategy]]
+Step = Union[KernelPlan, LibraryPlan]
+
+
+@dataclass
+class Program:
+    """What runs for one compiled form: the steps in order and where their memory is."""
+    graph: Graph
+    steps: list[Step]  # kernels and library calls, in the order they run (each writes something)
+    groups: list[KernelGroup]  # the fused stores of each kernel
+    buffers: list[GraphNode]  # materialised intermediates
+    memory: MemoryPlan  # the slab: offsets of the buffers that live there
+    slab_buffers: list[SlabBuffer]
+    # donated input name -> (buffer, byte offset in its memory) for the buffers placed there
+    donated: dict[str, list[tuple[SlabBuffer, int]]] = field(default_factory=dict)
+
+    @property
+    def kernels(self) -> list[KernelPlan]:
+        return [s for s in self.steps if isinstance(s, KernelPlan)]
+
+    @property
+    def library_calls(self) -> list[LibraryPlan]:
+        return [s for s in self.steps if isinstance(s, LibraryPlan)]
+
+
+# -- the passes ------------------------------------------------------------------------------------
+def trace_and_convert(fn: Callable, args: tuple, kwargs: dict) -> Conversion:
+    """trace + convert: the function's IR graph and how its results are made."""
+    conversion = trace(fn, args, kwargs)
+    verify("convert", verify_graph, conversion.graph)
+    return conversion
+
+
+def build_program(graph: Graph, output_strides: dict[str, tuple[int, ...]], strategies: Optional[StrategyMap] = None,
+                  device: str = "cuda", donated: Optional[dict[str, int]] = None) -> Program:
+    """partition + codegen + memory: the Program of an IR graph. output_strides: the layout
+    of each graph output; donated: input name -> bytes of its memory the caller gives up."""
+    verify("convert", verify_graph, graph)
+    lowered = lower(graph, output_strides, strategies, device)
+    steps = [s for s in lowered.steps if s.writes_anything]
+    verify("codegen", verify_steps, graph, steps)
+    memory, slab_buffers = plan_memory(steps)
+    program = Program(graph, steps, lowered.groups, lowered.buffers, memory, slab_buffers)
+    if donated:
+        place_donated(program, donated)
+    verify("memory", verify_memory, program)
+    return program
+
+
+def place_donated(program: Program, donated: dict[str, int]) -> None:
+    """Buffers born after the last read of a donated input live in its memory; the slab is
+    planned again without them."""
+    remaining = list(program.slab_buffers)
+    for name, capacity in donated.items():
+        placed = place_in_donated(remaining, last_read_step(program.steps, name) + 1, capacity)
+        program.donated[name] = [(b, placed[b.key]) for b in remaining if b.key in placed]
+        remaining = [b for b in remaining if b.key not in placed]
+    program.slab_buffers = remaining
+    program.memory = plan_slab(remaining)
+
+
+# -- verifiers between the passes ---------------------------------------------------------------------
+class VerifyError(TjitError, AssertionError):
+    """A pass handed the next one data that breaks an invariant: a bug in tjit."""
+
+
+def verifying() -> bool:
+    return os.environ.get("TJIT_VERIFY") == "1"
+
+
+def verify(stage: str, check: Callable, *data) -> None:
+    if verifying():
+        problem = check(*data)
+        if problem:
+            raise VerifyError(f"after {stage}: {problem}")
+
+
+def verify_graph(graph: Graph) -> Optional[str]:
+    """IR invariants: views read only leaves (inputs, literals, buffers, calls' results),
+    elementwise operands have the node's shape, every input read is a declared input."""
+    from .ir import Contiguous, Elementwise, Extern, ViewOp
+    declared = set(graph.input_names)
+    for node in toposort(graph.roots()):
+        if isinstance(node.op, Input) and node.op.name not in declared:
+            return f"input {node.op.name!r} is read but not an input of the graph"
+        if isinstance(node.op, Elementwise) and any(s.shape != node.shape for s in node.src):
+            return f"{node.op.op}: operand shapes {[s.shape for s in node.src]} differ from {node.shape}"
+        if isinstance(node.op, ViewOp) and isinstance(node.src[0].op, (Elementwise, ViewOp)):
+            return f"a view of a {type(node.src[0].op).__name__} (views are pushed to the leaves)"
+        if isinstance(node.op, (Contiguous, Extern)) and node.view.numel != _numel(node.shape):
+            return f"{type(node.op).__name__} node with view {node.view} of another size than its shape"
+    return None
+
+
+def verify_steps(graph: Graph, steps: list[Step]) -> Optional[str]:
+    """Every buffer a step reads was written by an earlier step (inputs are bound by the
+    caller); no step writes an input the graph does not write."""
+    written: set[int] = set()
+    mutated = {m.name for m in graph.mutations}
+    for k, step in enumerate(steps):
+        for access in step.accesses:
+            ref = access.buffer
+            if ref.kind == "buffer" and not access.store and id(ref.node) not in written:
+                return f"step {k} ({step.name}) reads buffer {ref.name or ref.node.op} before any step writes it"
+            if ref.kind == "input" and access.store and ref.name not in mutated:
+                return f"step {k} ({step.name}) writes input {ref.name!r}, which the function does not write"
+        written.update(id(a.buffer.node) for a in step.accesses if a.store and a.buffer.kind == "buffer")
+    return None
+
+
+def verify_memory(program: Program) -> Optional[str]:
+    """The slab plan keeps every two buffers that are live at once apart (planner's check),
+    and every buffer a step reads lives somewhere."""
+    try:
+        program.memory.check()
+    except Exception as e:
+        return f"slab plan: {e}"
+    placed = {b.key for b in program.slab_buffers} | {b.key for v in program.donated.values() for b, _ in v}
+    for k, step in enumerate(program.steps):
+        for access in step.accesses:
+            ref = access.buffer
+            if ref.kind == "buffer" and not _torch_allocated(ref.node) and ("buffer", id(ref.node)) not in placed:
+                return f"step {k} ({step.name}) accesses a buffer that has no place in memory"
+    return None
+
+
+def _torch_allocated(node: GraphNode) -> bool:
+    from .ir import Extern
+    return isinstance(node.op, Extern)  # a library call's result: torch allocates it
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n

@@ -61,10 +61,27 @@ def test_rrelu_in_training_mode_scales_negatives_within_bounds(fresh_seed):
     assert ratio.min() >= 0.1 - 1e-6 and ratio.max() <= 0.3 + 1e-6 and ratio.std() > 0.01
 
 
-def test_a_gradient_through_a_random_call_is_refused_by_name():
-    x = torch.randn(20, requires_grad=True)
-    with pytest.raises(tjit.UnsupportedOpError, match="rrelu_with_noise.*random"):
-        tjit.compile(lambda x: F.rrelu(x, training=True))(x)
+def test_rrelu_gradient_uses_the_slopes_of_the_forward(fresh_seed):
+    """The derivative runs rrelu_with_noise again with the seed the forward ran with."""
+    x = torch.randn(50, 41, requires_grad=True)
+    f = tjit.compile(lambda x: F.rrelu(x, 0.1, 0.3, training=True) * 2)
+    y = f(x)
+    y.sum().backward()
+    neg = x < 0
+    torch.testing.assert_close(x.grad[neg], (y / x).detach()[neg])
+    torch.testing.assert_close(x.grad[~neg], torch.full_like(x.grad[~neg], 2.0))
+    assert not torch.equal(f(x), y), "each call draws new slopes"
+
+
+def test_the_gradient_through_what_a_random_op_overwrites_is_zero(fresh_seed):
+    x = torch.randn(30, 7, requires_grad=True)
+    ours = x.detach().clone().requires_grad_()
+
+    def f(x):
+        return ((x * 2).normal_() + x).sum()
+    f(x).backward()
+    tjit.compile(f)(ours).backward()
+    torch.testing.assert_close(ours.grad, x.grad)
 
 
 def _batch_norm_args(c=5):

@@ -69,8 +69,13 @@ def library_call(cv, node: fx.Node, target, args: tuple, kwargs: dict) -> Any:
     bound_args, bound_kwargs = tree_map(placeholder, (tuple(args), dict(kwargs)))
     writes = tuple((bound_args[k] if k < len(bound_args) else bound_kwargs[arg.name]).index
                    for k, arg, _ in written)
+    seed = None
+    if _differentiable_random(target, operands, writes):
+        operands.append(draw_seed(cv, operands))
+        seed = len(operands) - 1
     returns_nothing = not target._schema.returns
-    call = ExternCall(target, bound_args, bound_kwargs, writes, tuple(cv.version.items()) if returns_nothing else ())
+    call = ExternCall(target, bound_args, bound_kwargs, writes, tuple(cv.version.items()) if returns_nothing else (),
+                      seed)
     if returns_nothing:
         cv.effects.append(cv.b.node(Extern(call, None), DType.bool, tuple(operands), View((), ())))
         return None
@@ -95,6 +100,31 @@ def library_call(cv, node: fx.Node, target, args: tuple, kwargs: dict) -> Any:
             nodes.append(cv.b.node(Extern(call, k), DType.from_torch(result.dtype), tuple(operands), view))
         k += 1
     return tree_unflatten(nodes, spec)
+
+
+def _differentiable_random(target, operands: list[GraphNode], writes: tuple[int, ...]) -> bool:
+    """A random op with a float operand it reads (rrelu's input): its derivative runs it
+    again, which must draw the same numbers."""
+    return torch.Tag.nondeterministic_seeded in target.tags and \
+        any(o.dtype.is_float for k, o in enumerate(operands) if k not in writes)
+
+
+@dataclass(frozen=True)
+class DrawSeed:
+    """A seed for one random call, drawn from torch's generator of the device of its operand
+    (the random op's input, read for nothing else: a call's result computed from an operand is
+    saved for backward, where a value computed from nothing would be drawn again)."""
+
+    def __call__(self, operand: torch.Tensor) -> torch.Tensor:
+        return torch.randint(0, 2 ** 62, (), dtype=torch.int64, device=operand.device)
+
+    def __str__(self) -> str:
+        return "draw_seed"
+
+
+def draw_seed(cv, operands: list[GraphNode]) -> GraphNode:
+    anchor = next(o for o in operands if o.dtype.is_float)
+    return cv.b.node(Extern(ExternCall(DrawSeed(), (Operand(0),), {}), 0), DType.int64, (anchor,), View((), ()))
 
 
 def written_arguments(node: fx.Node, target) -> list[tuple[int, Any, fx.Node]]:
@@ -213,11 +243,8 @@ def library_call_gradient(vb, node: GraphNode, grad: GraphNode, value, wanted) -
     wrt = tuple(k for k, s in enumerate(node.src) if s.dtype.is_float and wanted(s))
     if not wrt:
         return [None] * len(node.src)
-    target = node.op.call.target
-    if torch.Tag.nondeterministic_seeded in getattr(target, "tags", ()):
-        # the derivative runs the op again, which would draw other random numbers
-        raise UnsupportedOpError(str(target), "a gradient through a random op run as a library call (rrelu in "
-                                 "training mode): its derivative would draw other random numbers")
+    # (the derivative runs the op again: a random op draws the same numbers from its seed, or
+    # has no operand it reads besides those it overwrites, whose gradient is zero whatever it draws)
     operands = tuple(in_memory(vb, v) for v in forward_operands(vb, node, wrt, value)) + (in_memory(vb, grad),)
     call = ExternCall(ExternGradient(node.op.call, node.op.index, wrt), tuple(Operand(k) for k in range(len(operands))),
                       {})

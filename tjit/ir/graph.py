@@ -116,6 +116,9 @@ class ExternCall:
     # a call that returns nothing (a check): each input's version where eager runs it; a later
     # write into an input waits for the check, which eager never reaches if the check raises
     versions: tuple[tuple[str, int], ...] = ()
+    # a random op whose derivative runs it again: the operand holding the seed it runs with
+    # (drawn by a call of its own), so the derivative draws the same numbers
+    seed: Optional[int] = None
 
     @property
     def name(self) -> str:

@@ -2,6 +2,8 @@
 and leave its results where the kernels after it read them."""
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
@@ -36,8 +38,25 @@ def call_results(call: ExternCall, operands: list[torch.Tensor]) -> list[torch.T
     def bind(arg):
         return copies.get(arg.index, operands[arg.index]) if isinstance(arg, Operand) else arg
 
-    result = call.target(*tree_map(bind, call.args), **tree_map(bind, call.kwargs))
+    if call.seed is None:
+        result = call.target(*tree_map(bind, call.args), **tree_map(bind, call.kwargs))
+    else:
+        with seeded(operands[call.seed], operands):
+            result = call.target(*tree_map(bind, call.args), **tree_map(bind, call.kwargs))
     return [t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)] + [copies[k] for k in call.writes]
+
+
+@contextlib.contextmanager
+def seeded(seed: torch.Tensor, operands: list[torch.Tensor]):
+    """Torch's generators of the operands' devices seeded with `seed` inside, as they were
+    outside: a random call run again with the same seed (its derivative) draws the same numbers."""
+    cuda = sorted({t.device.index or 0 for t in operands if t.is_cuda})
+    with torch.random.fork_rng(devices=cuda):
+        value = int(seed)
+        torch.default_generator.manual_seed(value)
+        for index in cuda:
+            torch.cuda.default_generators[index].manual_seed(value)
+        yield
 
 
 def run_library_call(plan: LibraryPlan, memory: dict) -> None:

@@ -235,7 +235,7 @@ class Converter(ValueBuilder):
             base = self.input_meta[name]
             self.forwarded[name] = value if view == View(tuple(base.shape), tuple(base.stride())) else None
             return value
-        if key in self.storages or self._other_views_read_later(target, key):
+        if val.numel() and (key in self.storages or self._other_views_read_later(target, key)):
             self.storages[key] = self.storage_after_write(target, key, value)
             return value
         for node in self.same_tensor_nodes(target, key):

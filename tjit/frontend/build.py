@@ -99,6 +99,11 @@ class ValueBuilder:
         if isinstance(node.op, Elementwise):
             src = [self.gather(s, axis, index, wrap_negative, what) for s in node.src]
             return self.b.node(node.op, node.dtype, tuple(src), View.contiguous(shape))
+        if isinstance(node.op, Window):  # a padded value gathered: its source read at the coordinates
+            index = self.cast(index, DType.int64)
+            coords = [(index if in_range else in_range_or_minus_one(self, index, node.shape[axis], wrap_negative))
+                      if d == axis else self.cast(self.coordinate(shape, d), DType.int64) for d in range(len(shape))]
+            return self._read_window_at(node, coords, not in_range, what)
         if isinstance(node.op, ViewOp) and node.view.strides[axis] == 0 and \
                 (isinstance(node.src[0].op, (Const, Reduce)) or self.indices_checked):
             # a literal or a row value, constant along the axis: any in-range index reads the
@@ -151,7 +156,7 @@ class ValueBuilder:
             new = apply_view_desc(node.view, desc)
             if new is not None:
                 return self.b.node(Iota(), node.dtype, (), new)
-            node = self.materialize(node)
+            return self._reshaped_iota(node, desc[1])
         if isinstance(node.op, Window):
             found = self.view_window(node, desc)
             if found is not None:
@@ -187,8 +192,26 @@ class ValueBuilder:
             new = apply_view_desc(node.view, desc)
         return node if new == node.view else self.b.node(ViewOp(), node.dtype, (node,), new)
 
+    def _reshaped_iota(self, node: GraphNode, shape) -> GraphNode:
+        """A reshape no strided view expresses (merging permuted axes), as arithmetic: each
+        old coordinate from the row-major position in the new shape."""
+        shape = _infer_reshape(tuple(shape), node.view.numel)
+        position = self.iota(View.contiguous(shape), DType.int64)
+        value, inner = self.expand_to(self.const(node.view.offset, DType.int64), shape), 1
+        for n, st in reversed(list(zip(node.shape, node.view.strides))):
+            if st and n > 1:
+                c = self.elementwise("floordiv", [position, self.expand_to(self.const(inner, DType.int64), shape)],
+                                     DType.int64) if inner > 1 else position
+                c = self.elementwise("rem", [c, self.expand_to(self.const(n, DType.int64), shape)], DType.int64)
+                value = self.elementwise("add", [value, self.elementwise(
+                    "mul", [c, self.expand_to(self.const(st, DType.int64), shape)], DType.int64)], DType.int64)
+            inner *= n
+        return self.cast(value, node.dtype)
+
     def _try_view(self, node: GraphNode, desc: ViewFn) -> Optional[GraphNode]:
-        if isinstance(node.op, (ViewOp, Input, Const, Contiguous, Reduce, Extern, Iota)):
+        if isinstance(node.op, Iota):
+            return self.view(node, desc)
+        if isinstance(node.op, (ViewOp, Input, Const, Contiguous, Reduce, Extern)):
             return None if apply_view_desc(node.view, desc) is None else self.view(node, desc)
         if isinstance(node.op, Window):
             return self.view(node, desc) if self.view_window(node, desc) is not None else None
@@ -269,6 +292,32 @@ class ValueBuilder:
         if not _reads_memory(node):  # a reduction, an indexed read, an integer division that checks
             node = self.materialize(node)  # its divisor: read from memory, so no lane computes garbage
         return self.b.node(Window(low, _coerce_scalar(0, node.dtype)), node.dtype, (node,), View.contiguous(shape))
+
+    def _read_window_at(self, node: GraphNode, coords: list[GraphNode], checked: bool, what: str) -> GraphNode:
+        """A Window read at computed coordinates: its source read there, shifted and clamped
+        into range (the lanes outside the window take the fill; a checked read's -1 stays)."""
+        shape = coords[0].shape
+        src, low = node.src[0], node.op.low
+
+        def num(v):
+            return self.expand_to(self.const(v, DType.int64), shape)
+
+        def ew(op, *xs, dtype=DType.int64):
+            return self.elementwise(op, list(xs), dtype)
+
+        bad = ew("lt", self.elementwise("min", list(_lowest(self, coords)), DType.int64), num(0), dtype=DType.bool) \
+            if checked else None
+        inside, moved = None, []
+        for c, lo, n in zip(coords, low, src.shape):
+            c = ew("add", c, num(-lo)) if lo else c
+            test = ew("logical_and", ew("ge", c, num(0), dtype=DType.bool), ew("lt", c, num(n), dtype=DType.bool),
+                      dtype=DType.bool)
+            inside = test if inside is None else ew("logical_and", inside, test, dtype=DType.bool)
+            c = ew("min", ew("max", c, num(0)), num(n - 1))
+            moved.append(ew("where", bad, num(-1), c) if checked else c)
+        value = self.read_at(src, moved, checked, what)
+        fill = self.expand_to(self.const(node.op.fill, node.dtype), shape)
+        return self.elementwise("where", [inside, value, fill], node.dtype)
 
     def view_window(self, node: GraphNode, desc: ViewFn) -> Optional[GraphNode]:
         """A movement op applied to a Window: to its source and its offsets, axis by axis
@@ -395,7 +444,9 @@ class ValueBuilder:
             found = self.b.node(node.op, node.dtype, tuple(src), View.contiguous(shape))
             if not checked or _checks_an_index(found):
                 return found
-        if not _reads_memory(node) or isinstance(node.op, Window):
+        if isinstance(node.op, Window):
+            return self._read_window_at(node, coords, checked, what)
+        if not _reads_memory(node):
             node = self.materialize(node)
         view = node.view
         if not checked and not any(st and size > 1 for size, st in zip(view.shape, view.strides)):
@@ -403,11 +454,15 @@ class ValueBuilder:
                 node = self.view(node, ("select", d, 0))
             return self.expand_to(node, shape)
         base = node.src[0] if isinstance(node.op, ViewOp) else node
-        offset = self.expand_to(self.const(view.offset, DType.int64), shape)
+        offset = None
         for c, size, st in zip(coords, view.shape, view.strides):
             if st and size > 1:
-                step = self.elementwise("mul", [c, self.expand_to(self.const(st, DType.int64), shape)], DType.int64)
-                offset = self.elementwise("add", [offset, step], DType.int64)
+                step = c if st == 1 else \
+                    self.elementwise("mul", [c, self.expand_to(self.const(st, DType.int64), shape)], DType.int64)
+                offset = step if offset is None else self.elementwise("add", [offset, step], DType.int64)
+        if offset is None or view.offset:
+            start = self.expand_to(self.const(view.offset, DType.int64), shape)
+            offset = start if offset is None else self.elementwise("add", [offset, start], DType.int64)
         if checked:  # a coordinate out of range arrives as -1: keep it out of range
             bad = self.elementwise("lt", [self.elementwise("min", list(_lowest(self, coords)), DType.int64),
                                           self.expand_to(self.const(0, DType.int64), shape)], DType.bool)

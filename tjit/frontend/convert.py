@@ -297,7 +297,7 @@ class Converter(ValueBuilder):
 
     # -- intermediate storages written through views -----------------------------------------
     # As functionalisation does: the storage's contents are a value (a flat buffer); a write
-    # through a view makes a new one (a library call), and every later read
+    # through a view makes a new one (a library call, WriteThroughView), and every later read
     # of any view of the storage reads that view of the newest contents.
     def read_storage(self, val: torch.Tensor) -> GraphNode:
         flat = self.storages[storage_key(val)]

@@ -80,13 +80,7 @@ def library_call(cv, node: fx.Node, target, args: tuple, kwargs: dict) -> Any:
         cv.effects.append(cv.b.node(Extern(call, None), DType.bool, tuple(operands), View((), ())))
         return None
     results, spec = tree_flatten(node.meta["val"])
-    n_results = sum(isinstance(r, torch.Tensor) for r in results)
-    copies = {}  # alias set of a written argument -> the call's copy of it, after the call
-    for j, ((_, arg, fx_arg), k) in enumerate(zip(written, writes)):
-        src = operands[k]
-        copies[frozenset(arg.alias_info.before_set) if arg.alias_info else None] = copy = \
-            cv.b.node(Extern(call, n_results + j), src.dtype, tuple(operands), View.contiguous(src.shape))
-        cv.assign(fx_arg, copy)
+    copies = _write_back(cv, call, operands, written, sum(isinstance(r, torch.Tensor) for r in results))
     nodes, k = [], 0
     for result, returned in zip(results, _returns_per_result(target, results)):
         if not isinstance(result, torch.Tensor):
@@ -100,6 +94,18 @@ def library_call(cv, node: fx.Node, target, args: tuple, kwargs: dict) -> Any:
             nodes.append(cv.b.node(Extern(call, k), DType.from_torch(result.dtype), tuple(operands), view))
         k += 1
     return tree_unflatten(nodes, spec)
+
+
+def _write_back(cv, call: ExternCall, operands: list[GraphNode], written: list, n_results: int) -> dict:
+    """Each written argument gets the call's copy of it (results n_results, n_results + 1, ...)
+    written back as an in-place op writes (Converter.assign); returns alias set -> copy."""
+    copies = {}
+    for j, ((_, arg, fx_arg), k) in enumerate(zip(written, call.writes)):
+        src = operands[k]
+        copies[frozenset(arg.alias_info.before_set) if arg.alias_info else None] = copy = \
+            cv.b.node(Extern(call, n_results + j), src.dtype, tuple(operands), View.contiguous(src.shape))
+        cv.assign(fx_arg, copy)
+    return copies
 
 
 def _differentiable_random(target, operands: list[GraphNode], writes: tuple[int, ...]) -> bool:

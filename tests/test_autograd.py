@@ -696,6 +696,21 @@ def test_in_place_write_into_an_input_that_requires_grad_is_refused(leaf):
     assert x.grad is None
 
 
+OVERLAPPING_WINDOWS = {  # views of an input that read its elements more than once: a scatter-add gradient
+    "unfold": (lambda x: x.unfold(1, 5, 2).sin(), (3, 1111)),
+    "unfold_step_1": (lambda x: x.unfold(0, 4, 1).exp() * 2, (1500,)),
+    "unfold_of_transposed": (lambda x: x.t().unfold(0, 4, 1).exp(), (900, 4)),
+    "as_strided": (lambda x: torch.as_strided(x, (300, 7), (3, 1), 2) * 2, (1000, 1)),
+    "unfold_twice": (lambda x: x.unfold(0, 3, 2).unfold(1, 2, 1).sum((1, 2)) * x.unfold(0, 3, 2)[:, 2], (1025,)),
+}
+
+
+@pytest.mark.parametrize("name", OVERLAPPING_WINDOWS)
+def test_overlapping_window_gradient(name):
+    fn, shape = OVERLAPPING_WINDOWS[name]
+    check_grads(fn, randn(*shape))
+
+
 @pytest.mark.parametrize("make", ["expand", "as_strided"])
 def test_overlapping_strided_inputs_are_right_or_refused(make):
     """An input whose elements share memory: tjit's gradient must match eager's, or the call

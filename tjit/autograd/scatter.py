@@ -37,7 +37,7 @@ def scatter_into_source(alg: Algebra, node: GraphNode, s: ScatterGrad) -> Option
     if not isinstance(src.op, (Input, Contiguous)):
         return None
     offset = _storage_offsets(alg, node.view, s)
-    index = _element_index(alg, offset, src)
+    index = element_index(alg, offset, src)
     return None if index is None else ScatterGrad(None, index, s.values, s.what)
 
 
@@ -62,7 +62,7 @@ def _storage_offsets(alg: Algebra, view: View, s: ScatterGrad) -> GraphNode:
     return total
 
 
-def _element_index(alg: Algebra, offset: GraphNode, src: GraphNode) -> Optional[GraphNode]:
+def element_index(alg: Algebra, offset: GraphNode, src: GraphNode) -> Optional[GraphNode]:
     """Storage offsets in src's buffer as src's row-major element indices (None when two of
     src's elements share memory)."""
     view = src.view if isinstance(src.op, Input) else View.contiguous(src.shape)

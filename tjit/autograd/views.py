@@ -18,8 +18,8 @@ by its view. The transpose goes in three steps:
    its own offset by mixed-radix division, and reads the gradient there with an indexed
    read, or 0 if no view position reads it.
 
-Views that read an element twice through two different index tuples (overlapping
-as_strided windows) are refused.
+A view that reads an element twice through two different index tuples (overlapping
+as_strided windows, unfold with a step below its size) has a scatter-add gradient.
 """
 from __future__ import annotations
 
@@ -30,15 +30,16 @@ from ..ir import DType, GraphNode, View, contiguous_strides
 from .algebra import Algebra
 
 
-def view_transpose(alg: Algebra, grad: GraphNode, view: View, src: GraphNode) -> GraphNode:
-    grad, sizes, strides, offset = _sorted_by_stride(alg, grad, view)
+def view_transpose(alg: Algebra, grad: GraphNode, view: View, src: GraphNode):
+    """The source's gradient: a GraphNode, or a ScatterGrad for overlapping windows."""
     source = _layout(src)
     if source is None:
         raise UnsupportedOpError("view", f"the gradient of a source with overlapping strides {list(src.view.strides)} "
                                  f"(shape {list(src.shape)}); pass a contiguous tensor")
+    sorted_grad, sizes, strides, offset = _sorted_by_stride(alg, grad, view)
     if not _disjoint(sizes, strides):
-        raise UnsupportedOpError("as_strided", f"the gradient of a view that reads elements more than once "
-                                 f"(sizes {sizes}, strides {strides})")
+        return _overlapping(alg, grad, view, src)
+    grad = sorted_grad
     order, src_sizes, src_strides = source
     if offset == src.view.offset and _coalesce(sizes, strides) == _coalesce(src_sizes, src_strides):
         return _reordered(alg, grad, src, order, src_sizes)
@@ -46,6 +47,17 @@ def view_transpose(alg: Algebra, grad: GraphNode, view: View, src: GraphNode) ->
     if window is not None:
         return _padded(alg, grad, window, src)
     return _embedded(alg, grad, sizes, strides, offset, src)
+
+
+def _overlapping(alg: Algebra, grad: GraphNode, view: View, src: GraphNode):
+    """A view that reads source elements more than once (overlapping windows: as_strided,
+    unfold with a step below its size): each source element gets the sum of the gradient
+    over the view elements that read it, a scatter-add at each view element's row-major
+    index in the source."""
+    from .scatter import element_index  # (scatter imports vjp, which imports this module)
+    from .vjp import ScatterGrad
+    index = element_index(alg, alg.positions(view), src)
+    return ScatterGrad(None, index, grad, "a view whose windows overlap")
 
 
 def _sorted_by_stride(alg: Algebra, grad: GraphNode, view: View):

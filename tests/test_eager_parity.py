@@ -169,6 +169,9 @@ REQUIRES_GRAD = {
     "pow_0": (lambda x, y: x ** 0 * 3, ()),
     "detached_and_not": (lambda x, y: (torch.zeros_like(x), x.detach(), x.detach()[1:], x.data, x, x[1:]), ()),
     "detached_result": (lambda x, y: (x * 2, (x * 2).detach()), ()),
+    # an op's side results eager does not differentiate: layer norm's mean and rstd, lu's P
+    "native_layer_norm": (lambda x, y: torch.native_layer_norm(x, (5,), y, y, 1e-5), ()),
+    "lu": (lambda x, y: torch.linalg.lu(x), ()),
 }
 
 
@@ -306,3 +309,21 @@ def test_norms_of_zero_rows():
     check(lambda x: (x * 0).norm() + x.sum(), x)
     check(lambda x: x.norm(p=3, dim=1), x)
     check(lambda x: F.normalize(x, dim=1), x)
+
+
+# -- a gathered line read along a kernel's reduced axis ------------------------------------------------------
+@pytest.mark.parametrize("n", [5, 1031])
+def test_gathered_line_along_the_reduced_axis(n):
+    # x[t] viewed along the reduced axis of a (n, n) reduction has the reduction's row shape
+    # (n,) by chance: it was taken for a row value and gathered at the row's coordinate (a
+    # wrong answer, forward and backward; multilabel_margin_loss's gradient met it). Maxima
+    # and integer-valued sums are exact in any order.
+    x, t = torch.randn(n), torch.randint(0, n, (n,))
+    check(lambda x, t: ((x[t][:, None] + x[None, :]).amax(0), x[t] * 2), x, t)
+    check(lambda x, t: (x[t][:, None] * x[None, :]).clamp(max=0).sum(0), x.round(), t, requires=())
+
+
+def test_multilabel_margin_loss_gradient():
+    # targets repeated in a row: the gradient's reduction reads a gathered line along its reduced axis
+    check(lambda x, t: F.multilabel_margin_loss(x, t), torch.randn(5), torch.tensor([1, 1, 0, 1, 4]))
+    check(lambda x, t: F.multilabel_margin_loss(x, t), torch.randn(3, 7), torch.randint(0, 7, (3, 7)))

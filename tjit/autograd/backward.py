@@ -69,6 +69,9 @@ def may_differ_from_eager(conversion, grad_inputs) -> bool:
     reached = _reached_through_floats(list(graph.outputs.values()), needs)
     if any(id(graph.input_node(name)) not in reached for name in grad_inputs):
         return True  # (an input whose only use is a fill's shape: eager gives it a zero gradient)
+    computed = [s for s in conversion.outputs if s.kind == "computed" and graph.outputs[s.name].dtype.is_float]
+    if len(computed) > 1:
+        return True  # an op's side results may be non-differentiable in eager (layer norm's mean, lu's P)
     for spec in conversion.outputs:
         if spec.kind == "output_alias" or spec.kind == "input_alias" and spec.name in grad_inputs:
             return True

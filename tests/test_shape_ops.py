@@ -85,6 +85,14 @@ def test_cat_of_non_contiguous_and_broadcast_operands():
     assert_fused(lambda a, b, c: torch.cat([a, b, c], 1), a, b, c)
 
 
+def test_cat_of_a_broadcast_scalar():
+    """A shifted read whose address is the same for every lane (all strides 0)."""
+    check_against_eager(lambda a, x: torch.cat([a.expand(1, 3), x, a.expand(2, 3)]) * 2, torch.randn(()),
+                        torch.randn(4, 3))
+    check_against_eager(lambda a, x: torch.gradient(x, spacing=[a], dim=(0,))[0], torch.tensor([1.1, 2.0, 3.5]),
+                        torch.randn(3, 3, 3))
+
+
 def test_cat_with_empty_operands():
     a, b = torch.randn(4, 5), torch.randn(3, 5)
     check_against_eager(lambda a, b: torch.cat([a, torch.empty(0, 5), b, torch.empty(0)]) + 1, a, b)
@@ -168,6 +176,7 @@ def test_repeat_corner_cases():
     check_against_eager(lambda x: x.repeat(0, 2), x)
     check_against_eager(lambda x: x[:, :0].repeat(3, 2), x)
     check_against_eager(lambda x: x[0, 0].repeat(4), x)
+    check_against_eager(lambda x: x[0, 0].repeat(()), x)
 
 
 # -- indexing with several index tensors --------------------------------------------------------------

@@ -115,6 +115,8 @@ def _repeat(cv, node, x, repeats):
     """out[i] = x[i mod x's size], axis by axis: one read at computed coordinates, which are
     in range by construction (no check)."""
     shape = out_shape(node)
+    if not shape:  # a 0-d tensor repeated zero times along no axis
+        return x
     lead = len(shape) - len(x.shape)
     for _ in range(lead):
         x = cv.view(x, ("unsqueeze", 0))

@@ -641,7 +641,8 @@ class _Emitter(GridReductionEmitter):
                 self._gather_steps[n] = self._scalar(f"a{n}_gather_stride", stride) if stride != 1 else None
             step = f"{idx} * {self._gather_steps[n]}" if self._gather_steps[n] else idx
             out = self._fresh()
-            lines.append(f"{out} = tl.load({self._address(n)} + {step}, mask={mask})")
+            # (through tl.where: a block even where the index is one value for all lanes)
+            lines.append(f"{out} = tl.load({self._address(n)} + tl.where({mask}, {step}, 0), mask={mask})")
             return out
         size_arg = self._scalar(f"a{n}_gather_size", size)
         low = -size if op.wrap_negative else 0
@@ -719,8 +720,10 @@ class _Emitter(GridReductionEmitter):
         for view, low, high in self._window_bounds[n]:
             c = self._coordinate_value(view, DType.int64 if self.int64 else DType.int32, lines)
             test.append(f"({c} >= {low}) & ({c} < {high})")
-        out = self._fresh()
-        lines.append(f"{out} = tl.load({self._address(n)}, mask={' & '.join(test)}, "
+        out, test = self._fresh(), " & ".join(test)
+        # an address the same for every lane is made a block like the mask (tl.load needs that)
+        spread = "" if any(self.space.strides[n]) else f" + tl.where({test}, 0, 0)"
+        lines.append(f"{out} = tl.load({self._address(n)}{spread}, mask={test}, "
                      f"other={literal(node.op.fill, node.dtype)})")
         return out
 

@@ -125,3 +125,26 @@ def test_spills_are_detected():
     assert r.spill_stores > 0 and r.spill_loads > 0 and r.spills == r.spill_stores + r.spill_loads
     assert r.stack_frame > 0  # spill slots live in the stack frame ...
     assert r.local_memory == 0  # ... not in cuobjdump's LOCAL
+
+
+def test_shape_op_kernels_compile_without_spills():
+    """Kernels with coordinates, shifted (masked) reads and in-range indexed reads (cat, pad,
+    arange, tril, repeat, roll, several index tensors) compile for sm_90 as launched."""
+    import torch.nn.functional as F
+
+    import tjit
+    from tjit.lower.gpu_compile import compile_launched
+    from tjit.runtime.loader import launched_kernels
+
+    x, y, i, j = torch.randn(37, 1100), torch.randn(21, 1100), torch.randint(0, 37, (5, 1)), torch.randint(0, 1100, (3,))
+    programs = [(lambda x, y: torch.cat([x * 2, y + 1]).sum(1), (x, y)),
+                (lambda x: F.pad(x, (1, 2, -1, 3), value=2.5) * torch.arange(1103.), (x,)),
+                (lambda x: torch.roll(x.tril(3), (2, -5), (0, 1)) + x.repeat(1, 2)[:, 7:1107], (x,)),
+                (lambda x, i, j: x[i, j] * 2 + x[i, j.flip(0)], (x, i, j))]
+    names = set()
+    for fn, args in programs:
+        names |= {k.name for k in tjit.explain(fn, *args).kernels}
+        tjit.compile(fn)(*args)
+    reports = [compile_launched(plan, args) for plan, args in launched_kernels() if plan.name in names]
+    assert len(reports) >= len(programs)
+    assert all(r.spills == 0 and r.registers > 0 for r in reports)

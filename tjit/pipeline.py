@@ -50,6 +50,8 @@ class Program:
     slab_buffers: list[SlabBuffer]
     # donated input name -> (buffer, byte offset in its memory) for the buffers placed there
     donated: dict[str, list[tuple[SlabBuffer, int]]] = field(default_factory=dict)
+    # outputs returned as the library call that computes them left them (name -> Extern node)
+    call_outputs: dict[str, GraphNode] = field(default_factory=dict)
 
     @property
     def kernels(self) -> list[KernelPlan]:
@@ -77,7 +79,8 @@ def build_program(graph: Graph, output_strides: dict[str, tuple[int, ...]], stra
     steps = [s for s in lowered.steps if s.writes_anything]
     verify("codegen", verify_steps, graph, steps)
     memory, slab_buffers = plan_memory(steps)
-    program = Program(graph, steps, lowered.groups, lowered.buffers, memory, slab_buffers)
+    program = Program(graph, steps, lowered.groups, lowered.buffers, memory, slab_buffers,
+                      call_outputs=lowered.call_outputs)
     if donated:
         place_donated(program, donated)
     verify("memory", verify_memory, program)

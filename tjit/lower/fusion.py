@@ -78,12 +78,13 @@ def buffer_of(leaf: GraphNode) -> Optional[GraphNode]:
     return base if isinstance(base.op, (Input, Contiguous, Extern)) else None
 
 
-def collect_stores(graph: Graph) -> list[Store]:
+def collect_stores(graph: Graph, unstored: frozenset = frozenset()) -> list[Store]:
+    """unstored: outputs that need no store (a library call's result, returned as it is)."""
     stores: list[Store] = []
     for node in toposort(graph.roots()):
         if isinstance(node.op, Contiguous):
             stores.append(Store(BufferTarget(node), node.src[0]))
-    stores += [Store(OutputTarget(name), node) for name, node in graph.outputs.items()]
+    stores += [Store(OutputTarget(name), node) for name, node in graph.outputs.items() if name not in unstored]
     stores += [Store(InputTarget(m), m.value) for m in graph.mutations]
     return stores
 
@@ -151,10 +152,10 @@ def _hazardous_reads(reader: Store, writer: Store) -> list[GraphNode]:
                  or not same_program_access(leaf.view, mutation.view, writer.domain))]
 
 
-def group_kernels(graph: Graph) -> list[Union[KernelGroup, ExternStep]]:
+def group_kernels(graph: Graph, unstored: frozenset = frozenset()) -> list[Union[KernelGroup, ExternStep]]:
     """Stores with the same domain and level share a kernel; library calls run between the
-    kernels, in level order."""
-    stores = stage_hazardous_reads(place_in_domains(collect_stores(graph)))
+    kernels, in level order. unstored: outputs no kernel writes (see collect_stores)."""
+    stores = stage_hazardous_reads(place_in_domains(collect_stores(graph, unstored)))
     externs = collect_externs(graph)
     levels = _levels(stores, externs)
     levels = _sink_outputs(stores, levels)
@@ -259,7 +260,7 @@ def _levels(stores: list[Store], externs: list[ExternStep] = ()) -> dict[int, in
     store writes or a library call's result; reading an input version a mutation produces;
     writing an input that another store or a library call reads (an older version of)
     through a different view or iteration space, or that eager writes after a check (a call
-    that returns nothing) that may raise. Reading through the same view in the same
+    that returns nothing) that may raise; a check waits for the writes eager makes before it. Reading through the same view in the same
     iteration space is safe in one kernel: each lane loads its elements before it stores
     them. A library call depends strictly on whatever writes what it reads.
     """
@@ -284,6 +285,10 @@ def _levels(stores: list[Store], externs: list[ExternStep] = ()) -> dict[int, in
                 yield producer[("extern", id(base.op.call))], True
             elif base.op.version:
                 yield producer[("input", base.op.name, base.op.version)], True
+        if isinstance(item, ExternStep) and item.call.versions:  # a check runs after the writes eager made first
+            versions = dict(item.call.versions)
+            yield from ((s, True) for s in stores if isinstance(s.target, InputTarget)
+                        and s.target.mutation.version <= versions.get(s.target.mutation.name, 0))
         if isinstance(item, Store) and isinstance(item.target, InputTarget):
             yield from _write_after_read(item, stores, reads)
             name, version = item.target.mutation.name, item.target.mutation.version

@@ -54,7 +54,7 @@ class Executable:
         each call allocates them together in one tape block (see tjit.autograd.tape)."""
         self.conversion, self.program = conversion, program
         self.graph = conversion.graph
-        self.tape = [(name, self.graph.outputs[name]) for name in tape]
+        self.tape = [(name, self.graph.outputs[name]) for name in tape if name not in program.call_outputs]
         self._constant_copies: dict[torch.device, dict[str, torch.Tensor]] = {}
         self._interpreting = interpreting()
         # the steps in order: kernel launches, and library calls (LibraryPlans, run as they are)
@@ -91,6 +91,8 @@ class Executable:
         memory["counter"] = self._counters_on(device)
         try:
             self._run_steps(memory)
+            for name, node in self.program.call_outputs.items():
+                memory[("output", name)] = memory[("buffer", id(node))]
             if self._reads_status:
                 self._raise_failed_checks(memory["status"])
         finally:
@@ -253,9 +255,11 @@ class Executable:
         out = {}
         poison = debug.poisoning()
         for k, spec in enumerate(self.conversion.outputs):
-            if spec.kind == "computed" and destinations and k in destinations:
+            if spec.kind != "computed" or spec.name in self.program.call_outputs:
+                continue  # (a call's result is the output: it is bound after the call)
+            if destinations and k in destinations:
                 out[("output", spec.name)] = destinations[k]
-            elif spec.kind == "computed":
+            else:
                 dtype = self.graph.outputs[spec.name].dtype.torch
                 out[("output", spec.name)] = torch.empty_strided(spec.shape, spec.stride, dtype=dtype, device=device)
         if self.tape:

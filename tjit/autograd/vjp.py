@@ -14,6 +14,7 @@ from typing import Callable, Optional, Union
 from ..errors import UnsupportedOpError
 from ..ir import (Const, Contiguous, Cumulative, DType, Elementwise, Extern, Gather, GraphNode, Input, Iota, Reduce, ViewOp,
                   Window)
+from ..ir.ops import NO_GRADIENT
 from .algebra import LN2, TWO_OVER_SQRT_PI, Algebra
 from .library_grad import library_gradient
 from .views import view_transpose
@@ -73,8 +74,11 @@ def _elementwise(alg: Algebra, node: GraphNode, g: GraphNode, value: ValueOf) ->
         src = node.src[0]
         return [alg.cast(g, src.dtype) if src.dtype.is_float else None]
     rule = UNARY_RULES.get(name) or BINARY_RULES.get(name) or TERNARY_RULES.get(name)
-    if rule is None:  # piecewise constant (floor, sign, comparisons, bit ops...): no gradient
-        return [None] * len(node.src)
+    if rule is None:
+        if name in NO_GRADIENT:  # piecewise constant (floor, sign, comparisons, bit ops...)
+            return [None] * len(node.src)
+        raise UnsupportedOpError(name, "no gradient rule for this elementwise op (and it is not marked as having "
+                                 "none in ir/ops.py NO_GRADIENT)")
     args = [value(s) for s in node.src]
     grads = rule(alg, g, value(node), *args)
     return [gs if gs is not None and differentiable(s) else None for s, gs in zip(node.src, grads)]

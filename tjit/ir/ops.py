@@ -24,6 +24,17 @@ TERNARY = frozenset({"where", "fma"})
 PREDICATES = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "isnan", "isinf", "signbit",
                         "logical_and", "logical_or", "logical_xor", "logical_not"})
 ELEMENTWISE_OPS = UNARY | BINARY | TERNARY
+# Elementwise ops with no gradient, by their nature: piecewise constant (rounding, sign,
+# floor division), comparisons and predicates (bool results), bit ops (integers), and
+# stop_gradient by definition. Every other op has its rule in autograd/vjp.py; an op with
+# neither is a compile-time error there, never a silent zero gradient (tests/test_ir.py
+# checks that the two tables cover the vocabulary).
+NO_GRADIENT = frozenset({
+    "floor", "ceil", "trunc", "round", "sign", "signbit", "floordiv", "truncdiv",
+    "eq", "ne", "lt", "le", "gt", "ge", "isnan", "isinf", "logical_and", "logical_or", "logical_xor", "logical_not",
+    "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not", "shl", "shr",
+    "stop_gradient",
+})
 # Reductions: max/min propagate NaN as torch does; argmax/argmin pick the first extreme
 # (NaN counts as the largest), as torch does.
 REDUCE_OPS = frozenset({"add", "mul", "max", "min", "argmax", "argmin"})

@@ -69,6 +69,17 @@ def test_cat_fuses_into_a_reduction():
     assert_fused(lambda a, b: torch.cat([a * 2, b + 1], 0).sum(0), a, b)
 
 
+def test_one_kernel_source_serves_every_size():
+    """Offsets and bounds are kernel arguments, not literals."""
+    def sources(fn, *args):
+        return [k.source for k in tjit.explain(fn, *args).kernels]
+    cat = lambda a, b: torch.cat([a, b * 2]).exp()  # noqa: E731
+    assert sources(cat, torch.randn(37, 50), torch.randn(21, 50)) == sources(cat, torch.randn(5, 50),
+                                                                            torch.randn(60, 50))
+    pad = lambda x: F.pad(x, (3, -1)) + 1  # noqa: E731
+    assert sources(pad, torch.randn(4, 50)) == sources(pad, torch.randn(9, 77))
+
+
 @pytest.mark.parametrize("dim", [0, 1, -1, 2])
 def test_cat_along_each_dim(dim):
     shapes = [[5, 7, 9], [5, 7, 9], [5, 7, 9]]

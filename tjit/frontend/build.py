@@ -234,15 +234,20 @@ class ValueBuilder:
         dtype = dtype or (DType.int32 if shape[axis] <= INT32_MAX else DType.int64)
         return self.iota(View(shape, tuple(int(d == axis) for d in range(len(shape)))), dtype)
 
+    def before(self, shape, axis: int, bound: int) -> GraphNode:
+        """Where the index along `axis` is below `bound`: a coordinate offset by -bound against
+        0, so the bound is a kernel argument (one kernel source serves every size)."""
+        dtype = DType.int64 if max(abs(bound), shape[axis]) > INT32_MAX // 2 else DType.int32
+        c = self.iota(View(tuple(shape), tuple(int(d == axis) for d in range(len(shape))), -bound), dtype)
+        return self.elementwise("lt", [c, self.expand_to(self.const(0, dtype), tuple(shape))], DType.bool)
+
     def in_window(self, low, src_shape, shape) -> Optional[GraphNode]:
         """Where out index i - low is an index of a `src_shape` value (None: everywhere)."""
         test = None
         for d, (lo, n, size) in enumerate(zip(low, src_shape, shape)):
-            if lo <= 0 and lo + n >= size:
-                continue
-            c = self.coordinate(shape, d, DType.int64 if max(abs(lo), abs(lo + n), size) > INT32_MAX else None)
-            for op, bound in (("ge", lo), ("lt", lo + n)):
-                part = self.elementwise(op, [c, self.expand_to(self.const(bound, c.dtype), shape)], DType.bool)
+            parts = ([self.elementwise("logical_not", [self.before(shape, d, lo)], DType.bool)] if lo > 0 else []) + \
+                ([self.before(shape, d, lo + n)] if lo + n < size else [])
+            for part in parts:
                 test = part if test is None else self.elementwise("logical_and", [test, part], DType.bool)
         return test
 

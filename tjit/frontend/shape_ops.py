@@ -89,15 +89,13 @@ def _cat(cv, node, tensors, dim=0):
     starts = [0]
     for p in parts:
         starts.append(starts[-1] + p.shape[dim])
-    where = cv.coordinate(shape, dim)
 
     def placed(k):
         return cv.shifted(parts[k], tuple(starts[k] if d == dim else 0 for d in range(len(shape))), shape)
 
     value = placed(len(parts) - 1)
     for k in reversed(range(len(parts) - 1)):
-        before = cv.elementwise("lt", [where, operand(cv, starts[k + 1], where.dtype, shape)], DType.bool)
-        value = cv.elementwise("where", [before, placed(k), value], dtype)
+        value = cv.elementwise("where", [cv.before(shape, dim, starts[k + 1]), placed(k), value], dtype)
     return value
 
 

@@ -711,15 +711,18 @@ class _Emitter(GridReductionEmitter):
     def _window_load(self, node: GraphNode, lines: list[str], mask: str) -> str:
         """The source's element where the lane's index lies in its window, else the fill."""
         n = self.window_access[id(node)]
-        if n not in self._window_bounds:
-            self._window_bounds[n] = [(self._axis_view(node, d),
-                                       self._scalar(f"a{n}_low{d}", node.op.low[d]),
-                                       self._scalar(f"a{n}_high{d}", node.op.low[d] + node.src[0].shape[d]))
-                                      for d in self._window_axes(node)]
+        if n not in self._window_bounds:  # (the bounds a lane can cross, as arguments)
+            self._window_bounds[n] = []
+            for d in self._window_axes(node):
+                low, high = node.op.low[d], node.op.low[d] + node.src[0].shape[d]
+                self._window_bounds[n].append((
+                    self._axis_view(node, d),
+                    self._scalar(f"a{n}_low{d}", low) if low > 0 else None,
+                    self._scalar(f"a{n}_high{d}", high) if high < node.shape[d] else None))
         test = [mask]
         for view, low, high in self._window_bounds[n]:
             c = self._coordinate_value(view, DType.int64 if self.int64 else DType.int32, lines)
-            test.append(f"({c} >= {low}) & ({c} < {high})")
+            test += ([f"({c} >= {low})"] if low else []) + ([f"({c} < {high})"] if high else [])
         out, test = self._fresh(), " & ".join(test)
         # an address the same for every lane is made a block like the mask (tl.load needs that)
         spread = "" if any(self.space.strides[n]) else f" + tl.where({test}, 0, 0)"

@@ -255,6 +255,18 @@ class Converter(ValueBuilder):
                                      "function also reads as another dtype (view_as_real, view_as_complex, "
                                      "view(dtype))")
 
+    def settle_writes_before_check(self) -> None:
+        """A check (a call that returns nothing) runs after the input writes eager makes before
+        it and before those it makes after (fusion levels, ExternCall.versions). So no value
+        read after the check may still compute from an input as it was before a write that
+        precedes the check (a write after the check would have to wait for that read, which
+        waits for the write): such values are materialised now, and later reads of a written
+        input read its memory."""
+        for name, version in self.version.items():
+            if version:
+                self.materialize_readers_of(name)
+                self.forwarded[name] = None
+
     def _tensor_operands(self, node: fx.Node, skip: fx.Node) -> list[torch.Tensor]:
         """The tensors an FX node reads, other than `skip` (the tensor it writes)."""
         found = []

@@ -77,6 +77,7 @@ def library_call(cv, node: fx.Node, target, args: tuple, kwargs: dict) -> Any:
     call = ExternCall(target, bound_args, bound_kwargs, writes, tuple(cv.version.items()) if returns_nothing else (),
                       seed)
     if returns_nothing:
+        cv.settle_writes_before_check()
         cv.effects.append(cv.b.node(Extern(call, None), DType.bool, tuple(operands), View((), ())))
         return None
     results, spec = tree_flatten(node.meta["val"])

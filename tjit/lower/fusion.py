@@ -260,9 +260,11 @@ def _levels(stores: list[Store], externs: list[ExternStep] = ()) -> dict[int, in
     store writes or a library call's result; reading an input version a mutation produces;
     writing an input that another store or a library call reads (an older version of)
     through a different view or iteration space, or that eager writes after a check (a call
-    that returns nothing) that may raise; a check waits for the writes eager makes before it. Reading through the same view in the same
-    iteration space is safe in one kernel: each lane loads its elements before it stores
-    them. A library call depends strictly on whatever writes what it reads.
+    that returns nothing) that may raise; a check waits for the writes eager makes before it
+    (Converter.settle_writes_before_check keeps later values from reading the input as it was
+    before those). Reading through the same view in the same iteration space is safe in one
+    kernel: each lane loads its elements before it stores them. A library call depends
+    strictly on whatever writes what it reads.
     """
     producer: dict[tuple, object] = {("extern", id(e.call)): e for e in externs}
     for s in stores:

@@ -1,4 +1,5 @@
-"""Every op in torch's OpInfo database (op_db), forward, float32 on CPU: tjit against eager.
+"""Every op in torch's OpInfo database (op_db), forward and backward, float32 on CPU: tjit
+against eager.
 
 As Inductor's test/inductor/test_torchinductor_opinfo.py does: for each OpInfo and each of
 its sample inputs, compile `lambda *tensors: op(input, *args, **kwargs)` (the sample's tensors,
@@ -12,11 +13,22 @@ element never written shows); UNSPECIFIED_VALUES (empty, ...) by shape and dtype
 eager itself cannot run is skipped. Each OpInfo draws its samples from a seed of its own, so
 every run sees the same inputs and the expected failures below cannot flake.
 
+Backward (BACKWARD_OPINFOS: those eager differentiates in float32): the same closure, on leaf
+copies of the samples drawn with requires_grad=True; every float result that requires grad
+in eager (of those the sample's output_process_fn_grad keeps, as torch's gradient tests)
+gets a fixed random cotangent, and torch.autograd.grad of tjit's results must match eager's
+gradients (run_backward_sample: which results require grad too; None and zeros are the same
+gradient). A value outside the tolerances passes if it is as close to eager's float64 answer
+as eager's float32 one is (_as_accurate): sums in another order, formulas in another form.
+
 pytest (the default): one test per OpInfo (name.variant) on its first SAMPLES (3;
 TJIT_OPINFO_SAMPLES=n) samples that eager runs; TJIT_OPINFO_ALL=1 runs every sample.
 EXPECTED_FAILURES lists the OpInfos that fail on those samples and EXPECTED_FAILURES_LATER the
 ones that fail only on later samples (with TJIT_OPINFO_ALL=1), each with its cause, as strict
-xfails so a fix is noticed; NEVER_RUN would list samples that kill the process.
+xfails so a fix is noticed; NEVER_RUN would list samples that kill the process. Backward:
+test_opinfo_backward on the first BACKWARD_SAMPLES (1; TJIT_OPINFO_BACKWARD_SAMPLES=n),
+EXPECTED_BACKWARD_FAILURES(_LATER) and NEVER_RUN_BACKWARD likewise; an OpInfo whose forward
+is an expected failure and fails there is skipped (test_opinfo lists it).
 
 `python tests/test_opinfo.py` runs the whole sweep (every sample) in worker processes, so a
 crash is caught and named, and prints the outcome per category and every failing OpInfo:
@@ -28,7 +40,8 @@ crash is caught and named, and prints the outcome per category and every failing
 An OpInfo's outcome is its worst sample's (crash > mismatch > error > pass). Failures missing
 from the expected lists are marked [NEW], and expected failures that passed are listed; either
 makes the exit status 1. `--ops a,b` limits the sweep to some OpInfos, `--json FILE` writes
-every sample's outcome, `--jobs n` sets the number of worker processes.
+every sample's outcome, `--jobs n` sets the number of worker processes, `--backward` sweeps
+the gradients instead (a failure is named "forward:" where the compiled call itself failed).
 """
 from __future__ import annotations
 
@@ -67,6 +80,7 @@ UNSPECIFIED_VALUES = {
     **dict.fromkeys(("svd_lowrank", "pca_lowrank"), "a random projection drawn inside the op"),
 }
 SAMPLES = int(os.environ.get("TJIT_OPINFO_SAMPLES", "3"))  # samples per OpInfo in the default run
+BACKWARD_SAMPLES = int(os.environ.get("TJIT_OPINFO_BACKWARD_SAMPLES", "1"))  # the same, for gradients
 SAMPLE_SECONDS = 120  # a sample that runs longer is counted as a crash (a hang) by the sweep
 
 
@@ -96,6 +110,57 @@ EXPECTED_FAILURES_LATER: dict[str, str] = {
 # (opinfo id, sample index) -> why the sample is never run: it kills the process. None does
 # today (the sweep runs every sample in worker processes and would name it).
 NEVER_RUN: dict[tuple[str, int], str] = {}
+
+# --- backward expectations ---
+# OpInfos whose gradients are compared: eager differentiates them in float32 on CPU.
+BACKWARD_OPINFOS = [name for name, op in OPINFOS.items()
+                    if op.supports_autograd and torch.float32 in op.supported_backward_dtypes("cpu")]
+# OpInfo id -> (the results whose gradients are compared, why not all of them).
+BACKWARD_OUTPUTS = {
+    "native_group_norm": (lambda r: r[0], "eager's formula drops the gradients of mean and rstd (torch's own "
+                          "OpInfo marks TestBwdGradients.test_fn_grad an expected failure); tjit's are gradcheck's"),
+}
+# A value outside the tolerances still passes if its worst error from eager's float64 result
+# is at most this many times eager's float32 worst error (as Inductor's fp64 check).
+FLOAT64_MULTIPLIER = 3.0
+# Looser gradient tolerances than the forward's, each with its cause.
+BACKWARD_TOLERANCES: dict[str, tuple[float, float]] = {}
+# OpInfo id -> why its gradients fail on the first BACKWARD_SAMPLES samples (strict xfail); an
+# OpInfo whose forward is an expected failure (EXPECTED_FAILURES*) and fails there is skipped.
+EXPECTED_BACKWARD_FAILURES: dict[str, str] = {
+    **dict.fromkeys(("fft.hfft", "fft.hfft2", "fft.hfftn", "fft.irfft", "fft.irfft2", "fft.irfftn", "linalg.eig",
+                     "stft"), "a gradient through a complex value: tjit differentiates no complex values yet"),
+    "nn.functional.embedding_bag": "(bug) traced with its inputs detached, torch picks "
+                                   "aten._embedding_bag_forward_only, which has no derivative: RuntimeError 'Autograd "
+                                   "not support dtype: Long' in the backward, not UnsupportedOpError",
+    "nn.functional.linear_cross_entropy.chunked": "(bug: wrong answer) traced with its inputs detached, the op's "
+                                                  "Python wrapper passes compute_input_grad=False and "
+                                                  "compute_linear_weight_grad=False to its custom op: zero gradients",
+    "special.log_ndtr": "(bug) its core decomposition's where() sends the branch it does not select a zero gradient, "
+                        "which log1p(-1) turns into NaN where eager's formula is finite",
+    **dict.fromkeys(("polygamma.polygamma_n_0", "polygamma.polygamma_n_1", "polygamma.polygamma_n_2",
+                     "polygamma.polygamma_n_3", "polygamma.polygamma_n_4", "special.polygamma.special_polygamma_n_0",
+                     "cholesky", "linalg.cholesky", "linalg.cholesky_ex", "linalg.inv", "linalg.inv_ex", "lu_solve",
+                     "linalg.lu_solve", "triangular_solve", "ormqr", "linalg.householder_product"),
+                    "(bug: wrong answer) autograd/library_grad.py: a call of the op itself in its traced derivative "
+                    "formula on other arguments (polygamma(n + 1, x), triangular_solve transposed) is taken for the "
+                    "forward call and replaced by the forward's result (_is_forward_call compares the target only)"),
+    **dict.fromkeys(("repeat", "tile"), "(bug) IndexError 'list index out of range' while converting the trace (a "
+                    "repeat of a 0-d tensor), not UnsupportedOpError"),
+}
+# OpInfo id -> why its backward kernels spill registers when compiled for sm_90 (a known gap).
+BACKWARD_SPILLS: dict[str, str] = {
+    "sinc": "sin and cos of pi * x in one backward kernel: libdevice's slow paths spill 8 bytes",
+}
+# OpInfo id -> why a later sample's gradients fail (strict xfail only with TJIT_OPINFO_ALL=1).
+EXPECTED_BACKWARD_FAILURES_LATER: dict[str, str] = {
+    "index_fill": "(bug: wrong answer) the gradient of the fill value with repeated indices: the decomposition into "
+                  "index_put counts each repeat; eager's index_fill counts each filled element once",
+    "_native_batch_norm_legit": "training, weight and bias requiring grad: the derivative would read the running "
+                                "statistics from before the call wrote them (UnsupportedOpError 'in-place write')",
+}
+# (opinfo id, sample index) -> why its backward sample is never run: it kills the process.
+NEVER_RUN_BACKWARD: dict[tuple[str, int], str] = {}
 
 # Samples that draw random numbers although their OpInfo's name does not say so.
 RANDOM_SAMPLES = {
@@ -231,6 +296,168 @@ def run_sample(name: str, index: int, sample) -> Outcome:
                    eager_inputs), kernels, calls, seconds)
 
 
+# --- backward: one sample -------------------------------------------------------------------------
+
+def _grad_leaf(t: torch.Tensor) -> torch.Tensor:
+    """A leaf copy (same strides and offset) that requires grad where the sample's tensor does."""
+    return _clone(t.detach()).requires_grad_(t.requires_grad)
+
+
+def _cotangents(name: str, index: int, outputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """A fixed random gradient per differentiable output, drawn from a generator of their own
+    (the op's random draws, seeded by manual_seed, are left alone)."""
+    g = torch.Generator().manual_seed(zlib.crc32(f"{name}@{index}".encode()))
+    return [torch.randn(o.shape, dtype=o.dtype, generator=g) for o in outputs]
+
+
+def _requiring_grad(result) -> list[bool]:
+    return [isinstance(t, torch.Tensor) and t.requires_grad for t in tree_flatten(result)[0]]
+
+
+def run_backward_sample(name: str, index: int, sample) -> Outcome:
+    """Gradients of one sample through eager and tjit: the same closure as the forward, called
+    on leaf copies of the sample's tensors (those that require grad in the sample get a
+    gradient), then torch.autograd.grad of every float output that requires grad in eager with
+    a fixed random cotangent. The results must require grad where eager's do (and only there);
+    the gradients must match eager's (None, as torch.autograd.grad gives for an input the
+    outputs do not reach, compared as zeros: eager itself gives zeros or None for the same
+    gradient depending on whether the path crosses an op that returns zeros; a difference in
+    which is None is a note, not a failure). A value outside the tolerances that is as close to
+    eager's float64 result as eager's float32 one passes (see _as_accurate)."""
+    op = OPINFOS[name]
+    fn, tensors = sample_program(op, sample)
+    random = ((name not in NOT_RANDOM and any(w in name for w in RANDOM_WORDS))
+              or RANDOM_SAMPLES.get(name, lambda s: False)(sample))
+    values = False if name in UNSPECIFIED_VALUES else None if random else True
+    atol, rtol = BACKWARD_TOLERANCES.get(name, TOLERANCES.get(name, (1e-5, 1.3e-6)))
+    start = time.perf_counter()
+    eager = _Eager(name, index, sample, fn, tensors)
+    try:
+        expected, expected_grads = eager.run(torch.float32)
+    except Exception as e:  # eager cannot run this sample (or differentiate it): not tjit's to run either
+        return Outcome(name, index, "skip", _reason(e))
+    if not expected_grads:
+        return Outcome(name, index, "skip", "no differentiable output or input in eager")
+    tjit_inputs = [_grad_leaf(t) for t in tensors]
+    kernels, calls = tjit.counters.launches, tjit.counters.library_calls
+    torch.manual_seed(0)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = tjit.compile(fn)(*tjit_inputs)
+    except Exception as e:
+        return Outcome(name, index, "error", "forward: " + _reason(e), seconds=time.perf_counter() - start)
+    try:
+        compare(got, expected, "output", atol, rtol, False)  # structure, shapes, dtypes
+        for k, (g, e) in enumerate(zip(tree_flatten(got)[0], tree_flatten(expected)[0])):
+            eager.check(g, e, f"output {k}", atol, rtol, values, lambda: eager.float64()[0][k])
+        requires, got_requires = _requiring_grad(expected), _requiring_grad(got)
+        if got_requires != requires:
+            k = next(k for k, (a, b) in enumerate(zip(got_requires, requires)) if a != b)
+            raise Mismatch(f"output {k} {'does not require' if requires[k] else 'requires'} grad, eager's "
+                           f"{'does' if requires[k] else 'does not'}")
+    except Mismatch as e:
+        return Outcome(name, index, "mismatch", f"forward: {e}", seconds=time.perf_counter() - start)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            grads = torch.autograd.grad(_differentiated(name, sample, got), [tjit_inputs[k] for k in eager.wrt],
+                                        eager.cotangents, allow_unused=True)
+    except Exception as e:
+        return Outcome(name, index, "error", "backward: " + _reason(e), seconds=time.perf_counter() - start)
+    kernels, calls = tjit.counters.launches - kernels, tjit.counters.library_calls - calls
+    seconds = time.perf_counter() - start
+    notes = []
+    try:
+        for j, (k, g, e) in enumerate(zip(eager.wrt, grads, expected_grads)):
+            if (g is None) != (e is None):
+                notes.append(f"gradient of input {k} is {'None' if g is None else 'zeros'} in tjit, "
+                             f"{'None' if e is None else 'a tensor'} in eager")
+            eager.check(_or_zeros(g, tjit_inputs[k]), _or_zeros(e, tjit_inputs[k]), f"gradient of input {k}", atol,
+                        rtol, values, lambda: _or_zeros(eager.float64()[1][j], tjit_inputs[k]))
+    except Mismatch as e:
+        return Outcome(name, index, "mismatch", str(e), kernels, calls, seconds)
+    except Exception as e:  # results the comparison cannot even read are not eager's either
+        return Outcome(name, index, "mismatch", f"cannot compare: {_reason(e)}", kernels, calls, seconds)
+    return Outcome(name, index, "pass" if kernels + calls else "pass (nothing)", "; ".join(notes[:1]), kernels,
+                   calls, seconds)
+
+
+class _Eager:
+    """Eager's results and gradients for one sample, in float32 and (when a comparison needs
+    it) float64 on the same inputs and cotangents."""
+
+    def __init__(self, name: str, index: int, sample, fn, tensors: list):
+        self.name, self.index, self.sample, self.fn, self.tensors = name, index, sample, fn, tensors
+        self.wrt = [k for k, t in enumerate(tensors) if t.requires_grad]
+        self.cotangents: list[torch.Tensor] = []
+        self._float64 = None
+
+    def run(self, dtype: torch.dtype) -> tuple:
+        """(the results, the gradients of the inputs in wrt; empty if nothing is differentiable),
+        with the sample's float32 tensors in `dtype`."""
+        inputs = [_grad_leaf(t.to(dtype) if t.dtype == torch.float32 else t) for t in self.tensors]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.manual_seed(0)
+            result = self.fn(*inputs)
+            outs = _differentiated(self.name, self.sample, result)
+            if not self.wrt or not outs:
+                return result, []
+            if not self.cotangents:
+                self.cotangents = _cotangents(self.name, self.index, outs)
+            cotangents = [c.to(o.dtype) for c, o in zip(self.cotangents, outs)]
+            return result, torch.autograd.grad(outs, [inputs[k] for k in self.wrt], cotangents, allow_unused=True)
+
+    def float64(self) -> Optional[tuple]:
+        """(flattened results, gradients) in float64, or None where eager cannot."""
+        if self._float64 is None:
+            try:
+                result, grads = self.run(torch.float64)
+                self._float64 = (tree_flatten(result)[0], grads)
+            except Exception:
+                self._float64 = False
+        return self._float64 or None
+
+    def check(self, got, expected, what: str, atol: float, rtol: float, values: Optional[bool], reference) -> None:
+        """compare(); a float tensor outside the tolerances passes if it is as accurate as
+        eager's (`reference()`: the float64 value)."""
+        try:
+            compare(got, expected, what, atol, rtol, values)
+        except Mismatch:
+            if not (values and isinstance(expected, torch.Tensor) and expected.is_floating_point()
+                    and self.float64() is not None and _as_accurate(got, expected, reference())):
+                raise
+
+
+def _as_accurate(got: torch.Tensor, expected: torch.Tensor, reference: torch.Tensor) -> bool:
+    """Whether tjit's float32 value, further from eager's than the tolerance allows, is as
+    close to the float64 value as eager's is (its worst element no more than
+    FLOAT64_MULTIPLIER times eager's worst error from it), with NaN and infinities where
+    eager has them: the two round differently (a sum in another order, a formula in another
+    form), neither is wrong."""
+    if got.shape != expected.shape or got.dtype != expected.dtype:
+        return False
+    finite = expected.isfinite()
+    if not torch.equal(got.isfinite(), finite) or not torch.equal(got[~finite].nan_to_num(),
+                                                                   expected[~finite].nan_to_num()):
+        return False
+    error = lambda t: (t.double() - reference)[finite].abs().max().item() if finite.any() else 0.0  # noqa: E731
+    return error(got) <= FLOAT64_MULTIPLIER * error(expected)
+
+
+def _differentiated(name: str, sample, result) -> list[torch.Tensor]:
+    """The float results that require grad, of those the OpInfo differentiates (the sample's
+    output_process_fn_grad, as torch's own gradient tests; BACKWARD_OUTPUTS)."""
+    chosen = BACKWARD_OUTPUTS.get(name, (lambda r: r, ""))[0](sample.output_process_fn_grad(result))
+    return [t for t in tree_flatten(chosen)[0]
+            if isinstance(t, torch.Tensor) and t.requires_grad and t.is_floating_point()]
+
+
+def _or_zeros(grad: Optional[torch.Tensor], input: torch.Tensor) -> torch.Tensor:
+    return torch.zeros_like(input) if grad is None else grad
+
+
 def _aliasing(got, tjit_inputs, expected, eager_inputs) -> str:
     """A note (not a failure) where an output is a view of an input in one of eager and tjit
     but not in the other: a caller that writes into the output sees the difference."""
@@ -245,20 +472,22 @@ def _aliasing(got, tjit_inputs, expected, eager_inputs) -> str:
     return f"output {k} is {'' if e[k] else 'not '}a view of an input in eager, {'' if g[k] else 'not '}in tjit"
 
 
-def samples_of(name: str):
-    """The OpInfo's samples, drawn from a seed of its own (the same inputs on every run)."""
+def samples_of(name: str, backward: bool = False):
+    """The OpInfo's samples, drawn from a seed of its own (the same inputs on every run); for
+    backward, with requires_grad=True (the tensors the OpInfo differentiates require grad)."""
     torch.manual_seed(zlib.crc32(name.encode()))
-    return OPINFOS[name].sample_inputs("cpu", torch.float32, requires_grad=False)
+    return OPINFOS[name].sample_inputs("cpu", torch.float32, requires_grad=backward)
 
 
-def run_opinfo(name: str, limit: Optional[int] = None) -> list[Outcome]:
+def run_opinfo(name: str, limit: Optional[int] = None, backward: bool = False) -> list[Outcome]:
     """Outcomes of the OpInfo's samples (the first `limit` that eager runs), in process."""
     outcomes = []
-    for index, sample in enumerate(samples_of(name)):
-        if (name, index) in NEVER_RUN:
-            outcomes.append(Outcome(name, index, "crash", NEVER_RUN[name, index]))
+    never = NEVER_RUN_BACKWARD if backward else NEVER_RUN
+    for index, sample in enumerate(samples_of(name, backward)):
+        if (name, index) in never:
+            outcomes.append(Outcome(name, index, "crash", never[name, index]))
             continue
-        outcome = run_sample(name, index, sample)
+        outcome = (run_backward_sample if backward else run_sample)(name, index, sample)
         outcomes.append(outcome)
         if limit is not None and sum(o.category != "skip" for o in outcomes) >= limit:
             break
@@ -288,16 +517,44 @@ def test_opinfo(name):
     assert not failed, "\n".join(f"sample {o.sample}: {o.category}: {o.detail}" for o in failed)
 
 
+def _backward_params():
+    for name in BACKWARD_OPINFOS:
+        reason = EXPECTED_BACKWARD_FAILURES.get(name) or (EXPECTED_BACKWARD_FAILURES_LATER.get(name) if ALL else None)
+        marks = [pytest.mark.xfail(reason=reason, strict=True)] if reason else []
+        if name in BACKWARD_SPILLS:
+            marks.append(pytest.mark.spills_at_sm90(reason=BACKWARD_SPILLS[name]))
+        yield pytest.param(name, id=name, marks=marks)
+
+
+@pytest.mark.parametrize("name", list(_backward_params()))
+def test_opinfo_backward(name):
+    with torch.random.fork_rng():
+        outcomes = run_opinfo(name, None if ALL else BACKWARD_SAMPLES, backward=True)
+    ran = [o for o in outcomes if o.category != "skip"]
+    if not ran:
+        pytest.skip(f"eager differentiates none of its samples ({outcomes[0].detail if outcomes else 'no samples'})")
+    failed = [o for o in ran if o.failed]
+    forward_expected = name in EXPECTED_FAILURES or ALL and name in EXPECTED_FAILURES_LATER
+    if failed and forward_expected and name not in EXPECTED_BACKWARD_FAILURES \
+            and all(o.category == "error" and o.detail.startswith("forward:") for o in failed):
+        pytest.skip(f"the forward fails (test_opinfo[{name}]): {failed[0].detail}")
+    assert not failed, "\n".join(f"sample {o.sample}: {o.category}: {o.detail}" for o in failed)
+
+
 def test_expectations_name_real_opinfos():
     names = set(EXPECTED_FAILURES) | set(EXPECTED_FAILURES_LATER) | set(TOLERANCES) | set(UNSPECIFIED_VALUES)
     names |= NOT_RANDOM | set(RANDOM_SAMPLES) | {n for n, _ in NEVER_RUN}
     assert not names - set(OPINFOS)
     assert not set(EXPECTED_FAILURES) & set(EXPECTED_FAILURES_LATER)
+    backward = set(EXPECTED_BACKWARD_FAILURES) | set(EXPECTED_BACKWARD_FAILURES_LATER) | set(BACKWARD_TOLERANCES)
+    backward |= set(BACKWARD_OUTPUTS) | set(BACKWARD_SPILLS)
+    assert not (backward | {n for n, _ in NEVER_RUN_BACKWARD}) - set(BACKWARD_OPINFOS)
+    assert not set(EXPECTED_BACKWARD_FAILURES) & set(EXPECTED_BACKWARD_FAILURES_LATER)
 
 
 # --- the sweep (script mode) --------------------------------------------------------------------
 
-def worker(names: list[str], skip: set) -> None:
+def worker(names: list[str], skip: set, backward: bool = False) -> None:
     """Run every sample of the named OpInfos, one JSON line per sample on stdout (a "start"
     line before each, so the parent can name a sample that kills the process)."""
     out = sys.stdout
@@ -305,21 +562,21 @@ def worker(names: list[str], skip: set) -> None:
     torch.set_num_threads(1)
     for name in names:
         try:
-            samples = list(samples_of(name))
+            samples = list(samples_of(name, backward))
         except Exception as e:
             print(json.dumps({"op": name, "sample": -1, "category": "skip", "detail": _reason(e)}), file=out,
                   flush=True)
             continue
         for index, sample in enumerate(samples):
-            if (name, index) in skip or (name, index) in NEVER_RUN:
+            if (name, index) in skip or (name, index) in (NEVER_RUN_BACKWARD if backward else NEVER_RUN):
                 continue
             print(json.dumps({"start": name, "sample": index}), file=out, flush=True)
-            outcome = run_sample(name, index, sample)
+            outcome = (run_backward_sample if backward else run_sample)(name, index, sample)
             print(json.dumps(asdict(outcome)), file=out, flush=True)
         print(json.dumps({"done": name}), file=out, flush=True)
 
 
-def sweep(names: list[str], jobs: int) -> list[Outcome]:
+def sweep(names: list[str], jobs: int, backward: bool = False) -> list[Outcome]:
     """Every sample of the named OpInfos in `jobs` worker processes; a worker that dies (or a
     sample that runs past SAMPLE_SECONDS) is restarted after the sample it was running."""
     import selectors
@@ -331,7 +588,7 @@ def sweep(names: list[str], jobs: int) -> list[Outcome]:
     done = 0
 
     def spawn(todo, skip):
-        args = [sys.executable, __file__, "--worker", ",".join(todo)]
+        args = [sys.executable, __file__, "--worker", ",".join(todo)] + (["--backward"] if backward else [])
         if skip:
             args += ["--skip", ",".join(f"{n}@{i}" for n, i in skip)]
         p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
@@ -389,7 +646,7 @@ def opinfo_category(outcomes: list[Outcome]) -> Optional[str]:
     return "pass" if any(o.category == "pass" for o in ran) else "pass (nothing)"
 
 
-def summarize(outcomes: list[Outcome]) -> int:
+def summarize(outcomes: list[Outcome], backward: bool = False) -> int:
     """Print the sweep's numbers and failures; the number of surprises (new failures, fixes)."""
     by_op: dict[str, list[Outcome]] = {}
     for o in outcomes:
@@ -401,23 +658,35 @@ def summarize(outcomes: list[Outcome]) -> int:
             cats.setdefault(c, []).append(name)
     ran = sum(len(v) for v in cats.values())
     samples = [o for o in outcomes if o.category != "skip"]
-    print(f"{len(OPINFOS)} OpInfos support float32 on CPU; {ran} run on CPU float32 (eager runs a sample)")
+    if backward:
+        print(f"{len(BACKWARD_OPINFOS)} OpInfos support autograd in float32 on CPU; {ran} run (eager "
+              "differentiates a sample)")
+    else:
+        print(f"{len(OPINFOS)} OpInfos support float32 on CPU; {ran} run on CPU float32 (eager runs a sample)")
     for c in ("pass", "pass (nothing)", "error", "mismatch", "crash"):
         print(f"  {c:15s} {len(cats.get(c, [])):4d} OpInfos   "
               f"{sum(o.category == c for o in samples):6d} samples")
     errors: dict[str, int] = {}
     for name in cats.get("error", []):
         first = next(o for o in by_op[name] if o.category == "error")
-        kind = first.detail.split(":")[0]
+        parts = first.detail.split(": ")
+        kind = " ".join(parts[:2]) if parts[0] in ("forward", "backward") else parts[0]
         errors[kind] = errors.get(kind, 0) + 1
     print("  errors by type: " + ", ".join(f"{k} {v}" for k, v in sorted(errors.items(), key=lambda kv: -kv[1])))
     print(f"  library calls in passing samples: {sum(o.calls > 0 for o in samples if o.category == 'pass')} samples")
     notes = sorted({o.op: o for o in samples if o.category.startswith("pass") and o.detail}.values(), key=lambda o: o.op)
     if notes:
-        print(f"\naliasing differences in passing samples (not failures): {len(notes)} OpInfos")
+        print(f"\n{'None-ness of gradients' if backward else 'aliasing'} differences in passing samples "
+              f"(not failures): {len(notes)} OpInfos")
         for o in notes:
             print(f"  {o.op}  (sample {o.sample}) {o.detail}")
     expected = {**EXPECTED_FAILURES_LATER, **EXPECTED_FAILURES}
+    if backward:  # (a forward that fails fails the gradients too: that is test_opinfo's to list)
+        expected = {**EXPECTED_BACKWARD_FAILURES_LATER, **EXPECTED_BACKWARD_FAILURES}
+        forward = {n for n in {**EXPECTED_FAILURES_LATER, **EXPECTED_FAILURES} if n in by_op and all(
+            o.category != "error" or o.detail.startswith("forward:") for o in by_op[n] if o.failed)}
+    else:
+        forward = set()
     for c in ("crash", "mismatch", "error"):
         if not cats.get(c):
             continue
@@ -425,13 +694,13 @@ def summarize(outcomes: list[Outcome]) -> int:
         for name in sorted(cats[c]):
             bad = [o for o in by_op[name] if o.category == c]
             n = sum(o.category != "skip" for o in by_op[name])
-            new = "" if name in expected else "[NEW] "
+            new = "" if name in expected or name in forward else "[NEW] "
             print(f"  {new}{name}  ({len(bad)}/{n} samples; first: sample {bad[0].sample}) {bad[0].detail}")
     failing = {n for c in ("crash", "mismatch", "error") for n in cats.get(c, [])}
     fixed = sorted(n for n in expected if n in by_op and n not in failing)
     if fixed:
         print(f"\nexpected to fail but passed (remove from EXPECTED_FAILURES*): {', '.join(fixed)}")
-    return len(failing - set(expected)) + len(fixed)
+    return len(failing - set(expected) - forward) + len(fixed)
 
 
 def main(argv: list[str]) -> int:
@@ -442,18 +711,20 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--ops", help="comma-separated OpInfo ids (default: all)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--json", help="write every sample's outcome here")
+    parser.add_argument("--backward", action="store_true", help="compare gradients (OpInfos with autograd)")
     a = parser.parse_args(argv)
     if a.worker is not None:
         skip = {(s.rsplit("@", 1)[0], int(s.rsplit("@", 1)[1])) for s in a.skip.split(",") if s}
-        worker([n for n in a.worker.split(",") if n], skip)
+        worker([n for n in a.worker.split(",") if n], skip, a.backward)
         return 0
-    names = a.ops.split(",") if a.ops else list(OPINFOS)
-    unknown = [n for n in names if n not in OPINFOS]
+    known = BACKWARD_OPINFOS if a.backward else list(OPINFOS)
+    names = a.ops.split(",") if a.ops else known
+    unknown = [n for n in names if n not in known]
     if unknown:
         parser.error(f"unknown OpInfo ids: {unknown}")
     start = time.perf_counter()
-    outcomes = sweep(names, a.jobs)
-    surprises = summarize(outcomes)
+    outcomes = sweep(names, a.jobs, a.backward)
+    surprises = summarize(outcomes, a.backward)
     print(f"\n{time.perf_counter() - start:.0f} s with {a.jobs} worker(s)")
     if a.json:
         with open(a.json, "w") as f:

@@ -108,3 +108,16 @@ def test_an_operand_without_gradient_is_not_needed():
     w2 = w.detach().clone().requires_grad_()
     f(x, w2).sum().backward()
     torch.testing.assert_close(w.grad, w2.grad)
+
+
+@pytest.mark.parametrize("fn, shapes", [
+    (lambda x: torch.sort(x, 0).values.t().exp(), [(1500, 7)]),  # a saved output returned transposed
+    (lambda a: torch.linalg.inv(a + 6 * torch.eye(37)), [(37, 37)]),  # the call's result is column-major
+    (lambda a, b: torch.linalg.solve_triangular(a.triu() + 5 * torch.eye(33), b, upper=True), [(33, 33), (33, 1030)]),
+    (lambda x: torch.polygamma(2, x.abs() + 1), [(2000,)]),  # the formula calls polygamma(3, x): not the forward
+], ids=["sorted-transposed", "inv", "solve_triangular", "polygamma"])
+def test_gradients_read_saved_values_in_their_layout(fn, shapes):
+    """A saved forward output is read in the layout it is returned in (eager's, here not
+    contiguous); only the op's own call on its own arguments stands for the forward."""
+    torch.manual_seed(0)
+    check(fn, *[torch.randn(s) for s in shapes], atol=1e-4, rtol=1e-4)

@@ -100,8 +100,6 @@ TOLERANCES: dict[str, tuple[float, float]] = {  # opinfo id -> (atol, rtol)
 # form it refuses on purpose: an internal exception instead of UnsupportedOpError, or a wrong answer.
 # OpInfo id -> why it fails on its first SAMPLES samples (strict xfail in the default run).
 EXPECTED_FAILURES: dict[str, str] = {
-    "nn.functional.rrelu": "(bug) its empty sample: pipeline.verify_steps says the library call reads a buffer no "
-                           "step writes (no kernel writes a buffer of no elements, and none need)",
 }
 # OpInfo id -> why a later sample fails (strict xfail only with TJIT_OPINFO_ALL=1).
 EXPECTED_FAILURES_LATER: dict[str, str] = {
@@ -138,13 +136,6 @@ EXPECTED_BACKWARD_FAILURES: dict[str, str] = {
                                                   "compute_linear_weight_grad=False to its custom op: zero gradients",
     "special.log_ndtr": "(bug) its core decomposition's where() sends the branch it does not select a zero gradient, "
                         "which log1p(-1) turns into NaN where eager's formula is finite",
-    **dict.fromkeys(("polygamma.polygamma_n_0", "polygamma.polygamma_n_1", "polygamma.polygamma_n_2",
-                     "polygamma.polygamma_n_3", "polygamma.polygamma_n_4", "special.polygamma.special_polygamma_n_0",
-                     "cholesky", "linalg.cholesky", "linalg.cholesky_ex", "linalg.inv", "linalg.inv_ex", "lu_solve",
-                     "linalg.lu_solve", "triangular_solve", "ormqr", "linalg.householder_product"),
-                    "(bug: wrong answer) autograd/library_grad.py: a call of the op itself in its traced derivative "
-                    "formula on other arguments (polygamma(n + 1, x), triangular_solve transposed) is taken for the "
-                    "forward call and replaced by the forward's result (_is_forward_call compares the target only)"),
     **dict.fromkeys(("repeat", "tile"), "(bug) IndexError 'list index out of range' while converting the trace (a "
                     "repeat of a 0-d tensor), not UnsupportedOpError"),
 }

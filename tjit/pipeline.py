@@ -140,7 +140,8 @@ def verify_steps(graph: Graph, steps: list[Step]) -> Optional[str]:
     for k, step in enumerate(steps):
         for access in step.accesses:
             ref = access.buffer
-            if ref.kind == "buffer" and not access.store and id(ref.node) not in written:
+            if ref.kind == "buffer" and not access.store and id(ref.node) not in written \
+                    and _numel(ref.node.shape):  # (no kernel writes a buffer of no elements: none needs to)
                 return f"step {k} ({step.name}) reads buffer {ref.name or ref.node.op} before any step writes it"
             if ref.kind == "input" and access.store and ref.name not in mutated:
                 return f"step {k} ({step.name}) writes input {ref.name!r}, which the function does not write"

@@ -119,7 +119,8 @@ class BackwardGraph:
     zeros: tuple[str, ...] = ()
 
 
-def backward_graph(plan: AutogradPlan, layouts: dict[str, GradLayout]) -> BackwardGraph:
+def backward_graph(plan: AutogradPlan, layouts: dict[str, GradLayout],
+                   output_strides: Optional[dict[str, tuple[int, ...]]] = None) -> BackwardGraph:
     """The backward graph for gradients arriving with these layouts: inputs are the
     gradients (incoming_grad_name), the saved values and forward inputs it reads, and index
     tables; outputs are "grad_<input>" for each input that gets a gradient, and the indices
@@ -127,7 +128,7 @@ def backward_graph(plan: AutogradPlan, layouts: dict[str, GradLayout]) -> Backwa
     vb = ValueBuilder(indices_checked=True)
     alg = Algebra(vb)
     needs = _needs_grad(plan.graph, set(plan.grad_inputs))
-    grads = _sweep(alg, plan, layouts, _Recompute(vb, plan._saved_ids), needs)
+    grads = _sweep(alg, plan, layouts, _Recompute(vb, plan._saved_ids, output_strides or {}), needs)
     outputs, scatters = {}, {}
     for name, (dense, scattered) in grads.items():
         dtype = plan.graph.input_node(name).dtype
@@ -166,8 +167,10 @@ class _Recompute:
     """value(n): forward node n rebuilt in the backward builder from the forward's inputs,
     or read from what the forward saved."""
 
-    def __init__(self, vb: ValueBuilder, saved: dict[int, str]):
-        self.vb, self.saved = vb, saved
+    def __init__(self, vb: ValueBuilder, saved: dict[int, str], output_strides: Optional[dict] = None):
+        """output_strides: the layout each forward output is returned in (eager's, not always
+        contiguous): a saved output is read in it."""
+        self.vb, self.saved, self.output_strides = vb, saved, output_strides or {}
         self.memo: dict[int, GraphNode] = {}
 
     def __call__(self, node: GraphNode) -> GraphNode:
@@ -179,7 +182,8 @@ class _Recompute:
             if id(n) in self.memo:
                 continue
             if id(n) in self.saved:
-                copy = self.vb.b.input(self.saved[id(n)], n.dtype, _saved_view(n))
+                name = self.saved[id(n)]
+                copy = self.vb.b.input(name, n.dtype, _saved_view(n, self.output_strides.get(name)))
             elif isinstance(n.op, Input):
                 copy = self.vb.b.input(n.op.name, n.dtype, n.view, n.op.version)
             else:
@@ -206,8 +210,12 @@ class _ViewTracking(ValueBuilder):
         return found
 
 
-def _saved_view(node: GraphNode) -> View:
-    return node.view if isinstance(node.op, Input) else View.contiguous(node.shape)
+def _saved_view(node: GraphNode, strides: Optional[tuple[int, ...]] = None) -> View:
+    """How the backward reads a saved value: an input as the caller passed it, an output in
+    the layout it is returned in, an intermediate as the tape holds it (contiguous)."""
+    if isinstance(node.op, Input):
+        return node.view
+    return View(node.shape, tuple(strides)) if strides is not None else View.contiguous(node.shape)
 
 
 def _needs_grad(graph: Graph, grad_inputs: set[str]) -> set[int]:

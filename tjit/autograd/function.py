@@ -95,7 +95,8 @@ class GradExecutable:
         return found
 
     def _compile_backward(self, key, layouts):
-        found = backward_graph(self.plan, layouts)
+        returned = {s.name: s.stride for s in self.forward.conversion.outputs if s.kind == "computed"}
+        found = backward_graph(self.plan, layouts, returned)
         graph = found.graph
         specs = [OutputSpec("computed", name=name, shape=node.shape, stride=contiguous_strides(node.shape))
                  for name, node in graph.outputs.items()]

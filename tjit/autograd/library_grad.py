@@ -91,6 +91,25 @@ def trace_formula(node: GraphNode, wrt: tuple[int, ...], grad: GraphNode) -> fx.
     return gm
 
 
+def _same_arguments(args, call_args, kwargs, call_kwargs) -> bool:
+    """Two argument lists of one op are the same call (keyword arguments left at their
+    defaults by one side and given by the other compare by value)."""
+    if len(args) != len(call_args) or tree_flatten(args)[1] != tree_flatten(call_args)[1]:
+        return False
+    if any(not _equal(a, b) for a, b in zip(tree_flatten(args)[0], tree_flatten(call_args)[0])):
+        return False
+    keys = set(kwargs) | set(call_kwargs)
+    return all(_equal(kwargs.get(k), call_kwargs.get(k)) for k in keys)
+
+
+def _equal(a, b) -> bool:
+    if isinstance(a, Operand) or isinstance(b, Operand):
+        return isinstance(a, Operand) and isinstance(b, Operand) and a.index == b.index
+    if isinstance(a, fx.Node) or isinstance(b, fx.Node):
+        return False
+    return type(a) is type(b) and a == b
+
+
 def _drop_detaches(gm: fx.GraphModule) -> None:
     """The formula detaches its operands to make them leaves of autograd; inside the
     backward graph that would only stop gradients that are never taken, and costs copies."""
@@ -133,9 +152,21 @@ class FormulaConverter(Converter):
         return result
 
     def _is_forward_call(self, n: fx.Node) -> bool:
-        """The op itself, on the formula's operands (its first call in the formula)."""
-        return n.target is self.forward_node.op.call.target and all(
-            not isinstance(a, fx.Node) or a.op == "placeholder" for a in tree_flatten((n.args, n.kwargs))[0])
+        """The op itself on the formula's operands, with the forward's arguments: the same
+        target, each operand in its place, every other argument equal (a formula may call
+        the op on other arguments: polygamma(n + 1, x), a transposed triangular_solve)."""
+        call = self.forward_node.op.call
+        if n.target is not call.target:
+            return False
+        placeholders = {p: k for k, p in enumerate(n.graph.find_nodes(op="placeholder"))}
+
+        def as_call_argument(a):
+            if isinstance(a, fx.Node):
+                return Operand(placeholders[a]) if a in placeholders else a  # (a computed value: never equal)
+            return a
+
+        args, kwargs = tree_map(as_call_argument, (tuple(n.args), dict(n.kwargs)))
+        return _same_arguments(args, call.args, kwargs, call.kwargs)
 
     def _forward_call(self, n: fx.Node):
         """The op's results, when the formula reads only the one being differentiated: the

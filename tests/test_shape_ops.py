@@ -80,6 +80,14 @@ def test_one_kernel_source_serves_every_size():
     assert sources(pad, torch.randn(4, 50)) == sources(pad, torch.randn(9, 77))
 
 
+def test_bytes_read_count_only_the_elements_a_shifted_read_loads():
+    a, b = torch.randn(37, 1100), torch.randn(21, 1100)
+    (kernel,) = tjit.explain(lambda a, b: torch.cat([a, b]) * 2, a, b).kernels
+    assert kernel.bytes_read == kernel.bytes_written == (37 + 21) * 1100 * 4
+    (kernel,) = tjit.explain(lambda a: F.pad(a, (2, 3, -1, 1)) + 1, a).kernels
+    assert kernel.bytes_read == 36 * 1100 * 4
+
+
 @pytest.mark.parametrize("dim", [0, 1, -1, 2])
 def test_cat_along_each_dim(dim):
     shapes = [[5, 7, 9], [5, 7, 9], [5, 7, 9]]

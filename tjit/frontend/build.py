@@ -265,7 +265,7 @@ class ValueBuilder:
                     node = self.view(node, ("slice", d, -lo, -lo + size, 1))
             return node
         if _reads_memory(node):
-            return self.b.node(Window(low, _coerce_scalar(fill, node.dtype)), node.dtype, (node,), View.contiguous(shape))
+            return self._window_node(node, low, shape, fill)
         inside = self.in_window(low, node.shape, shape)
         return self.elementwise("where", [inside, self.shifted(node, low, shape), fill_value], node.dtype)
 
@@ -290,13 +290,13 @@ class ValueBuilder:
                              node.dtype)
         if isinstance(node.op, Window):
             low = tuple(a + b for a, b in zip(node.op.low, low))
-            return self.b.node(Window(low, node.op.fill), node.dtype, node.src, View.contiguous(shape))
+            return self._window_node(node.src[0], low, shape, node.op.fill)
         if isinstance(node.op, Elementwise) and not _checked_division(node):
             src = [self.shifted(s, low, shape) for s in node.src]
             return self.b.node(node.op, node.dtype, tuple(src), View.contiguous(shape))
         if not _reads_memory(node):  # a reduction, an indexed read, an integer division that checks
             node = self.materialize(node)  # its divisor: read from memory, so no lane computes garbage
-        return self.b.node(Window(low, _coerce_scalar(0, node.dtype)), node.dtype, (node,), View.contiguous(shape))
+        return self._window_node(node, low, shape, 0)
 
     def _read_window_at(self, node: GraphNode, coords: list[GraphNode], checked: bool, what: str) -> GraphNode:
         """A Window read at computed coordinates: its source read there, shifted and clamped
@@ -427,6 +427,21 @@ class ValueBuilder:
             if n == 1:
                 result = self.view(result, ("unsqueeze", k))
         return result
+
+    def _window_node(self, src: GraphNode, low, shape, fill) -> GraphNode:
+        """A Window of memory leaf src, cropped first to the part of src some lane reads."""
+        low = list(low)
+        for d, (lo, n, size) in enumerate(zip(low, src.shape, shape)):
+            first, stop = max(lo, 0) - lo, min(lo + n, size) - lo  # of src's indices, the ones read
+            if first >= stop:  # no lane reads src: every lane has the fill
+                return self.expand_to(self.const(fill, src.dtype), tuple(shape))
+            if (first, stop) != (0, n):
+                src = self.view(src, ("slice", d, first, stop, 1))
+                low[d] = lo + first
+        if not any(low) and src.shape == tuple(shape):
+            return src
+        return self.b.node(Window(tuple(low), _coerce_scalar(fill, src.dtype)), src.dtype, (src,),
+                           View.contiguous(tuple(shape)))
 
     def read_at(self, node: GraphNode, coords: list[GraphNode], checked: bool, what: str) -> GraphNode:
         """node[coords[0], coords[1], ...] (each an int64 value of the result's shape): one

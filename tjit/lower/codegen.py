@@ -48,6 +48,13 @@ class Access:
     view: View  # over the kernel's logical shape
     store: bool
     gather: Optional[tuple[int, int, int]] = None  # gathered axis (stride, size), elements read
+    # the addresses a masked access loads, where they are fewer than its view's (a Window
+    # reads its source's elements only): what byte counts count
+    reads: Optional[View] = None
+
+    @property
+    def counted(self) -> View:
+        return self.reads or self.view
 
 
 STATUS = BufferRef("status", "status", DType.int32)  # where kernels report a failed check (1 + its number)
@@ -268,7 +275,8 @@ class _Emitter(GridReductionEmitter):
         offset = view.offset - sum(lo * st for lo, st in zip(low, view.strides))
         self.window_access[id(node)] = len(self.accesses)
         self.accesses.append(Access(self._buffer_for_node(buffer_of(src)),
-                                    self.domain.to_domain(View(node.shape, view.strides, offset)), False))
+                                    self.domain.to_domain(View(node.shape, view.strides, offset)), False,
+                                    reads=view))
         for d in self._window_axes(node):
             self._coordinate(View(node.shape, tuple(int(k == d) for k in range(len(node.shape)))))
 
@@ -797,10 +805,10 @@ def _distinct_bytes(accesses: list[Access], passes: Optional[list[int]] = None) 
     total = 0
     for key, group in by_buffer.items():
         itemsize = group[0].buffer.dtype.itemsize * repeats[key]
-        if sum(math.prod(a.view.shape) for a in group) > EXACT_COUNT_LIMIT:
-            total += itemsize * max(_touched(a.view) for a in group)  # estimate: the largest access
+        if sum(math.prod(a.counted.shape) for a in group) > EXACT_COUNT_LIMIT:
+            total += itemsize * max(_touched(a.counted) for a in group)  # estimate: the largest access
             continue
-        addresses = [_addresses(a.view) for a in group]
+        addresses = [_addresses(a.counted) for a in group]
         total += itemsize * torch.cat(addresses).unique().numel()
     return total
 

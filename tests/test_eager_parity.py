@@ -327,3 +327,24 @@ def test_multilabel_margin_loss_gradient():
     # targets repeated in a row: the gradient's reduction reads a gathered line along its reduced axis
     check(lambda x, t: F.multilabel_margin_loss(x, t), torch.randn(5), torch.tensor([1, 1, 0, 1, 4]))
     check(lambda x, t: F.multilabel_margin_loss(x, t), torch.randn(3, 7), torch.randint(0, 7, (3, 7)))
+
+
+# -- gradients of library calls from their traced derivative formulas ---------------------------------------
+LIBRARY_FORMULAS = {
+    # the formula calls the op itself on other arguments: polygamma(n + 1, x) (it was taken
+    # for the forward call and replaced by the forward's result)
+    **{f"polygamma_{n}": (lambda x, n=n: torch.polygamma(n, x), lambda: torch.rand(1500) + 0.5) for n in range(3)},
+    "triangular_solve": (lambda a, b: torch.linalg.solve_triangular(a.tril() + 4 * torch.eye(37), b, upper=False),
+                         lambda: (torch.randn(3, 37, 37), torch.randn(3, 37, 5))),
+    # the result is column-major as eager returns it, and the formula reads it (the backward
+    # read the saved result as row-major)
+    "inv": (lambda x: torch.linalg.inv(x + 5 * torch.eye(37)), lambda: torch.randn(3, 37, 37)),
+    "cholesky": (lambda x: torch.linalg.cholesky(x @ x.mT + 37 * torch.eye(37)), lambda: torch.randn(2, 37, 37)),
+}
+
+
+@pytest.mark.parametrize("name", LIBRARY_FORMULAS)
+def test_library_call_gradients(name):
+    fn, make = LIBRARY_FORMULAS[name]
+    args = make()
+    check(fn, *(args if isinstance(args, tuple) else (args,)))

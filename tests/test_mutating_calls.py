@@ -207,3 +207,16 @@ def test_a_failing_check_leaves_inputs_as_eager_does(fn):
     check_against_eager(fn, good, torch.randn(1030))
 
 
+
+
+def test_tracing_leaves_a_closed_over_buffer_alone():
+    """make_fx computes ops on small real tensors for real while tracing: a module's
+    num_batches_tracked, closed over, must be incremented by the call only, once."""
+    ours, eager = torch.nn.BatchNorm1d(4), torch.nn.BatchNorm1d(4)
+    x = torch.randn(8, 4)
+    compiled = tjit.compile(lambda x: ours(x))
+    for _ in range(2):
+        compiled(x)
+        eager(x)
+    assert ours.num_batches_tracked.item() == eager.num_batches_tracked.item() == 2
+    torch.testing.assert_close(ours.running_mean, eager.running_mean)

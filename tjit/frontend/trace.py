@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 
 from ..errors import DataDependentError, LayoutError, UnsupportedOpError
@@ -44,8 +45,47 @@ KEPT_WHOLE = (aten.clamp_min, aten.clamp_max, aten.silu, aten.softplus, aten.mis
 def fake_trace(fn: Callable, tensors: list) -> torch.fx.GraphModule:
     """make_fx on fake copies of the tensors. (The first call in a process also imports
     torch._dynamo, which make_fx uses internally: about a second, once.)"""
-    return make_fx(fn, decomposition_table=decomposition_table(), tracing_mode="fake",
-                   _allow_non_fake_inputs=True)(*tensors)
+    keep = KeepRealTensors()
+    try:
+        with keep:
+            return make_fx(fn, decomposition_table=decomposition_table(), tracing_mode="fake",
+                           _allow_non_fake_inputs=True)(*tensors)
+    finally:
+        keep.restore()
+
+
+class KeepRealTensors(TorchDispatchMode):
+    """make_fx computes ops on small real tensors the function closes over (a module's
+    num_batches_tracked) for real, to know their values while tracing; an in-place op then
+    changes the caller's tensor during the trace, and again when the compiled function runs.
+    This notes each such tensor before an op writes it and puts the values back after the
+    trace (the trace itself saw the written values, as eager's first call does)."""
+
+    def __init__(self):
+        super().__init__()
+        self.before: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        schema = getattr(func, "_schema", None)
+        if schema is not None and schema.is_mutable:
+            values = list(args) + [kwargs.get(a.name) for a in schema.arguments[len(args):]]
+            for value, arg in zip(values, schema.arguments):
+                if arg.alias_info is not None and arg.alias_info.is_write and _is_real(value) \
+                        and id(value) not in self.before:
+                    with torch._C._DisableTorchDispatch():  # (not traced)
+                        self.before[id(value)] = (value, value.clone())
+        return func(*args, **kwargs)
+
+    def restore(self) -> None:
+        with torch._C._DisableTorchDispatch():
+            for tensor, value in self.before.values():
+                tensor.copy_(value)
+
+
+def _is_real(value) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+    return isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor) and value.layout == torch.strided
 
 
 class GradModeWatch(TorchFunctionMode):

@@ -169,19 +169,24 @@ class FormulaConverter(Converter):
         return _same_arguments(args, call.args, kwargs, call.kwargs)
 
     def _forward_call(self, n: fx.Node):
-        """The op's results, when the formula reads only the one being differentiated: the
-        forward's value. Running the op again for the others (a sort's indices) could repeat
-        a write it makes unseen (a batch norm's running statistics): such a formula is not
-        converted (the caller runs torch's backward as one call instead)."""
+        """The op's results as the forward computed them (saved or recomputed there), not a
+        second run of the op: running it again could repeat a write it makes unseen (a batch
+        norm's running statistics). A formula that reads a result the forward did not make
+        is not converted: the caller runs torch's backward as one call instead."""
         results = n.meta["val"]
         if isinstance(results, torch.Tensor):
             return self.forward_value(self.forward_node)
+        made = self.forward_node.op.call.results
         flat, spec = tree_flatten(results)
-        tensors = [k for k, r in enumerate(flat) if isinstance(r, torch.Tensor)]
-        wanted = tensors[self.forward_node.op.index]
-        if not isinstance(results, (tuple, list)) or len(flat) != len(results) or any(
-                u.target is not operator.getitem or u.args[1] != wanted for u in n.users):
-            raise TjitError(f"the derivative formula of {self.forward_node.op.call.name} reads results of the op "
-                            "other than the one differentiated")
-        flat[wanted] = self.forward_value(self.forward_node)
-        return tree_unflatten(flat, spec)
+        if not isinstance(results, (tuple, list)) or len(flat) != len(results):
+            raise TjitError(f"the results of {self.forward_node.op.call.name} are nested")
+        index = {k: j for j, k in enumerate(k for k, r in enumerate(flat) if isinstance(r, torch.Tensor))}
+        bound = list(flat)
+        for user in n.users:
+            k = user.args[1] if user.target is operator.getitem else None
+            node = made.get(index.get(k)) if k is not None else None
+            if node is None:
+                raise TjitError(f"the derivative formula of {self.forward_node.op.call.name} reads a result of the "
+                                "op the forward does not make")
+            bound[k] = self.forward_value(node)
+        return tree_unflatten(bound, spec)

@@ -92,7 +92,8 @@ def library_call(cv, node: fx.Node, target, args: tuple, kwargs: dict) -> Any:
             nodes.append(copies[frozenset(alias.before_set)])
         else:
             view = View(tuple(result.shape), tuple(result.stride()))
-            nodes.append(cv.b.node(Extern(call, k), DType.from_torch(result.dtype), tuple(operands), view))
+            call.results[k] = cv.b.node(Extern(call, k), DType.from_torch(result.dtype), tuple(operands), view)
+            nodes.append(call.results[k])
         k += 1
     return tree_unflatten(nodes, spec)
 

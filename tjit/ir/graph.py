@@ -119,6 +119,9 @@ class ExternCall:
     # a random op whose derivative runs it again: the operand holding the seed it runs with
     # (drawn by a call of its own), so the derivative draws the same numbers
     seed: Optional[int] = None
+    # the call's result nodes by index, as the frontend made them: the gradient of one result
+    # may read the others (a sort's indices) as the forward computed them
+    results: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def name(self) -> str:

@@ -28,7 +28,7 @@ from .errors import TjitError
 from .frontend.convert import Conversion
 from .frontend.trace import trace
 from .ir import AxisStrategy, Graph, GraphNode, Input, toposort
-from .lower import LibraryPlan, lower
+from .lower import HasSteps, LibraryPlan, lower
 from .lower.codegen import KernelPlan
 from .lower.fusion import KernelGroup
 from .memory import MemoryPlan
@@ -40,7 +40,7 @@ Step = Union[KernelPlan, LibraryPlan]
 
 
 @dataclass
-class Program:
+class Program(HasSteps):
     """What runs for one compiled form: the steps in order and where their memory is."""
     graph: Graph
     steps: list[Step]  # kernels and library calls, in the order they run (each writes something)
@@ -52,14 +52,6 @@ class Program:
     donated: dict[str, list[tuple[SlabBuffer, int]]] = field(default_factory=dict)
     # outputs returned as the library call that computes them left them (name -> Extern node)
     call_outputs: dict[str, GraphNode] = field(default_factory=dict)
-
-    @property
-    def kernels(self) -> list[KernelPlan]:
-        return [s for s in self.steps if isinstance(s, KernelPlan)]
-
-    @property
-    def library_calls(self) -> list[LibraryPlan]:
-        return [s for s in self.steps if isinstance(s, LibraryPlan)]
 
 
 # -- the passes ------------------------------------------------------------------------------------

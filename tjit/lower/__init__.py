@@ -13,14 +13,9 @@ from .library import LibraryPlan, plan_library_call
 StrategyMap = Mapping[str, Sequence[AxisStrategy]]
 
 
-@dataclass
-class LoweredGraph:
-    steps: list[Union[KernelPlan, LibraryPlan]]  # in the order they run
-    groups: list[KernelGroup]  # one per kernel
-    buffers: list[GraphNode]  # materialised intermediates, in the order kernels first write them
-    # outputs that are a library call's result in the output's layout: returned as the call
-    # left them (output name -> the Extern node), with no kernel copying them
-    call_outputs: dict[str, GraphNode] = field(default_factory=dict)
+class HasSteps:
+    """Kernels and library calls, in the order they run (`steps`), and each kind apart."""
+    steps: list[Union[KernelPlan, LibraryPlan]]
 
     @property
     def kernels(self) -> list[KernelPlan]:
@@ -29,6 +24,16 @@ class LoweredGraph:
     @property
     def library_calls(self) -> list[LibraryPlan]:
         return [s for s in self.steps if isinstance(s, LibraryPlan)]
+
+
+@dataclass
+class LoweredGraph(HasSteps):
+    steps: list[Union[KernelPlan, LibraryPlan]]  # in the order they run
+    groups: list[KernelGroup]  # one per kernel
+    buffers: list[GraphNode]  # materialised intermediates, in the order kernels first write them
+    # outputs that are a library call's result in the output's layout: returned as the call
+    # left them (output name -> the Extern node), with no kernel copying them
+    call_outputs: dict[str, GraphNode] = field(default_factory=dict)
 
 
 def lower(graph: Graph, output_strides: dict[str, tuple[int, ...]],
@@ -78,4 +83,4 @@ def forced_strategies(group: KernelGroup, strategies: StrategyMap) -> Optional[t
     return found[0] if found else None
 
 
-__all__ = ["lower", "LoweredGraph", "KernelPlan", "LibraryPlan"]
+__all__ = ["lower", "LoweredGraph", "HasSteps", "KernelPlan", "LibraryPlan"]

@@ -128,3 +128,27 @@ def test_sort_backward_reads_the_forward_indices_instead_of_sorting_again():
     assert backward_calls(sorted_exp, x) == ["aten.scatter.src"]
     assert backward_calls(lambda x: F.max_pool2d(x, 2) * 2, torch.randn(2, 3, 8, 8)) == [
         "aten.max_pool2d_with_indices_backward.default"]
+
+
+def test_an_indexed_read_in_a_formula_wraps_negative_indices():
+    """put's derivative takes the gradient at the indices: negative ones count from the end."""
+    torch.manual_seed(0)
+    index = torch.tensor([-7, -5, -3, 1100])
+    check(lambda x, s: torch.put(x, index, s).exp(), torch.randn(40, 30), torch.randn(4))
+
+
+def test_as_strided_copy_of_overlapping_windows():
+    """as_strided addresses its operand's storage: the call gets an operand that is a whole
+    storage, as the trace's was."""
+    torch.manual_seed(0)
+    check(lambda x: torch.as_strided_copy(x * 2, (1200, 3), (1, 1)).sin(), torch.randn(1300))
+
+
+def test_ops_whose_decomposition_differs_from_eager_run_whole():
+    torch.manual_seed(0)
+    x = torch.randn(4, 5)
+    target = torch.tensor([[0, -1, 2, 3, 4], [1, 2, -1, 0, 0], [4, 3, 2, 1, 0], [-1, 1, 0, 2, 3]])
+    check(lambda x: F.multilabel_margin_loss(x, target), x)  # a -1 inside a row ends the row
+    check(lambda x: torch.special.log_ndtr(x * 10), torch.randn(2000))  # finite gradient far out
+    index = torch.tensor([0, 2, 2, 5])  # a repeated index fills once
+    check(lambda x, v: x.index_fill(1, index, v) * 3, torch.randn(30, 1100), torch.tensor(1.5))

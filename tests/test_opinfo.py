@@ -134,8 +134,6 @@ EXPECTED_BACKWARD_FAILURES: dict[str, str] = {
     "nn.functional.linear_cross_entropy.chunked": "(bug: wrong answer) traced with its inputs detached, the op's "
                                                   "Python wrapper passes compute_input_grad=False and "
                                                   "compute_linear_weight_grad=False to its custom op: zero gradients",
-    "special.log_ndtr": "(bug) its core decomposition's where() sends the branch it does not select a zero gradient, "
-                        "which log1p(-1) turns into NaN where eager's formula is finite",
 }
 # OpInfo id -> why its backward kernels spill registers when compiled for sm_90 (a known gap).
 BACKWARD_SPILLS: dict[str, str] = {
@@ -143,13 +141,8 @@ BACKWARD_SPILLS: dict[str, str] = {
 }
 # OpInfo id -> why a later sample's gradients fail (strict xfail only with TJIT_OPINFO_ALL=1).
 EXPECTED_BACKWARD_FAILURES_LATER: dict[str, str] = {
-    "index_fill": "(bug: wrong answer) the gradient of the fill value with repeated indices: the decomposition into "
-                  "index_put counts each repeat; eager's index_fill counts each filled element once",
     "_native_batch_norm_legit": "training, weight and bias requiring grad: the derivative would read the running "
                                 "statistics from before the call wrote them (UnsupportedOpError 'in-place write')",
-    **dict.fromkeys(("as_strided_copy", "put"), "(bug: wrong answer) the library call's traced derivative formula "
-                    "(autograd/library_grad.py): as_strided_copy of overlapping windows (samples 3, 4), put's "
-                    "source gradient (samples 2, 3); tjit's own as_strided view gradient is right"),
     "scatter_reduce.mean": "(bug) AttributeError 'NoneType' object has no attribute 'op' building the backward "
                            "(samples 18-20), not UnsupportedOpError",
 }

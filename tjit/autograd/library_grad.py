@@ -126,7 +126,9 @@ class FormulaConverter(Converter):
 
     def __init__(self, gm: fx.GraphModule, vb, node: GraphNode, value: ValueOf):
         super().__init__(gm, [])
-        self.b, self._view_memo, self.indices_checked = vb.b, vb._view_memo, True
+        # (the formula's indexed reads are its own: their indices are checked, and negative
+        # ones wrapped, as in any traced function; a backward's own gathers are known in range)
+        self.b = vb.b
         self.forward_node, self.forward_value = node, value
 
     def gradients(self, grad: GraphNode, wrt: tuple[int, ...]) -> list[Optional[GraphNode]]:

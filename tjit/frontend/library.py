@@ -46,6 +46,23 @@ RESULTS_IGNORE_WRITTEN = {
 }
 
 
+# Ops that address their operand's storage rather than the operand (as_strided reads any
+# element of the storage, at offsets from its start): a call hands them an operand that is
+# the whole of its own storage (runtime/library.py copies it), which is exact only where
+# the traced operand was its whole storage too.
+STORAGE_ADDRESSED = frozenset({aten.as_strided.default, aten.as_strided_copy.default, aten.as_strided_scatter.default})
+
+
+def check_whole_storage(node: fx.Node, target) -> None:
+    for leaf in tree_flatten((tuple(node.args), dict(node.kwargs)))[0]:
+        meta = leaf.meta.get("val") if isinstance(leaf, fx.Node) else None
+        if isinstance(meta, torch.Tensor) and not (
+                meta.storage_offset() == 0 and is_non_overlapping_and_dense(meta)
+                and meta.untyped_storage().nbytes() == meta.numel() * meta.element_size()):
+            raise UnsupportedOpError(str(target), "addresses the storage of an operand that is only part of its "
+                                     "storage (as_strided of a view of a computed value)", target=node.target)
+
+
 def library_call(cv, node: fx.Node, target, args: tuple, kwargs: dict) -> Any:
     """Run `target` (an aten OpOverload) as a library call on the converted args: returns
     its results as Extern nodes, in the structure the op returns them. Arguments the op
@@ -55,6 +72,8 @@ def library_call(cv, node: fx.Node, target, args: tuple, kwargs: dict) -> Any:
         raise UnsupportedOpError(str(target), "not an aten op (tjit runs aten ops it does not generate as library "
                                  "calls)", target=node.target)
     written = written_arguments(node, target)
+    if target in STORAGE_ADDRESSED:
+        check_whole_storage(node, target)
     operands: list[GraphNode] = []
     traced = iter(leaf.meta.get("val") if isinstance(leaf, fx.Node) else None
                   for leaf in tree_flatten((tuple(node.args), dict(node.kwargs)))[0])

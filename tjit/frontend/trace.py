@@ -39,7 +39,11 @@ aten = torch.ops.aten
 KEPT_WHOLE = (aten.clamp_min, aten.clamp_max, aten.silu, aten.softplus, aten.mish, aten.hardsigmoid, aten.hardswish,
               aten.frac, aten.celu, aten.selu, aten.lerp, aten.addcmul, aten.addcdiv,
               aten._safe_softmax,  # its decomposition's backward meets softmax's NaN in fully masked rows
-              aten.detach)  # its decomposition (alias) would lose where the gradient stops
+              aten.detach,  # its decomposition (alias) would lose where the gradient stops
+              # library calls rather than their decompositions, which differ from eager: multilabel
+              # margin loss's ignores a -1 inside a target row, index_fill's gradient counts a
+              # repeated index once per repeat, log_ndtr's where() sends NaN into the gradient
+              aten.multilabel_margin_loss_forward, aten.index_fill, aten.special_log_ndtr)
 
 
 def fake_trace(fn: Callable, tensors: list) -> torch.fx.GraphModule:

@@ -10,6 +10,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from ..errors import TjitError
 from ..ir import ExternCall, GraphNode, Input, Operand, ViewOp
 from ..lower.fusion import buffer_of
+from ..frontend.library import STORAGE_ADDRESSED
 from ..lower.library import LibraryPlan
 from .counters import counters
 
@@ -61,6 +62,9 @@ def seeded(seed: torch.Tensor, operands: list[torch.Tensor]):
 
 def run_library_call(plan: LibraryPlan, memory: dict) -> None:
     operands = [operand_tensor(op, memory) for op in plan.operands]
+    if plan.call.target in STORAGE_ADDRESSED:  # each operand is the whole of a storage of its own
+        operands = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
+                    for t in operands]
     tensors = call_results(plan.call, operands)
     counters.library_calls += 1
     for node in plan.results:

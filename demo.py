@@ -94,6 +94,11 @@ def sorted_probs(x):
     return torch.exp(torch.sort(2 * x + 1, dim=-1).values)
 
 
+def padded_concat(a, b):
+    """cat and pad are index arithmetic inside the kernel, not copies"""
+    return torch.nn.functional.pad(torch.cat([a * 2, b.exp()], dim=1), (1, 1)).sum(dim=1)
+
+
 def rand(*shape):
     return torch.randn(*shape, device=DEVICE)
 
@@ -119,6 +124,8 @@ EXAMPLES = [
      matmul_epilogue, lambda: (rand(M, N), rand(N, 48), rand(48))),
     ("exp(sort(2x + 1).values): a kernel, the sort as a library call, a kernel", sorted_probs,
      lambda: (rand(M, N),)),
+    ("pad(cat([a * 2, exp(b)], 1), (1, 1)).sum(1): cat and pad fused into the reduction, one kernel",
+     padded_concat, lambda: (rand(M, N), rand(M, 40))),
 ]
 
 

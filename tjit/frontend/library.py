@@ -47,20 +47,25 @@ RESULTS_IGNORE_WRITTEN = {
 
 
 # Ops that address their operand's storage rather than the operand (as_strided reads any
-# element of the storage, at offsets from its start): a call hands them an operand that is
-# the whole of its own storage (runtime/library.py copies it), which is exact only where
-# the traced operand was its whole storage too.
+# element of the storage, at offsets from its start). An input's memory is the caller's
+# storage, as in eager; any other operand is handed to them as the whole of a storage of
+# its own (runtime/library.py copies it), which is exact only where the traced operand was
+# its whole storage too.
 STORAGE_ADDRESSED = frozenset({aten.as_strided.default, aten.as_strided_copy.default, aten.as_strided_scatter.default})
 
 
-def check_whole_storage(node: fx.Node, target) -> None:
-    for leaf in tree_flatten((tuple(node.args), dict(node.kwargs)))[0]:
-        meta = leaf.meta.get("val") if isinstance(leaf, fx.Node) else None
-        if isinstance(meta, torch.Tensor) and not (
-                meta.storage_offset() == 0 and is_non_overlapping_and_dense(meta)
-                and meta.untyped_storage().nbytes() == meta.numel() * meta.element_size()):
-            raise UnsupportedOpError(str(target), "addresses the storage of an operand that is only part of its "
-                                     "storage (as_strided of a view of a computed value)", target=node.target)
+def reads_an_input(node: GraphNode) -> bool:
+    base = node.src[0] if isinstance(node.op, ViewOp) else node
+    return isinstance(base.op, Input)
+
+
+def check_whole_storage(target, operand: GraphNode, meta, fx_node: fx.Node) -> None:
+    if reads_an_input(operand) or not isinstance(meta, torch.Tensor):
+        return
+    if not (meta.storage_offset() == 0 and is_non_overlapping_and_dense(meta)
+            and meta.untyped_storage().nbytes() == meta.numel() * meta.element_size()):
+        raise UnsupportedOpError(str(target), "addresses the storage of an operand that is only part of its "
+                                 "storage (as_strided of a view of a computed value)", target=fx_node.target)
 
 
 def library_call(cv, node: fx.Node, target, args: tuple, kwargs: dict) -> Any:
@@ -72,8 +77,6 @@ def library_call(cv, node: fx.Node, target, args: tuple, kwargs: dict) -> Any:
         raise UnsupportedOpError(str(target), "not an aten op (tjit runs aten ops it does not generate as library "
                                  "calls)", target=node.target)
     written = written_arguments(node, target)
-    if target in STORAGE_ADDRESSED:
-        check_whole_storage(node, target)
     operands: list[GraphNode] = []
     traced = iter(leaf.meta.get("val") if isinstance(leaf, fx.Node) else None
                   for leaf in tree_flatten((tuple(node.args), dict(node.kwargs)))[0])
@@ -83,6 +86,8 @@ def library_call(cv, node: fx.Node, target, args: tuple, kwargs: dict) -> Any:
         if not isinstance(value, GraphNode):
             return value
         operands.append(with_traced_layout(cv, in_memory(cv, value), meta))
+        if target in STORAGE_ADDRESSED:
+            check_whole_storage(target, operands[-1], meta, node)
         return Operand(len(operands) - 1)
 
     bound_args, bound_kwargs = tree_map(placeholder, (tuple(args), dict(kwargs)))

@@ -10,7 +10,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from ..errors import TjitError
 from ..ir import ExternCall, GraphNode, Input, Operand, ViewOp
 from ..lower.fusion import buffer_of
-from ..frontend.library import STORAGE_ADDRESSED
+from ..frontend.library import STORAGE_ADDRESSED, reads_an_input
 from ..lower.library import LibraryPlan
 from .counters import counters
 
@@ -62,9 +62,10 @@ def seeded(seed: torch.Tensor, operands: list[torch.Tensor]):
 
 def run_library_call(plan: LibraryPlan, memory: dict) -> None:
     operands = [operand_tensor(op, memory) for op in plan.operands]
-    if plan.call.target in STORAGE_ADDRESSED:  # each operand is the whole of a storage of its own
-        operands = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
-                    for t in operands]
+    if plan.call.target in STORAGE_ADDRESSED:  # an operand not in the caller's memory: a storage of its own
+        operands = [t if reads_an_input(op) else torch.empty_strided(t.shape, t.stride(), dtype=t.dtype,
+                                                                      device=t.device).copy_(t)
+                    for op, t in zip(plan.operands, operands)]
     tensors = call_results(plan.call, operands)
     counters.library_calls += 1
     for node in plan.results:

@@ -128,12 +128,6 @@ BACKWARD_TOLERANCES: dict[str, tuple[float, float]] = {}
 EXPECTED_BACKWARD_FAILURES: dict[str, str] = {
     **dict.fromkeys(("fft.hfft", "fft.hfft2", "fft.hfftn", "fft.irfft", "fft.irfft2", "fft.irfftn", "linalg.eig",
                      "stft"), "a gradient through a complex value: tjit differentiates no complex values yet"),
-    "nn.functional.embedding_bag": "(bug) traced with its inputs detached, torch picks "
-                                   "aten._embedding_bag_forward_only, which has no derivative: RuntimeError 'Autograd "
-                                   "not support dtype: Long' in the backward, not UnsupportedOpError",
-    "nn.functional.linear_cross_entropy.chunked": "(bug: wrong answer) traced with its inputs detached, the op's "
-                                                  "Python wrapper passes compute_input_grad=False and "
-                                                  "compute_linear_weight_grad=False to its custom op: zero gradients",
 }
 # OpInfo id -> why its backward kernels spill registers when compiled for sm_90 (a known gap).
 BACKWARD_SPILLS: dict[str, str] = {

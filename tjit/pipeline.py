@@ -55,9 +55,10 @@ class Program(HasSteps):
 
 
 # -- the passes ------------------------------------------------------------------------------------
-def trace_and_convert(fn: Callable, args: tuple, kwargs: dict) -> Conversion:
-    """trace + convert: the function's IR graph and how its results are made."""
-    conversion = trace(fn, args, kwargs)
+def trace_and_convert(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozenset = frozenset()) -> Conversion:
+    """trace + convert: the function's IR graph and how its results are made (the tensors
+    named in requires_grad traced as requiring grad)."""
+    conversion = trace(fn, args, kwargs, requires_grad)
     verify("convert", verify_graph, conversion.graph)
     return conversion
 

@@ -151,7 +151,9 @@ def _rebuilt(name: str, value, values: dict):
     return values[name]
 
 
-def trace(fn: Callable, args: tuple, kwargs: dict) -> Conversion:
+def trace(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozenset = frozenset()) -> Conversion:
+    """requires_grad: the tensor arguments (by flattened name) that get a gradient: they are
+    traced requiring grad, as eager runs them (Python code may branch on it)."""
     flat = flatten_arguments(fn, args, kwargs)
     tensor_names = [name for name, v in flat if isinstance(v, torch.Tensor)]
     tensors = [v for _, v in flat if isinstance(v, torch.Tensor)]
@@ -171,7 +173,8 @@ def trace(fn: Callable, args: tuple, kwargs: dict) -> Conversion:
     name = getattr(fn, "__name__", str(fn))
     try:
         with torch.enable_grad(), watch:
-            gm = fake_trace(with_tensors, [t.detach() for t in tensors])
+            gm = fake_trace(with_tensors, [t.detach().requires_grad_(name in requires_grad)
+                                           for name, t in zip(tensor_names, tensors)])
     except UnsupportedOpError:
         raise
     except Exception as e:

@@ -115,7 +115,9 @@ class CompiledFunction:
         grad_inputs = _grad_inputs(flat)
         device = _device_type(flat)
         try:
-            conversion = trace_and_convert(self.fn, *_detached((args, kwargs)))  # the forward: tjit differentiates it
+            # the forward only (tjit differentiates it), traced as eager runs it: the inputs that get a
+            # gradient require grad (an op's Python wrapper may skip work for inputs that do not)
+            conversion = trace_and_convert(self.fn, *_detached((args, kwargs)), frozenset(grad_inputs))
         except SplitError as e:
             if not self.split_data_dependent or self.donate:
                 raise

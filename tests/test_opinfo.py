@@ -237,30 +237,39 @@ def _reason(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[:200]}"
 
 
+def _values_compared(name: str, sample) -> Optional[bool]:
+    """How a sample's values are compared: True in full; None for a random op (shape, dtype
+    and no NaN where eager has none); False for values eager leaves unspecified."""
+    random = ((name not in NOT_RANDOM and any(w in name for w in RANDOM_WORDS))
+              or RANDOM_SAMPLES.get(name, lambda s: False)(sample))
+    return False if name in UNSPECIFIED_VALUES else None if random else True
+
+
+def _seeded_call(fn, inputs: list):
+    """fn on the inputs from torch's seed 0 (eager and tjit draw the same random numbers where
+    they can), its warnings silenced (eager shows them once already)."""
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return fn(*inputs)
+
+
 def run_sample(name: str, index: int, sample) -> Outcome:
     """Run one sample through eager and tjit; its outcome."""
     op = OPINFOS[name]
     fn, tensors = sample_program(op, sample)
-    random = ((name not in NOT_RANDOM and any(w in name for w in RANDOM_WORDS))
-              or RANDOM_SAMPLES.get(name, lambda s: False)(sample))
-    values = False if name in UNSPECIFIED_VALUES else None if random else True
+    values = _values_compared(name, sample)
     atol, rtol = TOLERANCES.get(name, (1e-5, 1.3e-6))
     start = time.perf_counter()
     eager_inputs = [_clone(t) for t in tensors]
-    torch.manual_seed(0)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            expected = fn(*eager_inputs)
+        expected = _seeded_call(fn, eager_inputs)
     except Exception as e:  # eager cannot run this sample: not tjit's to run either
         return Outcome(name, index, "skip", _reason(e))
     tjit_inputs = [_clone(t) for t in tensors]
     kernels, calls = tjit.counters.launches, tjit.counters.library_calls
-    torch.manual_seed(0)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            got = tjit.compile(fn)(*tjit_inputs)
+        got = _seeded_call(tjit.compile(fn), tjit_inputs)
     except Exception as e:
         return Outcome(name, index, "error", _reason(e), seconds=time.perf_counter() - start)
     kernels, calls = tjit.counters.launches - kernels, tjit.counters.library_calls - calls
@@ -307,9 +316,7 @@ def run_backward_sample(name: str, index: int, sample) -> Outcome:
     eager's float64 result as eager's float32 one passes (see _as_accurate)."""
     op = OPINFOS[name]
     fn, tensors = sample_program(op, sample)
-    random = ((name not in NOT_RANDOM and any(w in name for w in RANDOM_WORDS))
-              or RANDOM_SAMPLES.get(name, lambda s: False)(sample))
-    values = False if name in UNSPECIFIED_VALUES else None if random else True
+    values = _values_compared(name, sample)
     atol, rtol = BACKWARD_TOLERANCES.get(name, TOLERANCES.get(name, (1e-5, 1.3e-6)))
     start = time.perf_counter()
     eager = _Eager(name, index, sample, fn, tensors)
@@ -321,11 +328,8 @@ def run_backward_sample(name: str, index: int, sample) -> Outcome:
         return Outcome(name, index, "skip", "no differentiable output or input in eager")
     tjit_inputs = [_grad_leaf(t) for t in tensors]
     kernels, calls = tjit.counters.launches, tjit.counters.library_calls
-    torch.manual_seed(0)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            got = tjit.compile(fn)(*tjit_inputs)
+        got = _seeded_call(tjit.compile(fn), tjit_inputs)
     except Exception as e:
         return Outcome(name, index, "error", "forward: " + _reason(e), seconds=time.perf_counter() - start)
     try:

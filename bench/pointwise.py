@@ -344,7 +344,7 @@ def run_workload(w: Workload, m: int, n: int, timings: bool) -> Row:
     if first["launches"] != row.tjit_planned:
         row.failures.append(f"{w.name}: the first call launched {first['launches']} kernel(s) "
                             f"(tjit.counters.launches), tjit.explain plans {row.tjit_planned}")
-    row.sm90 = sm90_reports(entry.executable.lowered.kernels)
+    row.sm90 = sm90_reports(entry.executable.program.kernels)
 
     # second call, same shapes: kernels and bytes measured, the plan checked against them
     call_args = clone_args(args)

@@ -298,7 +298,7 @@ def run_case(w: Workload, case: str, m: int, n: int, timings: bool) -> Row:
         read, written, read_distinct, written_distinct = measured.triton.bytes()
         row.bytes_distinct, row.bytes_issued = read_distinct + written_distinct, read + written
 
-    row.sm90 = sm90_reports(compiled.entry_for(*args).executable.lowered.kernels)
+    row.sm90 = sm90_reports(compiled.entry_for(*args).executable.program.kernels)
     good = [k for k in row.sm90 if "error" not in k]
     row.max_registers = max((k["registers"] for k in good), default=0)
     row.spills = sum(k["spills"] for k in good)

@@ -169,7 +169,7 @@ def test_indexing_switches_to_int64_past_two_to_the_31():
     big = torch.randn(1, 3).expand(2**30, 3)  # 3.2e9 elements: offsets overflow int32, memory does not grow
     small = torch.randn(1, 3).expand(2**10, 3)
     f = tjit.compile(lambda x: x * 2)
-    wide, narrow = f.entry_for(big).executable.lowered.kernels[0], f.entry_for(small).executable.lowered.kernels[0]
+    wide, narrow = f.entry_for(big).executable.program.kernels[0], f.entry_for(small).executable.program.kernels[0]
     assert ".to(tl.int64)" in wide.source and "int64" not in narrow.source
     signature = {name: "*fp32" if name.endswith("_ptr") else "i64" for name in wide.param_names}
     report = compile_for_gpu(load_kernel(wide), signature, wide.constexprs, num_warps=wide.num_warps)

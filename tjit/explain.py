@@ -133,7 +133,7 @@ def _explain_split(split: SplitFunction, args, kwargs) -> SplitExplanation:
 
 def _explain(executable, eager_ops: int) -> Explanation:
     steps = [LibraryCallReport(p.name, p.call.name, p.bytes_read, p.bytes_written) if isinstance(p, LibraryPlan)
-             else report(p) for p in executable.lowered.steps]
+             else report(p) for p in executable.program.steps]
     return Explanation(executable.graph, [s for s in steps if isinstance(s, KernelReport)], eager_ops,
                        executable.memory_plan,
                        library_calls=[s for s in steps if isinstance(s, LibraryCallReport)], steps=steps)

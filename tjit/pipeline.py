@@ -20,6 +20,7 @@ suite sets it) a verifier checks each stage's data before the next pass reads it
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Sequence, Union
@@ -27,7 +28,7 @@ from typing import Callable, Mapping, Optional, Sequence, Union
 from .errors import TjitError
 from .frontend.convert import Conversion
 from .frontend.trace import trace
-from .ir import AxisStrategy, Graph, GraphNode, Input, toposort
+from .ir import AxisStrategy, Contiguous, Elementwise, Extern, Graph, GraphNode, Input, ViewOp, toposort
 from .lower import HasSteps, LibraryPlan, lower
 from .lower.codegen import KernelPlan
 from .lower.fusion import KernelGroup
@@ -111,7 +112,6 @@ def verify(stage: str, check: Callable, *data) -> None:
 def verify_graph(graph: Graph) -> Optional[str]:
     """IR invariants: views read only leaves (inputs, literals, buffers, calls' results),
     elementwise operands have the node's shape, every input read is a declared input."""
-    from .ir import Contiguous, Elementwise, Extern, ViewOp
     declared = set(graph.input_names)
     for node in toposort(graph.roots()):
         if isinstance(node.op, Input) and node.op.name not in declared:
@@ -120,7 +120,7 @@ def verify_graph(graph: Graph) -> Optional[str]:
             return f"{node.op.op}: operand shapes {[s.shape for s in node.src]} differ from {node.shape}"
         if isinstance(node.op, ViewOp) and isinstance(node.src[0].op, (Elementwise, ViewOp)):
             return f"a view of a {type(node.src[0].op).__name__} (views are pushed to the leaves)"
-        if isinstance(node.op, (Contiguous, Extern)) and node.view.numel != _numel(node.shape):
+        if isinstance(node.op, (Contiguous, Extern)) and node.view.numel != math.prod(node.shape):
             return f"{type(node.op).__name__} node with view {node.view} of another size than its shape"
     return None
 
@@ -134,7 +134,7 @@ def verify_steps(graph: Graph, steps: list[Step]) -> Optional[str]:
         for access in step.accesses:
             ref = access.buffer
             if ref.kind == "buffer" and not access.store and id(ref.node) not in written \
-                    and _numel(ref.node.shape):  # (no kernel writes a buffer of no elements: none needs to)
+                    and math.prod(ref.node.shape):  # (no kernel writes a buffer of no elements: none needs to)
                 return f"step {k} ({step.name}) reads buffer {ref.name or ref.node.op} before any step writes it"
             if ref.kind == "input" and access.store and ref.name not in mutated:
                 return f"step {k} ({step.name}) writes input {ref.name!r}, which the function does not write"
@@ -153,18 +153,7 @@ def verify_memory(program: Program) -> Optional[str]:
     for k, step in enumerate(program.steps):
         for access in step.accesses:
             ref = access.buffer
-            if ref.kind == "buffer" and not _torch_allocated(ref.node) and ("buffer", id(ref.node)) not in placed:
+            torch_allocated = ref.kind == "buffer" and isinstance(ref.node.op, Extern)  # a call's result
+            if ref.kind == "buffer" and not torch_allocated and ("buffer", id(ref.node)) not in placed:
                 return f"step {k} ({step.name}) accesses a buffer that has no place in memory"
     return None
-
-
-def _torch_allocated(node: GraphNode) -> bool:
-    from .ir import Extern
-    return isinstance(node.op, Extern)  # a library call's result: torch allocates it
-
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n

@@ -50,8 +50,8 @@ class GradExecutable:
         return self.forward.graph
 
     @property
-    def lowered(self):
-        return self.forward.lowered
+    def program(self):
+        return self.forward.program
 
     @property
     def memory_plan(self):

@@ -119,10 +119,6 @@ class Executable:
 
     # what explain(), the logs and the benchmarks read
     @property
-    def lowered(self) -> Program:
-        return self.program
-
-    @property
     def memory_plan(self):
         return self.program.memory
 

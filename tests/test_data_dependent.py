@@ -112,6 +112,7 @@ def test_in_place_write_after_a_break():
         x.add_(x.sum().item())
         return x[x > 0].mul_(2)
 
+    torch.manual_seed(2)  # (a fixed draw: no element sits where another summation order would flip the mask)
     x = torch.randn(2000)
     x2 = x.clone()
     close(tjit.compile(f)(x), f(x2))

@@ -174,3 +174,21 @@ def test_indexing_switches_to_int64_past_two_to_the_31():
     signature = {name: "*fp32" if name.endswith("_ptr") else "i64" for name in wide.param_names}
     report = compile_for_gpu(load_kernel(wide), signature, wide.constexprs, num_warps=wide.num_warps)
     assert report.spills == 0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on CUDA, kernels compile: no interpreter to choose")
+def test_the_backend_works_by_its_name_in_a_process_that_imported_only_torch():
+    """Dynamo imports triton before it loads the backend by its entry point, without the
+    interpreter chosen: tjit imports triton again in interpreter mode."""
+    script = "\n".join([
+        "import torch",
+        "f = torch.compile(lambda x: (x * 2).sin().softmax(-1) + 1, backend='tjit')",
+        "x = torch.randn(100, 300)",
+        "torch.testing.assert_close(f(x), (x * 2).sin().softmax(-1) + 1)",
+        "import tjit",
+        "assert tjit.counters.launches == 1, tjit.counters.launches",
+        "print('ok')",
+    ])
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]

@@ -2,7 +2,7 @@
 
 Triton binds `tl.sum`, `tl.max`, ... when it is imported, so the interpreter must be
 chosen before that: `tjit` sets TRITON_INTERPRET=1 on import when no CUDA device is
-present and triton is not imported yet.
+present (and imports triton again if something imported it first).
 """
 from __future__ import annotations
 
@@ -17,8 +17,25 @@ from ..errors import CompileArgumentError
 
 
 def choose_interpreter_before_triton_import() -> None:
-    if "triton" not in sys.modules and "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
-        os.environ["TRITON_INTERPRET"] = "1"
+    """With no CUDA device and no choice made (TRITON_INTERPRET unset), kernels run in the
+    interpreter. Triton imported already (Dynamo imports it before it loads a backend by
+    name: torch.compile(f, backend="tjit") in a process that imported only torch) is
+    imported again in interpreter mode: its language was bound for compiled kernels."""
+    if "TRITON_INTERPRET" in os.environ or torch.cuda.is_available():
+        return
+    os.environ["TRITON_INTERPRET"] = "1"
+    if "triton" in sys.modules:
+        _import_triton_again()
+
+
+def _import_triton_again() -> None:
+    """Forget triton's Python modules (its compiled extension, which cannot be loaded twice,
+    stays) and import it anew: modules that hold the old ones (Inductor's) keep them."""
+    for name in [m for m in sys.modules if m == "triton" or m.startswith("triton.")]:
+        if not name.startswith("triton._C"):
+            del sys.modules[name]
+    import triton  # noqa: F401
+    import triton.language  # noqa: F401
 
 
 def restore_patches_after_device_calls() -> None:

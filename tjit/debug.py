@@ -37,7 +37,7 @@ def poisoning() -> bool:
 
 def poison(t) -> None:
     import torch
-    if t.dtype.is_floating_point:
+    if t.dtype.is_floating_point or t.dtype.is_complex:
         t.fill_(float("nan"))
     elif t.dtype == torch.bool:
         t.fill_(True)

@@ -25,12 +25,29 @@ class KernelReport:
 
 @dataclass
 class LibraryCallReport:
-    """An aten op run as itself (a library call), between the kernels; torch allocates its
-    results."""
+    """An aten op run as itself (a library call), between the kernels, and where its
+    results go: through its out= form into the slab, or allocated by torch."""
     name: str
     op: str
     bytes_read: int
     bytes_written: int
+    results_memory: str
+
+    @staticmethod
+    def of(plan: LibraryPlan) -> "LibraryCallReport":
+        return LibraryCallReport(plan.name, plan.call.name, plan.bytes_read, plan.bytes_written, results_memory(plan))
+
+
+def results_memory(plan: LibraryPlan) -> str:
+    if plan.out_form is None:
+        return "it has no out= form tjit can use: torch allocates its results"
+    parts = []
+    if plan.in_slab:
+        parts.append(f"{len(plan.in_slab)} result(s) into the slab")
+    if plan.torch_allocated:
+        parts.append(f"{len(plan.torch_allocated)} into memory of their own (returned, or in a layout the slab "
+                     "does not hold)")
+    return f"through {plan.out_form}: " + (", ".join(parts) or "no result is read")
 
 
 @dataclass
@@ -56,8 +73,8 @@ class Explanation:
                  f"{len(self.kernels)} kernel(s){calls} (eager: {self.eager_ops} op(s)), {self.bytes_moved} bytes moved"]
         for k in self.steps or self.kernels:
             if isinstance(k, LibraryCallReport):
-                lines += ["", f"library call {k.op}: reads {k.bytes_read} B, writes {k.bytes_written} B "
-                              "(its results are allocated by torch, not in the slab)"]
+                lines += ["", f"library call {k.op}: reads {k.bytes_read} B, writes {k.bytes_written} B; "
+                              f"{k.results_memory}"]
                 continue
             lines += ["", f"kernel {k.name}: shape {list(k.shape)}, grid {k.grid}, "
                           f"reads {k.bytes_read} B, writes {k.bytes_written} B"]
@@ -132,7 +149,7 @@ def _explain_split(split: SplitFunction, args, kwargs) -> SplitExplanation:
 
 
 def _explain(executable, eager_ops: int) -> Explanation:
-    steps = [LibraryCallReport(p.name, p.call.name, p.bytes_read, p.bytes_written) if isinstance(p, LibraryPlan)
+    steps = [LibraryCallReport.of(p) if isinstance(p, LibraryPlan)
              else report(p) for p in executable.program.steps]
     return Explanation(executable.graph, [s for s in steps if isinstance(s, KernelReport)], eager_ops,
                        executable.memory_plan,

@@ -72,13 +72,18 @@ def build_program(graph: Graph, output_strides: dict[str, tuple[int, ...]], stra
     lowered = lower(graph, output_strides, strategies, device)
     steps = [s for s in lowered.steps if s.writes_anything]
     verify("codegen", verify_steps, graph, steps)
-    memory, slab_buffers = plan_memory(steps)
+    memory, slab_buffers = plan_memory(steps, torch_allocated(steps))
     program = Program(graph, steps, lowered.groups, lowered.buffers, memory, slab_buffers,
                       call_outputs=lowered.call_outputs)
     if donated:
         place_donated(program, donated)
     verify("memory", verify_memory, program)
     return program
+
+
+def torch_allocated(steps: list[Step]) -> frozenset[int]:
+    """Ids of the library calls' results that live outside the planned memory."""
+    return frozenset(id(r) for step in steps if isinstance(step, LibraryPlan) for r in step.torch_allocated)
 
 
 def place_donated(program: Program, donated: dict[str, int]) -> None:
@@ -150,10 +155,10 @@ def verify_memory(program: Program) -> Optional[str]:
     except Exception as e:
         return f"slab plan: {e}"
     placed = {b.key for b in program.slab_buffers} | {b.key for v in program.donated.values() for b, _ in v}
+    outside = torch_allocated(program.steps)
     for k, step in enumerate(program.steps):
         for access in step.accesses:
             ref = access.buffer
-            torch_allocated = ref.kind == "buffer" and isinstance(ref.node.op, Extern)  # a call's result
-            if ref.kind == "buffer" and not torch_allocated and ("buffer", id(ref.node)) not in placed:
+            if ref.kind == "buffer" and id(ref.node) not in outside and ("buffer", id(ref.node)) not in placed:
                 return f"step {k} ({step.name}) accesses a buffer that has no place in memory"
     return None

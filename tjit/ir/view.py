@@ -62,6 +62,18 @@ class View:
             expected *= size
         return True
 
+    def is_dense(self) -> bool:
+        """Covers numel consecutive elements from offset 0, in any dim order (contiguous or a
+        permutation of it: channels-last, a transpose)."""
+        if self.numel == 0:
+            return True
+        expected = 1
+        for stride, size in sorted((st, sz) for sz, st in zip(self.shape, self.strides) if sz != 1):
+            if stride != expected:
+                return False
+            expected *= size
+        return self.offset == 0
+
     # -- movement ops -------------------------------------------------------------
     def permute(self, dims: Sequence[int]) -> "View":
         dims = [_normalize_dim(d, self.ndim, "permute") for d in dims]

@@ -43,7 +43,8 @@ def lower(graph: Graph, output_strides: dict[str, tuple[int, ...]],
     scan accumulates in double on CPU, in float32 on CUDA), the kernels follow the device's."""
     call_outputs = returned_call_results(graph, output_strides)
     ordered = group_kernels(graph, frozenset(call_outputs))
-    steps = [plan_library_call(g) if isinstance(g, ExternStep) else
+    returned = frozenset(id(node) for node in call_outputs.values())
+    steps = [plan_library_call(g, returned) if isinstance(g, ExternStep) else
              plan_kernel(g, output_strides, forced_strategies(g, strategies or {}), device) for g in ordered]
     groups = [g for g in ordered if isinstance(g, KernelGroup)]
     buffers = [s.target.node for g in groups for s in g.stores if isinstance(s.target, BufferTarget)]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..ir import DType, Extern
+from ..ir import DType
 from .planner import DEFAULT_ALIGNMENT, MemoryPlan, make_plan
 
 
@@ -41,17 +41,18 @@ class SlabBuffer:
         return padded, self.first, self.end
 
 
-def transient_buffers(plans) -> list[SlabBuffer]:
+def transient_buffers(plans, torch_allocated: frozenset[int] = frozenset()) -> list[SlabBuffer]:
     """The slab's buffers for the steps run in the order of `plans` (KernelPlans, and
-    LibraryPlans, which read buffers too)."""
+    LibraryPlans, which read and write buffers too). torch_allocated: ids of the library
+    calls' results that the slab does not hold (a call without an out= form allocates its own)."""
     first: dict[tuple, int] = {}
     last: dict[tuple, int] = {}
     info: dict[tuple, tuple] = {}
     for step, plan in enumerate(plans):
         for access in plan.accesses:
             ref = access.buffer
-            if ref.kind != "buffer" or isinstance(ref.node.op, Extern):
-                continue  # inputs are bound in place; torch allocates library calls' results
+            if ref.kind != "buffer" or id(ref.node) in torch_allocated:
+                continue  # inputs are bound in place
             key = ("buffer", id(ref.node))
             if access.store or key not in info:  # named after the kernel that writes it
                 info[key] = (f"{ref.name}@{plan.name[5:]}", ref.node.shape, ref.dtype)
@@ -65,9 +66,9 @@ def transient_buffers(plans) -> list[SlabBuffer]:
     return [SlabBuffer(key, *info[key], first.get(key, last[key]), last[key] + 1) for key in info]
 
 
-def plan_memory(plans) -> tuple[MemoryPlan, list[SlabBuffer]]:
+def plan_memory(plans, torch_allocated: frozenset[int] = frozenset()) -> tuple[MemoryPlan, list[SlabBuffer]]:
     """Offsets of every transient buffer in one slab (see tjit.memory.plan_offsets)."""
-    buffers = transient_buffers(plans)
+    buffers = transient_buffers(plans, torch_allocated)
     return plan_slab(buffers), buffers
 
 

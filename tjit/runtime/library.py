@@ -47,6 +47,34 @@ def call_results(call: ExternCall, operands: list[torch.Tensor]) -> list[torch.T
     return [t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)] + [copies[k] for k in call.writes]
 
 
+def results_into(plan: LibraryPlan, operands: list[torch.Tensor], memory: dict) -> list[torch.Tensor]:
+    """Run the call's out= form, writing each result into memory tjit gives it: its place
+    in the slab, or memory of its own in the traced layout (a result the function returns).
+    A result no step reads gets an empty tensor the op resizes (tracing may not know its
+    size: embedding_bag's unused offset2bag)."""
+    def bind(arg):
+        return operands[arg.index] if isinstance(arg, Operand) else arg
+
+    device = operands[0].device if operands else torch.device("cpu")
+    placed = {id(node) for node in plan.in_slab}
+    read = {id(node) for node in plan.results}
+    outs = []
+    for k in range(len(plan.out_names)):
+        node = plan.call.results[k]
+        if id(node) in placed:
+            outs.append(memory[memory_key(node)].as_strided(node.shape, node.view.strides))
+        elif id(node) in read:
+            outs.append(torch.empty_strided(node.shape, node.view.strides, dtype=node.dtype.torch, device=device))
+        else:
+            outs.append(torch.empty(0, dtype=node.dtype.torch, device=device))
+    plan.out_form(*tree_map(bind, plan.call.args), **tree_map(bind, plan.call.kwargs), **dict(zip(plan.out_names, outs)))
+    for node in plan.results:
+        if tuple(outs[node.op.index].shape) != node.shape:  # the op resized it: tracing was wrong
+            raise TjitError(f"{plan.out_form} resized its result {node.op.index} to "
+                            f"{list(outs[node.op.index].shape)}; tracing said {list(node.shape)}")
+    return outs
+
+
 @contextlib.contextmanager
 def seeded(seed: torch.Tensor, operands: list[torch.Tensor]):
     """Torch's generators of the operands' devices seeded with `seed` inside, as they were
@@ -66,10 +94,21 @@ def run_library_call(plan: LibraryPlan, memory: dict) -> None:
         operands = [t if reads_an_input(op) else torch.empty_strided(t.shape, t.stride(), dtype=t.dtype,
                                                                       device=t.device).copy_(t)
                     for op, t in zip(plan.operands, operands)]
-    tensors = call_results(plan.call, operands)
     counters.library_calls += 1
+    if plan.out_form is not None and not _records_gradients(operands):
+        tensors = results_into(plan, operands, memory)
+        for node in plan.results:
+            memory[memory_key(node)] = tensors[node.op.index]
+        return
+    tensors = call_results(plan.call, operands)
     for node in plan.results:
-        memory[("buffer", id(node))] = _as_planned(tensors[node.op.index], node, operands, plan.call.name)
+        memory[memory_key(node)] = _as_planned(tensors[node.op.index], node, operands, plan.call.name)
+
+
+def _records_gradients(operands: list[torch.Tensor]) -> bool:
+    """Autograd would record the call (a backward run with create_graph): out= forms have
+    no derivative, so the functional form runs."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in operands)
 
 
 def _as_planned(t: torch.Tensor, node: GraphNode, operands: list[torch.Tensor], op: str) -> torch.Tensor:

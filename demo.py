@@ -99,6 +99,12 @@ def padded_concat(a, b):
     return torch.nn.functional.pad(torch.cat([a * 2, b.exp()], dim=1), (1, 1)).sum(dim=1)
 
 
+def scatter_rows(x, index, rows):
+    """x[index] = 2 * rows, then a row sum: one kernel copies x, one writes the rows at
+    their offsets (the doubling fused in), one sums"""
+    return torch.ops.aten.index_put(x, [index], rows * 2).sum(dim=1)
+
+
 def rand(*shape):
     return torch.randn(*shape, device=DEVICE)
 
@@ -126,6 +132,8 @@ EXAMPLES = [
      lambda: (rand(M, N),)),
     ("pad(cat([a * 2, exp(b)], 1), (1, 1)).sum(1): cat and pad fused into the reduction, one kernel",
      padded_concat, lambda: (rand(M, N), rand(M, 40))),
+    ("index_put(x, [index], rows * 2).sum(1): a fill, a scatter (tl.store at data offsets), a sum",
+     scatter_rows, lambda: (rand(M, N), torch.randperm(M, device=DEVICE)[:20], rand(20, N))),
 ]
 
 
@@ -214,8 +222,8 @@ def demo_one(k: int, title: str, fn, make_args) -> None:
     print(ex.graph)
     for kernel in ex.steps:
         if isinstance(kernel, LibraryCallReport):
-            print(f"-- library call {kernel.op}: the op itself runs here; torch allocates its result "
-                  + "-" * max(0, WIDTH - 72 - len(kernel.op)))
+            print(f"-- library call {kernel.op}: the op itself runs here " + "-" * max(0, WIDTH - 45 - len(kernel.op)))
+            print(f"# {kernel.results_memory}")
             continue
         print(f"-- Triton kernel {kernel.name}: shape {list(kernel.shape)}, grid {kernel.grid} "
               + "-" * max(0, WIDTH - 40 - len(kernel.name)))

@@ -148,3 +148,23 @@ def test_shape_op_kernels_compile_without_spills():
     reports = [compile_launched(plan, args) for plan, args in launched_kernels() if plan.name in names]
     assert len(reports) >= len(programs)
     assert all(r.spills == 0 and r.registers > 0 for r in reports)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32, torch.int64])
+def test_scatter_kernels_compile(dtype):
+    """index_put's scatter kernels (tl.store and tl.atomic_add at data-dependent offsets)
+    compile for sm_90 as launched, for every type an accumulating index_put fuses."""
+    import tjit
+    from tjit.lower.gpu_compile import compile_launched
+    from tjit.runtime.loader import launched_kernels
+
+    x, i, j = torch.ones(300, 7, dtype=dtype), torch.randint(0, 300, (500,)), torch.randperm(300)[:100]
+    programs = [(lambda x, i: torch.ops.aten.index_put(x, [i], x[:1] * 2, True), (x, i)),
+                (lambda x, j: torch.ops.aten.index_put(x, [j], x[:100] + 1), (x, j))]
+    names = set()
+    for fn, args in programs:
+        names |= {k.name for k in tjit.explain(fn, *args).kernels}
+        tjit.compile(fn)(*args)
+    launched = [(plan, args) for plan, args in launched_kernels() if plan.name in names]
+    assert sum("tl.atomic_add" in plan.source for plan, _ in launched) >= 1  # the accumulating scatter
+    assert all(compile_launched(plan, args).registers > 0 for plan, args in launched)

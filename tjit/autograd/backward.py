@@ -25,7 +25,7 @@ from ..errors import UnsupportedOpError
 from ..frontend.build import ValueBuilder
 from ..ir import DType, Elementwise, Extern, Graph, GraphNode, Input, Reduce, View, toposort
 from .algebra import Algebra
-from .scatter import scatter_into_source
+from .scatter import scatter_added, scatter_into_source
 from .vjp import ScatterGrad, differentiable, vjp
 
 # input names of a backward graph besides the forward's (chosen not to meet a user's argument name)
@@ -261,10 +261,10 @@ def _sweep(alg: Algebra, plan: AutogradPlan, layouts: dict[str, GradLayout], val
             continue
         for s in scattered:  # moved back through views and copies to the input they read
             moved = scatter_into_source(alg, node, s)
-            if moved is None:
-                raise UnsupportedOpError(s.what, "the gradient is a scatter-add into a computed value, which tjit "
-                                         "does not generate yet (into an input of the function it does)")
-            pending.setdefault(id(node.src[0]), []).append(moved)
+            if moved is None:  # a computed value: the scatter-add is part of its gradient
+                dense.append(scatter_added(alg, node, s))
+            else:
+                pending.setdefault(id(node.src[0]), []).append(moved)
         if not dense:
             continue
         grad = _total(alg, dense, node.dtype)

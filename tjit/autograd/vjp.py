@@ -8,12 +8,13 @@ including how ties, zeros and NaN are treated where they differ from the textboo
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
 from ..errors import UnsupportedOpError
-from ..ir import (Const, Contiguous, Cumulative, DType, Elementwise, Extern, Gather, GraphNode, Input, Iota, Reduce, ViewOp,
-                  Window)
+from ..ir import (Const, Contiguous, Cumulative, DType, Elementwise, Extern, Gather, GraphNode, Input, Iota, Reduce,
+                  Scatter, ViewOp, Window)
 from ..ir.ops import NO_GRADIENT
 from .algebra import LN2, TWO_OVER_SQRT_PI, Algebra
 from .library_grad import library_gradient
@@ -50,6 +51,8 @@ def vjp(alg: Algebra, node: GraphNode, grad: GraphNode, value: ValueOf,
         return []
     if isinstance(op, Window):  # the shifted read's transpose: the gradient read back, 0 where nothing was read
         return [alg.vb.window(grad, tuple(-lo for lo in op.low), node.src[0].shape, 0)]
+    if isinstance(op, Scatter):
+        return _scatter(alg, node, grad, value)
     if isinstance(op, Contiguous):
         return [grad]
     if isinstance(op, ViewOp):
@@ -248,6 +251,23 @@ def _logcumsumexp_grad(alg: Algebra, axis: int, g, x, y) -> GraphNode:
 
 
 # -- indexed reads ---------------------------------------------------------------------------------
+def _scatter(alg: Algebra, node: GraphNode, g: GraphNode, value: ValueOf) -> Grads:
+    """index_put: the base gets the gradient where no value overwrote it (all of it when the
+    values were added); each value gets the gradient at its offset, a repeated offset's
+    values each the whole of it (as eager's formula gives)."""
+    base, offsets, values = node.src
+    where = value(offsets)  # in range: the forward checked them
+    d_base = g
+    if not node.op.accumulate:
+        zeros = alg.zeros(values.shape, g.dtype)
+        d_base = alg.vb.b.node(Scatter(checked=False, what=node.op.what), g.dtype, (g, where, zeros), node.view)
+    count = math.prod(values.shape)
+    line = alg.view(g, "reshape", (math.prod(node.shape),))
+    picked = alg.vb.gather(line, 0, alg.view(where, "reshape", (count,)), what=node.op.what)
+    return [d_base if differentiable(base) else None, None,
+            alg.view(picked, "reshape", values.shape) if differentiable(values) else None]
+
+
 def _gather(alg: Algebra, node: GraphNode, g: GraphNode, value: ValueOf):
     """table[..., j, ...] gets the sum of g over the positions whose index is j: for each of
     the (few) indices per line, a one-hot select over the table, all fused; with more, a

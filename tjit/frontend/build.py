@@ -474,6 +474,22 @@ class ValueBuilder:
                 node = self.view(node, ("select", d, 0))
             return self.expand_to(node, shape)
         base = node.src[0] if isinstance(node.op, ViewOp) else node
+        offset = self.element_offset(coords, view, checked)
+        extent = _extent(base.view)
+        axis = len(shape) - 1
+        if not shape:  # a 0-d result: read as a line of one
+            line = self.read_at(node, [self.view(c, ("reshape", (1,))) for c in coords], checked, what)
+            return self.view(line, ("reshape", ()))
+        table = self.b.node(ViewOp(), node.dtype, (base,),
+                            View(tuple(extent if d == axis else 1 for d in range(len(shape))), (0,) * axis + (1,)))
+        table = self.expand_to(table, tuple(extent if d == axis else n for d, n in enumerate(shape)))
+        return self.b.node(Gather(axis, False, what, checked, flat=True), node.dtype, (table, offset), View.contiguous(shape))
+
+
+    def element_offset(self, coords: list[GraphNode], view: View, checked: bool) -> GraphNode:
+        """The storage offset `view` maps coordinates `coords` (int64 values of one shape) to;
+        -1 where `checked` and a coordinate is -1 (was out of range)."""
+        shape = coords[0].shape
         offset = None
         for c, size, st in zip(coords, view.shape, view.strides):
             if st and size > 1:
@@ -488,15 +504,7 @@ class ValueBuilder:
                                           self.expand_to(self.const(0, DType.int64), shape)], DType.bool)
             offset = self.elementwise("where", [bad, self.expand_to(self.const(-1, DType.int64), shape), offset],
                                       DType.int64)
-        extent = _extent(base.view)
-        axis = len(shape) - 1
-        if not shape:  # a 0-d result: read as a line of one
-            line = self.read_at(node, [self.view(c, ("reshape", (1,))) for c in coords], checked, what)
-            return self.view(line, ("reshape", ()))
-        table = self.b.node(ViewOp(), node.dtype, (base,),
-                            View(tuple(extent if d == axis else 1 for d in range(len(shape))), (0,) * axis + (1,)))
-        table = self.expand_to(table, tuple(extent if d == axis else n for d, n in enumerate(shape)))
-        return self.b.node(Gather(axis, False, what, checked, flat=True), node.dtype, (table, offset), View.contiguous(shape))
+        return offset
 
 
 def _reshape_groups(old, new):

@@ -9,9 +9,10 @@ from __future__ import annotations
 import torch
 
 from ..errors import UnsupportedOpError
-from ..ir import DType, GraphNode
+from ..ir import DType, GraphNode, Scatter, View
 from .aten_ops import out_shape, register
 from .build import in_range_or_minus_one, known_in_range
+from .library import library_call
 
 aten = torch.ops.aten
 
@@ -69,28 +70,76 @@ def _index_tensor(cv, node, x, indices):
 
 
 def _index_several(cv, node, x: GraphNode, indices) -> GraphNode:
-    """x[..., i, ..., j, ...]: the index tensors broadcast together; their dims replace the
-    indexed dims where those are adjacent, else come first (torch's rule). One read of x
-    at each result element's coordinates (those of an index wrapped when negative; one out
-    of range is reported)."""
-    shape = out_shape(node)
+    """x[..., i, ..., j, ...]: one read of x at each result element's coordinates (those of
+    an index wrapped when negative; one out of range is reported)."""
     indexed = [k for k, i in enumerate(indices) if i is not None]
-    sliced = [k for k in range(len(x.shape)) if k not in indexed]
+    coords, checked = _indexed_coordinates(cv, node, x.shape, indices, out_shape(node))
+    return cv.read_at(x, coords, checked=checked, what=f"index of a tensor of shape {list(x.shape)} along dimensions "
+                                                    f"{indexed}")
+
+
+def _indexed_coordinates(cv, node, x_shape, indices, shape) -> tuple[list[GraphNode], bool]:
+    """For x[indices] of shape `shape`, each element's coordinates in x (int64 values of
+    `shape`; -1 where an index is out of range), and whether any may be."""
+    indexed = [k for k, i in enumerate(indices) if i is not None]
+    sliced = [k for k in range(len(x_shape)) if k not in indexed]
     rank = len(shape) - len(sliced)  # the broadcast index dims
-    start = indexed[0] if indexed == list(range(indexed[0], indexed[-1] + 1)) else 0
+    start = _index_dims_start(indices)
     index_dims = range(start, start + rank)
     kept = [d for d in range(len(shape)) if d not in index_dims]
     coords = []
-    for k in range(len(x.shape)):
+    for k in range(len(x_shape)):
         if k in sliced:
             coords.append(cv.cast(cv.coordinate(shape, kept[sliced.index(k)]), DType.int64))
             continue
         index = _index(cv, node, indices[k])
         spread = (1,) * (start + rank - len(index.shape)) + tuple(index.shape) + (1,) * (len(shape) - start - rank)
-        coords.append(in_range_or_minus_one(cv, cv.expand_to(cv.view(index, ("reshape", spread)), shape), x.shape[k]))
-    checked = not all(known_in_range(c, n) for c, n in zip(coords, x.shape))
-    return cv.read_at(x, coords, checked=checked, what=f"index of a tensor of shape {list(x.shape)} along dimensions "
-                                                    f"{indexed}")
+        coords.append(in_range_or_minus_one(cv, cv.expand_to(cv.view(index, ("reshape", spread)), shape), x_shape[k]))
+    return coords, not all(known_in_range(c, n) for c, n in zip(coords, x_shape))
+
+
+def _indexed_shape(x_shape, indices) -> tuple[int, ...]:
+    """The shape of x[indices]: the index tensors broadcast together; their dims replace the
+    indexed dims where those are adjacent, else come first (torch's rule)."""
+    broadcast = tuple(torch.broadcast_shapes(*[i.shape for i in indices if i is not None]))
+    rest = [n for k, n in enumerate(x_shape) if k >= len(indices) or indices[k] is None]
+    start = _index_dims_start(indices)
+    return tuple(rest[:start]) + broadcast + tuple(rest[start:])
+
+
+def _index_dims_start(indices) -> int:
+    """Where x[indices]'s broadcast index dims start: at the first indexed dim when the
+    indexed dims are adjacent, else first."""
+    indexed = [k for k, i in enumerate(indices) if i is not None]
+    return indexed[0] if indexed == list(range(indexed[0], indexed[-1] + 1)) else 0
+
+
+# what index_put adds with tl.atomic_add (the other types' adds stay library calls)
+ATOMIC_ADD_TYPES = (DType.float32, DType.float64, DType.int32, DType.int64)
+
+
+@register(aten.index_put, aten._unsafe_index_put)
+def _index_put(cv, node, *args, **kwargs):
+    """x with values written (or added) at x[indices]: a Scatter of the values broadcast to
+    x[indices]'s shape, at each element's offset in x's row-major buffer. Masks (bool,
+    uint8), adds of types without an atomic add and 0-d tensors run as the library call."""
+    x, indices, values, accumulate = _index_put_arguments(*args, **kwargs)
+    tensors = [i for i in indices if i is not None]
+    if not tensors or any(i.dtype not in (DType.int64, DType.int32) for i in tensors) or not x.shape or \
+            accumulate and x.dtype not in ATOMIC_ADD_TYPES:
+        functional = getattr(aten, node.target.overloadpacket.__name__.rstrip("_"))
+        return library_call(cv, node, getattr(functional, node.target._overloadname), args, kwargs)
+    shape = _indexed_shape(x.shape, indices)
+    coords, checked = _indexed_coordinates(cv, node, x.shape, indices, shape)
+    offsets = cv.element_offset(coords, View.contiguous(x.shape), checked)
+    values = cv.expand_to(cv.cast(values, x.dtype), shape)
+    what = "index_put with indices " + ", ".join("None" if i is None else "tensor" for i in indices)
+    op = Scatter(accumulate=bool(accumulate), checked=checked, what=what)
+    return cv.b.node(op, x.dtype, (x, offsets, values), View.contiguous(x.shape))
+
+
+def _index_put_arguments(x, indices, values, accumulate=False):
+    return x, indices, values, accumulate
 
 
 def _take_rows(cv, node, table: GraphNode, index: GraphNode, dim: int, wrap: bool, what: str) -> GraphNode:

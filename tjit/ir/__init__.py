@@ -1,7 +1,8 @@
 """tjit's graph IR (after seed 003): types, views, axis strategies, ops, nodes, graphs."""
 from .dtype import DType
 from .graph import (Const, Contiguous, Cumulative, Elementwise, Extern, ExternCall, Gather, Graph, GraphBuilder,
-                    GraphNode, GraphOp, Input, Iota, Mutation, Operand, Reduce, ViewOp, Window, format_graph, toposort)
+                    GraphNode, GraphOp, Input, Iota, Mutation, Operand, Reduce, Scatter, ViewOp, Window, format_graph,
+                    toposort)
 from .ops import ELEMENTWISE_OPS, arity
 from .strategy import Auto, AxisStrategy, Sequential, Thread, ThreadGroup
 from .view import View, contiguous_strides
@@ -9,6 +10,6 @@ from .view import View, contiguous_strides
 __all__ = [
     "DType", "View", "contiguous_strides", "AxisStrategy", "Auto", "Sequential", "Thread", "ThreadGroup",
     "GraphOp", "Input", "Const", "ViewOp", "Contiguous", "Elementwise", "Reduce", "Cumulative", "Gather",
-    "Iota", "Window", "Extern", "ExternCall", "Operand",
+    "Iota", "Window", "Scatter", "Extern", "ExternCall", "Operand",
     "GraphNode", "Graph", "GraphBuilder", "Mutation", "toposort", "format_graph", "ELEMENTWISE_OPS", "arity",
 ]

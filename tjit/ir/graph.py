@@ -43,6 +43,18 @@ class Contiguous:
 
 
 @dataclass(frozen=True)
+class Scatter(Contiguous):
+    """index_put: materialises src[0] as a dense row-major buffer, as Contiguous does, then
+    writes src[2] into it (or adds it: `accumulate`) at the element offsets src[1] (int64, of
+    src[2]'s shape; -1 marks an index that was out of range). Two kernels: the first fills
+    the buffer, the second writes the values (`checked`: reporting an offset of -1 as an
+    error). Offsets that repeat keep one of their values unless accumulated, as on a GPU."""
+    accumulate: bool = False
+    checked: bool = True
+    what: str = "index_put"
+
+
+@dataclass(frozen=True)
 class Elementwise:
     op: str  # a name from tjit.ir.ops.ELEMENTWISE_OPS
     axis_strategies: Strategies = None
@@ -146,7 +158,7 @@ class Extern:
     index: Optional[int]
 
 
-GraphOp = Union[Input, Const, ViewOp, Contiguous, Elementwise, Reduce, Cumulative, Gather, Extern, Iota, Window]
+GraphOp = Union[Input, Const, ViewOp, Contiguous, Scatter, Elementwise, Reduce, Cumulative, Gather, Extern, Iota, Window]
 
 
 @dataclass(frozen=True, eq=False)
@@ -259,6 +271,8 @@ def describe_op(node: GraphNode) -> str:
         return f"const {op.value!r}"
     if isinstance(op, ViewOp):
         return "view"
+    if isinstance(op, Scatter):
+        return "scatter" + (".add" if op.accumulate else "") + ("" if op.checked else " unchecked")
     if isinstance(op, Contiguous):
         return "contiguous"
     if isinstance(op, Reduce):

@@ -19,7 +19,8 @@ from ..ir import (AxisStrategy, Const, Cumulative, DType, Elementwise, Extern, G
                   ViewOp, Window, toposort)
 from .domains import is_value_ref
 from .elementwise import _cast, literal, render, tl_dtype
-from .fusion import BufferTarget, InputTarget, KernelGroup, OutputTarget, buffer_of, expression_leaves, is_kernel_input
+from .fusion import (BufferTarget, InputTarget, KernelGroup, OutputTarget, PutAt, ScatterTarget, buffer_of,
+                     expression_leaves, is_kernel_input)
 from .grid_reduction import GridReductionEmitter
 from .reduction import (LoopContext, accumulator_for, block_reduce, identity, scan_carry_init, scan_identity,
                         scan_lines, scan_work_dtype, work_dtype)
@@ -118,7 +119,9 @@ class KernelPlan:
 
     @functools.cached_property
     def bytes_written(self) -> int:
-        return _distinct_bytes([a for a in self.accesses if a.store]) + self._scratch_bytes
+        stores = [a for a in self.accesses if a.store]
+        scattered = sum(a.gather[2] * a.buffer.dtype.itemsize for a in stores if a.gather)
+        return _distinct_bytes([a for a in stores if not a.gather]) + scattered + self._scratch_bytes
 
 
 def plan_kernel(group: KernelGroup, output_strides: dict[str, tuple[int, ...]],
@@ -160,7 +163,8 @@ class _Emitter(GridReductionEmitter):
         self.checks: list[Check] = []
         self._zero_div_code = 0  # the status code of this kernel's integer divisions (0: none yet)
         divides = any(_checked_division(n) for n in toposort(self._store_values(), stop=is_kernel_input))
-        if any(n.op.checked for n in self._gathers()) or divides:
+        scatters = [s.target.node for s in group.stores if isinstance(s.target, ScatterTarget)]
+        if any(n.op.checked for n in self._gathers() + scatters) or divides:
             self.buffers[("status",)] = STATUS
             self.params.append(STATUS.param)
         self.totals = list({id(t): t for s in group.stores for t in s.totals}.values())
@@ -231,6 +235,12 @@ class _Emitter(GridReductionEmitter):
         self.store_access = []
         for store in self.group.stores:
             t = store.target
+            self.store_access.append(len(self.accesses))
+            if isinstance(t, ScatterTarget):  # at data-dependent offsets: each lane's one element
+                numel = math.prod(t.node.shape)
+                self.accesses.append(Access(self._buffer_for_node(t.node), View(self.shape, (0,) * len(self.shape)),
+                                            True, (1, numel, math.prod(store.shape))))
+                continue
             if isinstance(t, OutputTarget):
                 ref = self._buffer("output", t.name, store.value.dtype)
                 view = View(store.shape, output_strides[t.name])
@@ -239,7 +249,6 @@ class _Emitter(GridReductionEmitter):
             else:
                 m = t.mutation
                 ref, view = self._buffer("input", m.name, m.value.dtype), m.view
-            self.store_access.append(len(self.accesses))
             if store.totals:  # one element, written by the last program: no index reaches it
                 view = View(self.shape, (0,) * len(self.shape), view.offset)
             else:
@@ -620,9 +629,11 @@ class _Emitter(GridReductionEmitter):
                 names[id(node)] = var
                 lines.append(f"{var} = {self._value(node, names, lines)}")
             ready = [(s, n) for s, n in pending if s.value is node and not isinstance(s.target, InputTarget)]
-            lines += [self._store(s, n, names) for s, n in ready]
+            for s, n in ready:
+                lines += self._store(s, n, names)
             pending = [p for p in pending if p not in ready]
-        lines += [self._store(s, n, names) for s, n in pending]
+        for s, n in pending:
+            lines += self._store(s, n, names)
         return lines + self._grid_epilogue(lines, names)
 
     def _block_reduce(self, node: GraphNode, src: str, lines: list[str]) -> str:
@@ -739,6 +750,8 @@ class _Emitter(GridReductionEmitter):
         return out
 
     def _value(self, node: GraphNode, names: dict[int, str], lines: list[str]) -> str:
+        if isinstance(node.op, PutAt):  # the values; their store reads the offsets
+            return names[id(node.src[1])]
         if isinstance(node.op, Iota):
             return self._coordinate_value(node.view, node.dtype, lines)
         if isinstance(node.op, Window):
@@ -757,8 +770,30 @@ class _Emitter(GridReductionEmitter):
             return self._elementwise(node, [names[id(s)] for s in node.src], lines, "mask")
         raise NotImplementedError(f"cannot fuse {node.op} into a pointwise kernel")
 
-    def _store(self, store, n: int, names: dict[int, str]) -> str:
-        return self._store_var(store, n, names[id(store.value)])
+    def _store(self, store, n: int, names: dict[int, str]) -> list[str]:
+        if isinstance(store.target, ScatterTarget):
+            return self._scatter(store, n, names)
+        return [self._store_var(store, n, names[id(store.value)])]
+
+    def _scatter(self, store, n: int, names: dict[int, str]) -> list[str]:
+        """Write (tl.store) or add (tl.atomic_add) each lane's value at its element offset. An
+        offset of -1 (an index that was out of range) is reported through the status buffer
+        and writes nothing."""
+        op, ref = store.target.node.op, self.accesses[n].buffer
+        offsets, value = (names[id(s)] for s in store.value.src)
+        if store.value.dtype != ref.dtype:
+            value = f"{value}.to({tl_dtype(ref.dtype)})"
+        idx, lines, write = self._fresh(), [], "mask"
+        lines.append(f"{idx} = tl.where(mask, {offsets}.to(tl.int64), 0)")  # (a block, even for one offset)
+        if op.checked:
+            self.checks.append(Check(IndexError, f"{op.what}: an index is out of bounds"))
+            failed = f"(tl.where(mask, 1, 0) * tl.where({idx} < 0, 1, 0)) != 0"
+            lines.append(f"tl.store({STATUS.param} + tl.where(mask, 0, 0), {len(self.checks)}, mask={failed})")
+            write = self._fresh()
+            lines.append(f"{write} = (tl.where(mask, 1, 0) * tl.where({idx} >= 0, 1, 0)) != 0")
+        put = "tl.atomic_add" if op.accumulate else "tl.store"
+        lines.append(f"{put}({ref.param} + tl.where({write}, {idx}, 0), {value}, mask={write})")
+        return lines
 
     def _store_var(self, store, n: int, value: str) -> str:
         dtype = self.accesses[n].buffer.dtype

@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
-from ..ir import Contiguous, Extern, ExternCall, Graph, GraphNode, Input, Mutation, ViewOp, toposort
-from .domains import Domain, is_kernel_input, read_from_buffers, reduces_in, store_domain, totals_fit, totals_of
+from ..ir import Contiguous, Extern, ExternCall, Graph, GraphNode, Input, Mutation, Scatter, View, ViewOp, toposort
+from .domains import (Domain, Placement, is_kernel_input, read_from_buffers, reduces_in, store_domain, totals_fit,
+                      totals_of)
 from .hazards import gather_tables, reads_older_version, same_program_access, stage
 
 
@@ -31,7 +32,20 @@ class InputTarget:
     mutation: Mutation
 
 
-Target = Union[OutputTarget, BufferTarget, InputTarget]
+@dataclass(frozen=True)
+class ScatterTarget:
+    """The second store of a Scatter node's buffer (the first, a BufferTarget, fills it):
+    its value is a PutAt node, written at data-dependent element offsets."""
+    node: GraphNode
+
+
+@dataclass(frozen=True)
+class PutAt:
+    """The value of a ScatterTarget store, and only that: src[1] written (or added) at the
+    element offsets src[0]. Kernel-internal: no graph holds one."""
+
+
+Target = Union[OutputTarget, BufferTarget, InputTarget, ScatterTarget]
 
 
 @dataclass(eq=False)
@@ -84,6 +98,10 @@ def collect_stores(graph: Graph, unstored: frozenset = frozenset()) -> list[Stor
     for node in toposort(graph.roots()):
         if isinstance(node.op, Contiguous):
             stores.append(Store(BufferTarget(node), node.src[0]))
+        if isinstance(node.op, Scatter):
+            offsets, values = node.src[1:]
+            stores.append(Store(ScatterTarget(node), GraphNode(PutAt(), values.dtype, (offsets, values),
+                                                               View.contiguous(values.shape))))
     stores += [Store(OutputTarget(name), node) for name, node in graph.outputs.items() if name not in unstored]
     stores += [Store(InputTarget(m), m.value) for m in graph.mutations]
     return stores
@@ -111,6 +129,9 @@ def place_in_domains(stores: list[Store]) -> list[Store]:
     while pending:
         store = pending.pop(0)
         placement = store_domain(store.value)
+        if isinstance(store.target, ScatterTarget) and placement.domain.axes:
+            # a scatter writes from a pointwise kernel: what its values reduce comes from buffers
+            placement = Placement(Domain(store.shape), reduces_in(store.value)[:1])
         if not placement.foreign:
             store.domain, store.totals = placement.domain, tuple(placement.totals)
             placed.append(store)
@@ -199,7 +220,7 @@ def _join_reduction_kernels(stores: list[Store], levels: dict[int, int]) -> None
             hosts.setdefault((levels[id(s)], s.domain), []).append(s)
     for store in stores:
         level, computed = levels[id(store)], reduces_in(store.value)
-        if store.totals:
+        if store.totals or isinstance(store.target, ScatterTarget):
             continue
         if not computed and not store.domain.axes:
             host = _row_host(store, level, hosts)
@@ -267,8 +288,12 @@ def _levels(stores: list[Store], externs: list[ExternStep] = ()) -> dict[int, in
     strictly on whatever writes what it reads.
     """
     producer: dict[tuple, object] = {("extern", id(e.call)): e for e in externs}
+    fills: dict[int, Store] = {}
     for s in stores:
         if isinstance(s.target, BufferTarget):
+            fills[id(s.target.node)] = s
+            producer.setdefault(("buffer", id(s.target.node)), s)
+        elif isinstance(s.target, ScatterTarget):  # a scattered buffer is read once its values are written
             producer[("buffer", id(s.target.node))] = s
         elif isinstance(s.target, InputTarget):
             producer[("input", s.target.mutation.name, s.target.mutation.version)] = s
@@ -287,6 +312,8 @@ def _levels(stores: list[Store], externs: list[ExternStep] = ()) -> dict[int, in
                 yield producer[("extern", id(base.op.call))], True
             elif base.op.version:
                 yield producer[("input", base.op.name, base.op.version)], True
+        if isinstance(item, Store) and isinstance(item.target, ScatterTarget):
+            yield fills[id(item.target.node)], True  # the values overwrite the filled buffer
         if isinstance(item, ExternStep) and item.call.versions:  # a check runs after the writes eager made first
             versions = dict(item.call.versions)
             yield from ((s, True) for s in stores if isinstance(s.target, InputTarget)

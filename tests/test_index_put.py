@@ -1,0 +1,166 @@
+"""index_put (x[idx] = v, x[i, j] += v, index_add-style accumulation) as fused kernels: one
+kernel fills the result with x, a second writes the values at their offsets. Against eager
+at sizes that span many Triton programs, with outputs poisoned: unique indices where the
+write is not accumulated (eager leaves the winner of a repeat undefined), repeats where it is."""
+import pytest
+import torch
+
+import tjit
+from helpers import assert_matches_eager, check_against_eager, launches
+
+pytestmark = pytest.mark.usefixtures("fresh_seed")
+aten = torch.ops.aten
+
+
+def small_ints(*shape):
+    """float32 with small integer values: accumulated sums are exact in any order."""
+    return torch.randint(-8, 9, shape).float()
+
+
+def assert_fused(fn, *args, kernels):
+    cf = check_against_eager(fn, *args)
+    ex = tjit.explain(cf, *args)
+    assert not ex.library_calls, [c.op for c in ex.library_calls]
+    assert launches(cf, *args) == kernels, [k.source for k in ex.kernels]
+    return cf
+
+
+def unique(n, k):
+    return torch.randperm(n)[:k]
+
+
+def test_rows_written_then_read_is_a_fill_a_scatter_and_the_reader():
+    f = lambda x, i, v: x.index_put((i,), v * 2) + 1  # noqa: E731
+    assert_fused(f, torch.randn(3000, 5), unique(3000, 1500), torch.randn(1500, 5), kernels=3)
+
+
+def test_a_returned_index_put_is_a_fill_a_scatter_and_a_copy_out():
+    # (the copy could go: the scatter could write the output itself; not done yet)
+    f = lambda x, i, v: aten.index_put(x, [i], v.exp())  # noqa: E731
+    assert_fused(f, torch.randn(900, 7), unique(900, 400), torch.randn(400, 7), kernels=3)
+
+
+@pytest.mark.parametrize("name, shape, make_indices, values_shape", [
+    ("dim1", (40, 300), lambda: [None, unique(300, 120)], (40, 120)),
+    ("two_adjacent", (40, 50, 6), lambda: [unique(40, 30), torch.randint(0, 50, (30,))], (30, 6)),
+    ("two_apart", (40, 5, 60), lambda: [unique(40, 30), None, torch.randint(0, 60, (30,))], (30, 5)),
+    ("2d_index", (500, 4), lambda: [unique(500, 300).view(20, 15)], (20, 15, 4)),
+    ("negative", (700, 3), lambda: [unique(700, 300) - 700], (300, 3)),
+    ("broadcast_value", (700, 3), lambda: [unique(700, 300)], (3,)),
+    ("scalar_value", (700, 3), lambda: [unique(700, 300)], ()),
+    ("empty_index", (70, 3), lambda: [torch.zeros(0, dtype=torch.long)], (0, 3)),
+    ("int32_index", (700, 3), lambda: [unique(700, 300).int()], (300, 3)),
+    ("uint8_mask", (70, 3), lambda: [(torch.rand(70) > 0.5).to(torch.uint8)], (3,)),
+])
+def test_written_values_match_eager(name, shape, make_indices, values_shape):
+    indices = make_indices()
+    f = lambda x, v: aten.index_put(x, indices, v * 3)  # noqa: E731
+    check_against_eager(f, torch.randn(shape), torch.randn(values_shape))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32, torch.int64])
+def test_accumulated_values_sum_over_repeated_indices(dtype):
+    x = small_ints(600, 7).to(dtype)
+    i = torch.randint(0, 600, (2000,))  # many repeats
+    f = lambda x, v: aten.index_put(x, [i], v, True) * 2  # noqa: E731
+    assert_fused(f, x, small_ints(2000, 7).to(dtype), kernels=3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.int8])
+def test_adds_of_types_without_an_atomic_add_stay_library_calls(dtype):
+    x, i = small_ints(60, 3).to(dtype), torch.randint(0, 60, (100,))
+    f = lambda x, v: aten.index_put(x, [i], v, True) + 1  # noqa: E731
+    cf = check_against_eager(f, x, small_ints(100, 3).to(dtype))
+    assert [c.op for c in tjit.explain(cf, x, small_ints(100, 3).to(dtype)).library_calls] == ["aten.index_put.default"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.int8, torch.bool])
+def test_writes_of_every_type(dtype):
+    x = torch.randn(800, 3).to(dtype)
+    f = lambda x, i, v: aten.index_put(x, [i], v)  # noqa: E731
+    check_against_eager(f, x, unique(800, 500), torch.randn(500, 3).to(dtype))
+
+
+def test_setitem_on_an_input_writes_the_callers_tensor():
+    def f(x, i, v):
+        x[i] = v
+        return x.sum(1)
+    check_against_eager(f, small_ints(2000, 3), unique(2000, 900), small_ints(900, 3))
+
+
+def test_augmented_setitem_on_a_column_slice():
+    def f(x, i):
+        x[:, i] += 1  # index, add, and index_put written back
+        return x
+    check_against_eager(f, torch.randn(30, 400), unique(400, 150))
+
+
+def test_a_boolean_mask_stays_a_library_call():
+    x, m = torch.randn(70, 30), torch.rand(70, 30) > 0.5
+    f = lambda x, m: aten.index_put(x, [m], torch.tensor(5.0))  # noqa: E731
+    check_against_eager(f, x, m)
+
+
+@pytest.mark.parametrize("bad", [3000, -3001])
+def test_an_index_out_of_range_raises_index_error(bad):
+    i = unique(3000, 100)
+    i[57] = bad
+    f = lambda x, i, v: aten.index_put(x, [i], v) + 1  # noqa: E731
+    x, v = torch.randn(3000, 2), torch.randn(100, 2)
+    with pytest.raises(IndexError):
+        f(x, i, v)
+    with pytest.raises(IndexError, match="out of bounds"):
+        tjit.compile(f)(x, i, v)
+
+
+def test_gradients_of_written_and_accumulated_values():
+    i, j = unique(300, 100), torch.randint(0, 50, (70,))
+
+    def f(x, v, w):
+        y = aten.index_put(x, [i], v * 2)  # x's gradient is 0 where v overwrote it
+        return (aten.index_put(y, [None, j], w.exp(), True) * x).sum()
+    args = [torch.randn(300, 50), torch.randn(100, 50), torch.randn(300, 70)]
+    eager = [a.clone().requires_grad_() for a in args]
+    mine = [a.clone().requires_grad_() for a in args]
+    expected = torch.autograd.grad(f(*eager), eager)
+    got = torch.autograd.grad(tjit.compile(f)(*mine), mine)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
+
+
+def test_repeated_indices_each_get_the_gradient_of_the_written_element():
+    i = torch.tensor([3, 3, 7, 3])
+    f = lambda x, v: aten.index_put(x, [i], v).pow(2).sum()  # noqa: E731
+    x, v = torch.randn(10, 4), torch.ones(4, 4)  # equal values: any winner gives eager's result
+    eager = [x.clone().requires_grad_(), v.clone().requires_grad_()]
+    mine = [x.clone().requires_grad_(), v.clone().requires_grad_()]
+    expected = torch.autograd.grad(f(*eager), eager)
+    got = torch.autograd.grad(tjit.compile(f)(*mine), mine)
+    for g, e in zip(got, expected):
+        assert_matches_eager(g, e)
+
+
+def _grads_match(f, args, rtol=1e-5, atol=1e-5):
+    eager = [a.clone().requires_grad_(a.is_floating_point()) for a in args]
+    mine = [a.clone().requires_grad_(a.is_floating_point()) for a in args]
+    wanted = [a for a in eager if a.requires_grad]
+    expected = torch.autograd.grad(f(*eager), wanted)
+    got = torch.autograd.grad(tjit.compile(f)(*mine), [a for a in mine if a.requires_grad])
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("name, f, make", [
+    ("embedding_of_a_computed_table", lambda w, idx: torch.nn.functional.embedding(idx, w * 2).sin().sum(),
+     lambda: (torch.randn(100, 16), torch.randint(0, 100, (64, 32)))),
+    ("gather_of_a_computed_value", lambda x, idx: x.exp().gather(1, idx).sum(),
+     lambda: (torch.randn(50, 40), torch.randint(0, 40, (50, 30)))),
+    ("cummax_of_a_computed_value", lambda x: torch.cummax(x * 3, 1).values.pow(2).sum(),
+     lambda: (torch.randn(30, 300),)),
+    ("half_table", lambda w, idx: torch.nn.functional.embedding(idx, (w * 2).half()).float().sum(),
+     lambda: (small_ints(100, 16), torch.randint(0, 100, (64, 32)))),
+])
+def test_gather_gradients_into_computed_values_are_scatters(name, f, make):
+    """(eager's scatter-add of a gather's gradient, into a value tjit computes: an IR Scatter
+    in the backward, where it was a refusal before)"""
+    _grads_match(f, make(), rtol=1e-4, atol=1e-4)

@@ -164,3 +164,56 @@ def test_gather_gradients_into_computed_values_are_scatters(name, f, make):
     """(eager's scatter-add of a gather's gradient, into a value tjit computes: an IR Scatter
     in the backward, where it was a refusal before)"""
     _grads_match(f, make(), rtol=1e-4, atol=1e-4)
+
+
+def test_a_view_of_an_index_put_returned_is_the_written_values():
+    # index_copy / index_add of a 0-d tensor: unsqueeze, index_put, squeeze (the returned view
+    # must read the scattered buffer, not the value it was filled with)
+    check_against_eager(lambda x, i, s: x.index_copy(0, i, s), torch.tensor(-8.5), torch.tensor([0]),
+                        torch.tensor(-1.75))
+    check_against_eager(lambda x, i, s: x.index_add(0, i, s, alpha=-1), torch.tensor(-8.5), torch.tensor([0]),
+                        torch.tensor(-1.75))
+    check_against_eager(lambda x, i, v: aten.index_put(x, [i], v).t(), torch.randn(300, 5), unique(300, 100),
+                        torch.randn(100, 5))
+
+
+def test_a_gathers_gradient_through_an_index_put():
+    # a scatter-add arriving at the index_put's result goes through its gradient rule (the
+    # values it wrote), not to the tensor it was filled with
+    i, j = unique(60, 20), torch.randint(0, 40, (60, 30))
+    f = lambda x, v: aten.index_put(x * 1, [i], v * 2).gather(1, j).sum()  # noqa: E731
+    _grads_match(f, (torch.randn(60, 40), torch.randn(20, 40)))
+
+
+@pytest.mark.parametrize("name, f", [
+    ("scatter", lambda x, j, s: x.scatter(0, j, s * 2)),
+    ("scatter_value", lambda x, j, s: x.scatter(1, j.t()[:, :5] % 8, 2.5)),
+    ("scatter_add", lambda x, j, s: x.scatter_add(0, j, s)),
+    ("scatter_reduce_sum", lambda x, j, s: x.scatter_reduce(0, j, s, "sum")),
+    ("index_add", lambda x, j, s: x.index_add(0, j[:, 0], s, alpha=2)),
+    ("index_copy", lambda x, j, s: x.index_copy(0, torch.arange(299, -1, -1), s[:300])),
+])
+def test_scatters_are_fused(name, f):
+    x, j, s = small_ints(300, 8), torch.randint(0, 300, (400, 8)), small_ints(500, 9)
+    if name == "scatter":  # one write per element: unique targets in each column
+        j = torch.stack([torch.randperm(300)[:200] for _ in range(8)], 1)
+    if name == "index_copy":
+        s = small_ints(300, 8)
+    if name == "index_add":
+        s = small_ints(400, 8)
+    assert_fused(f, x, j, s, kernels=3)  # a fill, the scatter, the copy out (as index_put's)
+
+
+def test_scatter_gradients():
+    j = torch.stack([torch.randperm(300)[:200] for _ in range(8)], 1)
+    f = lambda x, s: (x.scatter(0, j, s * 2) * x).sum() + x.scatter_add(0, j, s.exp()).pow(2).sum()  # noqa: E731
+    # (src of index's shape: eager's own backward rejects a larger one)
+    _grads_match(f, (torch.randn(300, 8), torch.randn(200, 8)), rtol=1e-4, atol=1e-4)
+
+
+def test_a_scatter_index_out_of_range_raises_index_error():
+    j = torch.randint(0, 30, (40, 4))
+    j[17, 2] = 30
+    f = lambda x, j, s: x.scatter_add(0, j, s) + 1  # noqa: E731
+    with pytest.raises(IndexError, match="out of bounds"):
+        tjit.compile(f)(torch.randn(30, 4), j, torch.randn(40, 4))

@@ -28,7 +28,7 @@ def scatter_into_source(alg: Algebra, node: GraphNode, s: ScatterGrad) -> Option
     """The scatter-add `s` into `node`'s value as one into its source's (None when the
     source is a computed value, which cannot receive one)."""
     op = node.op
-    if isinstance(op, Contiguous):  # the same elements, in the same (row-major) order
+    if type(op) is Contiguous:  # the same elements, in the same (row-major) order (a Scatter's are not)
         return s
     if isinstance(op, Elementwise) and op.op == "cast":
         src = node.src[0]

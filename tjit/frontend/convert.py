@@ -475,8 +475,9 @@ def count_eager_kernels(gm: fx.GraphModule) -> int:
 
 def _is_dense_view_of_buffer(value: GraphNode, val: torch.Tensor) -> bool:
     """A view of a Contiguous buffer with eager's strides for this output (so the buffer's
-    memory, viewed, is exactly the tensor eager returns)."""
-    return (isinstance(value.op, ViewOp) and isinstance(value.src[0].op, Contiguous) and val.numel() > 0
+    memory, viewed, is exactly the tensor eager returns). Not a Scatter's: its value is not
+    its source's."""
+    return (isinstance(value.op, ViewOp) and type(value.src[0].op) is Contiguous and val.numel() > 0
             and value.view.strides == tuple(val.stride()))
 
 

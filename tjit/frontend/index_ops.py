@@ -138,6 +138,42 @@ def _index_put(cv, node, *args, **kwargs):
     return cv.b.node(op, x.dtype, (x, offsets, values), View.contiguous(x.shape))
 
 
+@register(aten.scatter, aten.scatter_add, aten.scatter_reduce)
+def _scatter(cv, node, *args, **kwargs):
+    """x.scatter(dim, index, src or value), x.scatter_add(...), x.scatter_reduce(..., "sum")
+    (including x): src[p] written (added) at x's element p with coordinate `dim` replaced by
+    index[p], for every p of index's shape. An index outside [0, x.size(dim)) raises
+    IndexError, as eager's. Other reductions (and scatters of 0-d tensors) run as the
+    library call."""
+    x, dim, index, src, reduce, include_self = _scatter_arguments(node, *args, **kwargs)
+    accumulate = reduce == "sum" or node.target.overloadpacket is aten.scatter_add
+    if reduce not in (None, "sum") or not include_self or not x.shape or len(index.shape) != len(x.shape) or \
+            accumulate and x.dtype not in ATOMIC_ADD_TYPES:
+        functional = getattr(aten, node.target.overloadpacket.__name__.rstrip("_"))
+        return library_call(cv, node, getattr(functional, node.target._overloadname), args, kwargs)
+    dim %= len(x.shape)
+    shape = tuple(index.shape)
+    at = in_range_or_minus_one(cv, _index(cv, node, index), x.shape[dim], wrap=False)
+    coords = [at if d == dim else cv.cast(cv.coordinate(shape, d), DType.int64) for d in range(len(shape))]
+    checked = not known_in_range(at, x.shape[dim])
+    offsets = cv.element_offset(coords, View.contiguous(x.shape), checked)
+    if isinstance(src, GraphNode) and src.shape:
+        for d, n in enumerate(shape):  # src is read at index's positions only
+            src = cv.view(src, ("slice", d, 0, n, 1)) if src.shape[d] != n else src
+    values = cv.expand_to(cv.cast(src if isinstance(src, GraphNode) else cv.const(src, x.dtype), x.dtype), shape)
+    op = Scatter(accumulate=accumulate, checked=checked, what=f"{node.target.overloadpacket.__name__} along "
+                                                              f"dimension {dim}")
+    return cv.b.node(op, x.dtype, (x, offsets, values), View.contiguous(x.shape))
+
+
+def _scatter_arguments(node, x, dim, index, src, reduce=None, *, include_self=True):
+    """(x, dim, index, src or value, reduce, include_self) of any scatter overload; scatter's
+    own `reduce` ("add", "multiply": deprecated) goes to the library call."""
+    if node.target.overloadpacket is aten.scatter and reduce is not None:
+        return x, dim, index, src, "deprecated " + reduce, include_self
+    return x, dim, index, src, reduce, include_self
+
+
 def _index_put_arguments(x, indices, values, accumulate=False):
     return x, indices, values, accumulate
 

@@ -217,3 +217,52 @@ def test_a_scatter_index_out_of_range_raises_index_error():
     f = lambda x, j, s: x.scatter_add(0, j, s) + 1  # noqa: E731
     with pytest.raises(IndexError, match="out of bounds"):
         tjit.compile(f)(torch.randn(30, 4), j, torch.randn(40, 4))
+
+
+# -- scatters straight into the input they update -------------------------------------------------------
+def test_setitem_on_an_input_is_one_kernel():
+    def f(x, i, v):
+        x[i] = v * 2
+    assert_fused(f, torch.randn(3000, 5), unique(3000, 1500), torch.randn(1500, 5), kernels=1)
+
+
+def test_an_accumulating_index_put_into_an_input_is_one_kernel():
+    def f(x, i, v):
+        x.index_put_((i,), v, accumulate=True)
+    assert_fused(f, small_ints(500, 4), torch.randint(0, 500, (3000,)), small_ints(3000, 4), kernels=1)
+
+
+def test_a_cache_update_then_a_read_of_the_cache():
+    def f(cache, pos, k):
+        cache.index_copy_(1, pos, k)
+        return (cache * 2).sum(-1)
+    assert_fused(f, torch.randn(4, 300, 8), torch.tensor([5, 9, 299]), torch.randn(4, 3, 8), kernels=2)
+
+
+def test_reads_before_and_after_an_in_place_scatter_see_the_old_and_new_values():
+    def f(x, i, v):
+        before = x * 3
+        x[i] = v
+        return before + x, x.t()
+    check_against_eager(f, torch.randn(2000, 3), unique(2000, 700), torch.randn(700, 3))
+
+
+def test_two_scatters_into_one_input():
+    def f(x, i, j, v):
+        x[i] = v
+        x[j] += 1  # reads x: the second write goes through a buffer
+        return x
+    check_against_eager(f, torch.randn(2000, 3), unique(2000, 700), unique(2000, 300), torch.randn(700, 3))
+
+
+def test_values_that_read_the_input_go_through_a_buffer():
+    def f(x, i):
+        x[i] = x[i.flip(0)] * 2  # another program could overwrite what a program reads
+    x, i = torch.randn(3000, 2), unique(3000, 1400)
+    assert_fused(f, x, i, kernels=3)
+
+
+def test_a_transposed_input_is_written_through_a_buffer():
+    def f(x, i, v):
+        x[i] = v
+    check_against_eager(f, torch.randn(5, 3000).t(), unique(3000, 1000), torch.randn(1000, 5))

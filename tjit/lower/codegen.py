@@ -237,9 +237,10 @@ class _Emitter(GridReductionEmitter):
             t = store.target
             self.store_access.append(len(self.accesses))
             if isinstance(t, ScatterTarget):  # at data-dependent offsets: each lane's one element
-                numel = math.prod(t.node.shape)
-                self.accesses.append(Access(self._buffer_for_node(t.node), View(self.shape, (0,) * len(self.shape)),
-                                            True, (1, numel, math.prod(store.shape))))
+                ref = self._buffer("input", t.mutation.name, t.node.dtype) if t.mutation else \
+                    self._buffer_for_node(t.node)
+                self.accesses.append(Access(ref, View(self.shape, (0,) * len(self.shape)), True,
+                                            (1, math.prod(t.node.shape), math.prod(store.shape))))
                 continue
             if isinstance(t, OutputTarget):
                 ref = self._buffer("output", t.name, store.value.dtype)

@@ -35,8 +35,11 @@ class InputTarget:
 @dataclass(frozen=True)
 class ScatterTarget:
     """The second store of a Scatter node's buffer (the first, a BufferTarget, fills it):
-    its value is a PutAt node, written at data-dependent element offsets."""
+    its value is a PutAt node, written at data-dependent element offsets. With a mutation:
+    an in-place scatter into that input (x[i] = v), which holds the rest already: no buffer,
+    no fill, no copy back."""
     node: GraphNode
+    mutation: Optional[Mutation] = None
 
 
 @dataclass(frozen=True)
@@ -95,16 +98,59 @@ def buffer_of(leaf: GraphNode) -> Optional[GraphNode]:
 def collect_stores(graph: Graph, unstored: frozenset = frozenset()) -> list[Store]:
     """unstored: outputs that need no store (a library call's result, returned as it is)."""
     stores: list[Store] = []
+    in_place = scatters_in_place(graph)
     for node in toposort(graph.roots()):
-        if isinstance(node.op, Contiguous):
+        if isinstance(node.op, Contiguous) and id(node) not in in_place:
             stores.append(Store(BufferTarget(node), node.src[0]))
         if isinstance(node.op, Scatter):
             offsets, values = node.src[1:]
-            stores.append(Store(ScatterTarget(node), GraphNode(PutAt(), values.dtype, (offsets, values),
-                                                               View.contiguous(values.shape))))
+            stores.append(Store(ScatterTarget(node, in_place.get(id(node))),
+                                GraphNode(PutAt(), values.dtype, (offsets, values), View.contiguous(values.shape))))
     stores += [Store(OutputTarget(name), node) for name, node in graph.outputs.items() if name not in unstored]
-    stores += [Store(InputTarget(m), m.value) for m in graph.mutations]
+    stores += [Store(InputTarget(m), m.value) for m in graph.mutations if id(m.value) not in in_place]
+    for store in stores:  # what reads an in-place scatter's value reads the input it wrote
+        store.value = _reading_written_inputs(store.value, in_place)
     return stores
+
+
+def scatters_in_place(graph: Graph) -> dict[int, Mutation]:
+    """Scatters that can write straight into the input they update (x[i] = v on an input):
+    the scatter's base is the input as it was, through the view the write goes to, which is
+    row-major (the offsets are row-major element offsets, and readers of the scatter's value
+    read the input in its place); its values and indices read no version of that input
+    (another program could have overwritten what they read)."""
+    found = {}
+    for m in graph.mutations:
+        node, base = m.value, m.value.src[0] if m.value.src else None
+        if isinstance(node.op, Scatter) and isinstance(base.op, Input) and base.op.name == m.name \
+                and base.op.version == m.version - 1 and base.view == m.view and m.view.is_contiguous() \
+                and not _reads_input(node.src[1:], m.name):
+            found[id(node)] = m
+    return found
+
+
+def _reading_written_inputs(value: GraphNode, in_place: dict[int, Mutation]) -> GraphNode:
+    """value with each read of an in-place scatter's value (directly or through a view) made
+    a read of the input version the scatter writes, through the same view."""
+    replaced = {}
+    for leaf in expression_leaves(value):
+        base = leaf.src[0] if isinstance(leaf.op, ViewOp) else leaf
+        m = in_place.get(id(base))
+        if m is not None:
+            written = GraphNode(Input(m.name, m.version), base.dtype, (), m.view)
+            replaced[id(leaf)] = written if leaf is base else GraphNode(ViewOp(), leaf.dtype, (written,), leaf.view)
+    return read_from_buffers(value, replaced) if replaced and id(value) not in replaced else replaced.get(id(value), value)
+
+
+def _reads_input(values, name: str) -> bool:
+    bases = [buffer_of(leaf) for value in values for leaf in expression_leaves(value)]
+    return any(base is not None and isinstance(base.op, Input) and base.op.name == name for base in bases)
+
+
+def written_input(store: Store) -> Optional[Mutation]:
+    """The write into an input a store makes (an InputTarget, or a scatter into the input)."""
+    t = store.target
+    return t.mutation if isinstance(t, (InputTarget, ScatterTarget)) else None
 
 
 def collect_externs(graph: Graph) -> list[ExternStep]:
@@ -197,7 +243,7 @@ def _sink_outputs(stores: list[Store], levels: dict[int, int]) -> dict[int, int]
     """An output store may run in any kernel from its earliest level on (no store reads an
     output), so it joins the last kernel of its domain: a layer_norm backward's bias
     gradient shares the weight gradient's kernel, which must wait for the row statistics."""
-    if any(isinstance(s.target, InputTarget) for s in stores):
+    if any(written_input(s) for s in stores):
         return levels  # a later kernel may overwrite an input the store reads
     last = {}
     for s in stores:
@@ -212,7 +258,7 @@ def _join_reduction_kernels(stores: list[Store], levels: dict[int, int]) -> None
     `x + x` beside `x.sum(-1)`), so each row is loaded once; and a scalar of totals over
     plain row values (cross-entropy's count of targets, kept for backward) with the totals
     that kernel already combines."""
-    if any(isinstance(s.target, InputTarget) for s in stores):
+    if any(written_input(s) for s in stores):
         return  # kernel order then also protects inputs from early overwrites: keep it as placed
     hosts: dict[tuple, list[Store]] = {}
     for s in stores:
@@ -293,9 +339,9 @@ def _levels(stores: list[Store], externs: list[ExternStep] = ()) -> dict[int, in
         if isinstance(s.target, BufferTarget):
             fills[id(s.target.node)] = s
             producer.setdefault(("buffer", id(s.target.node)), s)
-        elif isinstance(s.target, ScatterTarget):  # a scattered buffer is read once its values are written
+        elif isinstance(s.target, ScatterTarget) and not s.target.mutation:  # read once its values are written
             producer[("buffer", id(s.target.node))] = s
-        elif isinstance(s.target, InputTarget):
+        if written_input(s):
             producer[("input", s.target.mutation.name, s.target.mutation.version)] = s
     reads = {id(s): [(leaf, buffer_of(leaf)) for leaf in expression_leaves(s.value)] for s in stores}
     reads.update({id(e): [(op, buffer_of(op)) for op in e.operands] for e in externs})
@@ -312,13 +358,13 @@ def _levels(stores: list[Store], externs: list[ExternStep] = ()) -> dict[int, in
                 yield producer[("extern", id(base.op.call))], True
             elif base.op.version:
                 yield producer[("input", base.op.name, base.op.version)], True
-        if isinstance(item, Store) and isinstance(item.target, ScatterTarget):
+        if isinstance(item, Store) and isinstance(item.target, ScatterTarget) and not item.target.mutation:
             yield fills[id(item.target.node)], True  # the values overwrite the filled buffer
         if isinstance(item, ExternStep) and item.call.versions:  # a check runs after the writes eager made first
             versions = dict(item.call.versions)
-            yield from ((s, True) for s in stores if isinstance(s.target, InputTarget)
+            yield from ((s, True) for s in stores if written_input(s)
                         and s.target.mutation.version <= versions.get(s.target.mutation.name, 0))
-        if isinstance(item, Store) and isinstance(item.target, InputTarget):
+        if isinstance(item, Store) and written_input(item):
             yield from _write_after_read(item, stores, reads)
             name, version = item.target.mutation.name, item.target.mutation.version
             yield from ((e, True) for e in externs
@@ -341,11 +387,13 @@ def _write_after_read(store: Store, stores: list[Store], reads):
     `store` writes: strict (an earlier kernel) unless every such access meets the write in
     the same program."""
     mutation = store.target.mutation
+    scattered = isinstance(store.target, ScatterTarget)  # data-dependent addresses: no program meets another's
     for other in stores:
         if other is store:
             continue
         if any(reads_older_version(leaf, mutation.name, mutation.version) for leaf, _ in reads[id(other)]):
-            yield other, bool(_hazardous_reads(other, store))
-        if isinstance(other.target, InputTarget) and other.target.mutation.name == mutation.name \
-                and other.target.mutation.version < mutation.version:
-            yield other, not (other.domain == store.domain and other.target.mutation.view == mutation.view)
+            yield other, scattered or bool(_hazardous_reads(other, store))
+        earlier = written_input(other)
+        if earlier and earlier.name == mutation.name and earlier.version < mutation.version:
+            yield other, scattered or isinstance(other.target, ScatterTarget) or \
+                not (other.domain == store.domain and earlier.view == mutation.view)

@@ -74,3 +74,22 @@ def test_saved_call_results_train():
     f(x2, w2).sum().backward()
     torch.testing.assert_close(x.grad, x2.grad, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(w.grad, w2.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_reading_a_reduction_from_its_buffer_keeps_the_other_buffers_read():
+    """A store's expression reads a view of a row sum both directly and through a buffer of
+    that view (Bert's backward: a select of a layer norm's statistics). Reading the sum from
+    its own buffer rewrites the view on the direct path; the buffer of the view must stay the
+    node the graph has (its store fills it), not become a copy that no store fills."""
+    from tjit.ir import Contiguous, Reduce
+    from tjit.lower.domains import read_from_buffers
+    b = GraphBuilder()
+    x = b.input("x", DType.float32, View.contiguous((2, 16, 48)))
+    row_sums = b.node(Reduce("add", (2,)), DType.float32, (x,), View.contiguous((2, 16, 1)))
+    first_row = b.node(ViewOp(), DType.float32, (row_sums,), View.contiguous((2, 16, 1)).select(1, 0).expand((2, 48)))
+    stored = b.node(Contiguous(), DType.float32, (first_row,), View.contiguous((2, 48)))
+    value = b.node(Elementwise("add"), DType.float32, (first_row, stored), View.contiguous((2, 48)))
+    sums_buffer = b.node(Contiguous(), DType.float32, (row_sums,), View.contiguous((2, 16, 1)))
+    rewritten = read_from_buffers(value, {id(row_sums): sums_buffer})
+    assert rewritten.src[1] is stored
+    assert rewritten.src[0].src[0] is sums_buffer

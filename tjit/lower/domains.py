@@ -205,11 +205,16 @@ def totals_fit(totals: list[GraphNode], domain: Domain) -> bool:
 def read_from_buffers(value: GraphNode, buffers: dict[int, GraphNode]) -> GraphNode:
     """A copy of value's expression in which each node with an entry in `buffers` (its id ->
     a Contiguous node of it) is read from that buffer instead of computed. The value itself
-    is always computed: its store may be the one that fills its buffer."""
+    is always computed: its store may be the one that fills its buffer. A buffer the
+    expression already reads stays that node, even when its source was rewritten on another
+    path: a copy of it would be a buffer no store fills."""
     new: dict[int, GraphNode] = {}
     for node in toposort([value], stop=is_kernel_input):
         if id(node) in buffers and node is not value:
             new[id(node)] = buffers[id(node)]
+            continue
+        if is_kernel_input(node):
+            new[id(node)] = node
             continue
         src = tuple(new.get(id(s), s) for s in node.src)
         same = all(a is b for a, b in zip(src, node.src))

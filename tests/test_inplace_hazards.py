@@ -182,3 +182,27 @@ def test_random_in_place_views_match_eager(case):
     update(expected, clone_source=True)
     tjit.compile(update)(tjit_x)
     torch.testing.assert_close(tjit_x, expected, equal_nan=True)
+
+
+def _decay_then_update(x, v, g):
+    x.mul_(0.9999)
+    v.mul_(0.999)
+    x.add_(v / (torch.linalg.vector_norm(g * g + v) + 1))
+
+
+def _decay_then_update_after_a_call(x, v, g):
+    x.mul_(0.9999)
+    x.add_(torch.sort(g + v).values)  # a library call between the two writes
+
+
+@pytest.mark.parametrize("fn", [_decay_then_update, _decay_then_update_after_a_call])
+@pytest.mark.parametrize("n", [12, 5000])
+def test_a_write_overwritten_later_is_not_written_after_it(fn, n):
+    """x.mul_(a) then x.add_(f(...)) where f needs another kernel first (an optimizer's
+    weight decay, then its update): the second write computes from the first's value, so
+    the first is never stored; it used to be stored after the second (the two writes
+    depended on each other both ways), and x lost its update."""
+    g = torch.Generator().manual_seed(n)
+    x, v, grad = torch.randn(n, generator=g), torch.rand(n, generator=g), torch.randn(n, generator=g)
+    with torch.no_grad():
+        check_against_eager(fn, x, v, grad)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
+from ..errors import TjitError
 from ..ir import Contiguous, Extern, ExternCall, Graph, GraphNode, Input, Mutation, Scatter, View, ViewOp, toposort
 from .domains import (Domain, Placement, is_kernel_input, read_from_buffers, reduces_in, store_domain, totals_fit,
                       totals_of)
@@ -222,8 +223,9 @@ def _hazardous_reads(reader: Store, writer: Store) -> list[GraphNode]:
 def group_kernels(graph: Graph, unstored: frozenset = frozenset()) -> list[Union[KernelGroup, ExternStep]]:
     """Stores with the same domain and level share a kernel; library calls run between the
     kernels, in level order. unstored: outputs no kernel writes (see collect_stores)."""
-    stores = stage_hazardous_reads(place_in_domains(collect_stores(graph, unstored)))
     externs = collect_externs(graph)
+    stores = stage_hazardous_reads(place_in_domains(collect_stores(graph, unstored)))
+    stores = without_overwritten_writes(stores, externs)
     levels = _levels(stores, externs)
     levels = _sink_outputs(stores, levels)
     _join_reduction_kernels(stores, levels)
@@ -231,8 +233,6 @@ def group_kernels(graph: Graph, unstored: frozenset = frozenset()) -> list[Union
     for store in stores:
         key = (levels[id(store)], store.domain)
         groups.setdefault(key, KernelGroup(store.domain, level=key[0])).stores.append(store)
-    for group in groups.values():
-        group.stores = without_overwritten_stores(group.stores)
     for step in externs:
         step.level = levels[id(step)]
     # at one level nothing depends on anything else; calls first, so their results die early
@@ -307,17 +307,26 @@ def _memory_read(store: Store) -> set:
     return found
 
 
-def without_overwritten_stores(stores: list[Store]) -> list[Store]:
-    """Drop a write into an input that a later write in the same kernel overwrites through
-    the same view (x.mul_(a).add_(b)). Nothing reads the earlier version from memory: a
-    read of it would be a strict dependency and sit in a later kernel."""
-    last_write = {}
-    for k, store in enumerate(stores):
-        if isinstance(store.target, InputTarget):
-            last_write[(store.target.mutation.name, store.target.mutation.view)] = k
-    return [store for k, store in enumerate(stores)
-            if not isinstance(store.target, InputTarget)
-            or last_write[(store.target.mutation.name, store.target.mutation.view)] == k]
+def without_overwritten_writes(stores: list[Store], externs: list[ExternStep]) -> list[Store]:
+    """Drop a write into an input that a later write overwrites through the same view while
+    nothing reads the version it writes from memory (x.mul_(a); ...; x.add_(b): the second
+    write computes from the first's value, not from memory). Kept, the earlier write would
+    also be a dependency of the later one both ways: its readers of the older version must
+    run first, and the later write after it. Writes before a check eager runs (a call that
+    returns nothing) are kept: eager makes them even when the check raises."""
+    read = {(base.op.name, base.op.version) for s in stores for leaf in expression_leaves(s.value)
+            if (base := buffer_of(leaf)) is not None and isinstance(base.op, Input)}
+    read |= {(op.op.name, op.op.version) for e in externs for op in map(buffer_of, e.operands)
+             if op is not None and isinstance(op.op, Input)}
+    checked = {name for e in externs for name, _ in e.call.versions}
+    writes = [s.target.mutation for s in stores if isinstance(s.target, InputTarget)]
+
+    def overwritten(m: Mutation) -> bool:
+        later = [w.version for w in writes if w.name == m.name and w.view == m.view and w.version > m.version]
+        return bool(later) and m.name not in checked \
+            and not any((m.name, v) in read for v in range(m.version, min(later)))
+
+    return [s for s in stores if not (isinstance(s.target, InputTarget) and overwritten(s.target.mutation))]
 
 
 def _levels(stores: list[Store], externs: list[ExternStep] = ()) -> dict[int, int]:
@@ -345,8 +354,6 @@ def _levels(stores: list[Store], externs: list[ExternStep] = ()) -> dict[int, in
             producer[("input", s.target.mutation.name, s.target.mutation.version)] = s
     reads = {id(s): [(leaf, buffer_of(leaf)) for leaf in expression_leaves(s.value)] for s in stores}
     reads.update({id(e): [(op, buffer_of(op)) for op in e.operands] for e in externs})
-    level: dict[int, int] = {}
-
     def deps(item):
         """(store or call it depends on, strict?) pairs."""
         for leaf, base in reads[id(item)]:
@@ -371,15 +378,21 @@ def _levels(stores: list[Store], externs: list[ExternStep] = ()) -> dict[int, in
                         if any(reads_older_version(op, name, version) for op, _ in reads[id(e)])
                         or version > dict(e.call.versions).get(name, version))  # a check eager runs first
 
-    def visit(item) -> int:
-        if id(item) not in level:
-            level[id(item)] = 0  # provisional; the dependency graph is acyclic by construction
-            level[id(item)] = max((visit(d) + strict for d, strict in deps(item)), default=0)
-        return level[id(item)]
-
-    for item in [*stores, *externs]:
-        visit(item)
-    return level
+    # the longest path, by relaxation: two stores that each read what the other overwrites,
+    # in the same program (a momentum buffer and its parameter), depend on each other
+    # without strictness and share a level; a cycle through a strict dependency has no order
+    items = [*stores, *externs]
+    edges = {id(item): list(deps(item)) for item in items}
+    level = {id(item): 0 for item in items}
+    for _ in range(len(items) + 1):
+        changed = False
+        for item in items:
+            new = max((level[id(d)] + strict for d, strict in edges[id(item)]), default=0)
+            if new > level[id(item)]:
+                level[id(item)], changed = new, True
+        if not changed:
+            return level
+    raise TjitError("internal error: the kernels' dependencies form a cycle through a strict one: no order exists")
 
 
 def _write_after_read(store: Store, stores: list[Store], reads):

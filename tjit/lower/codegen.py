@@ -24,7 +24,7 @@ from .fusion import (BufferTarget, InputTarget, KernelGroup, OutputTarget, PutAt
 from .grid_reduction import GridReductionEmitter
 from .reduction import (LoopContext, accumulator_for, block_reduce, identity, scan_carry_init, scan_identity,
                         scan_lines, scan_work_dtype, work_dtype)
-from .schedule import IterationSpace, LoopDim, schedule
+from .schedule import AUTO_WARPS, IterationSpace, LoopDim, lanes_per_thread, schedule
 
 INT32_LIMIT = 2**31 - 1
 
@@ -819,11 +819,11 @@ def _checked_division(node: GraphNode) -> bool:
 
 
 def num_warps(space: IterationSpace, widest_itemsize: int) -> int:
-    """One 128-bit vector of the widest type per thread and access (4 fp32, 2 fp64): long
+    """Warps enough for each thread to compute `lanes_per_thread` elements, at most 8: long
     fused chains then fit in registers (8 fp32 per thread spilled on sm_90)."""
-    per_thread = max(1, min(4, 16 // widest_itemsize))
+    per_thread = lanes_per_thread(widest_itemsize, len(space.strides))
     block = math.prod(d.width for d in space.loop_dims)
-    return max(1, min(8, block // (32 * per_thread)))
+    return max(1, min(AUTO_WARPS, block // (32 * per_thread)))
 
 
 EXACT_COUNT_LIMIT = 1 << 24

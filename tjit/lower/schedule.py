@@ -14,8 +14,8 @@ from typing import Optional, Sequence
 from ..errors import TjitError
 from ..ir import Auto, AxisStrategy, Sequential, Thread, ThreadGroup
 
-AUTO_BLOCK = 1024  # lanes of an Auto pointwise program: 4 per thread at 8 warps, one 128-bit load
-AUTO_BLOCK_64BIT = 512  # with 64-bit values: 2 per thread, still one 128-bit load, half the registers
+AUTO_WARPS = 8  # warps of an Auto pointwise program
+AUTO_BLOCK = 1024  # its lanes with float32 values and few accesses: 4 per thread, one 128-bit load
 TILE = 32  # the side of an Auto 2-d tile (a transposed access)
 MAX_BLOCK_NUMEL = 1 << 20  # Triton's limit on the elements of one block
 
@@ -93,12 +93,25 @@ def schedule(shape: Sequence[int], access_strides: Sequence[Sequence[int]],
         shape = [shape[d] for d in order]
         access_strides = [[st[d] for d in order] for st in access_strides]
         sizes, strides, _ = simplify(shape, access_strides, merge=True)
-        block = AUTO_BLOCK_64BIT if widest_itemsize >= 8 else AUTO_BLOCK
+        block = 32 * AUTO_WARPS * lanes_per_thread(widest_itemsize, len(access_strides))
         return IterationSpace(sizes, strides, auto_dims(sizes, strides[:len(strides) - coordinates], block))
     sizes, strides, origin = simplify(shape, access_strides, merge=False)
     dims = tuple(_forced_dim(k, forced[origin[k][0]], sizes[k]) for k in range(len(sizes)))
     _check_block(dims, forced, shape)
     return IterationSpace(sizes, strides, dims)
+
+
+def lanes_per_thread(widest_itemsize: int, accesses: int) -> int:
+    """Elements each thread computes: one 128-bit vector of the widest type (4 float32, 2
+    float64), fewer in a kernel that reads and writes many tensors, whose long fused chains
+    keep many values live: at 4 lanes per thread, chains of 22 and of 34 accesses (an
+    unrolled GRU's backward) spilled at sm_90; at 2 and at 1 lane they used 60 and 48
+    registers."""
+    lanes = max(1, min(4, 16 // widest_itemsize))
+    for many in (16, 32):
+        if accesses > many:
+            lanes = max(1, lanes // 2)
+    return lanes
 
 
 def _is_forced(forced) -> bool:

@@ -117,6 +117,13 @@ class Converter(ValueBuilder):
         if not isinstance(value, torch.Tensor):
             self.env[node] = value
             return
+        known = self.input_storage.get(storage_key(value))
+        if known is not None and self.input_meta[known].dtype == value.dtype:
+            # make_fx reads an attribute anew at each use: every read of its memory (an input's,
+            # or an earlier constant's) is one input, whose in-place writes later reads see
+            node.meta["val"] = value
+            self.env[node] = self.read_input_storage(node, value)
+            return
         name = f"_const{len(self.constants)}"
         self.constants[name] = value
         self.input_names.append(name)

@@ -20,6 +20,7 @@ from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 
 from ..errors import DataDependentError, LayoutError, UnsupportedOpError
 from .convert import Conversion, Converter
+from .foreach import foreach_decompositions
 
 
 @functools.lru_cache(maxsize=None)
@@ -32,6 +33,7 @@ def decomposition_table():
     for op in KEPT_WHOLE:
         for overload in op.overloads():
             table.pop(getattr(op, overload), None)
+    table.update(foreach_decompositions())  # optimizers' _foreach_* ops: one op per tensor, fused
     return table
 
 
@@ -75,10 +77,12 @@ class KeepRealTensors(TorchDispatchMode):
         if schema is not None and schema.is_mutable:
             values = list(args) + [kwargs.get(a.name) for a in schema.arguments[len(args):]]
             for value, arg in zip(values, schema.arguments):
-                if arg.alias_info is not None and arg.alias_info.is_write and _is_real(value) \
-                        and id(value) not in self.before:
-                    with torch._C._DisableTorchDispatch():  # (not traced)
-                        self.before[id(value)] = (value, value.clone())
+                if arg.alias_info is None or not arg.alias_info.is_write:
+                    continue
+                for tensor in value if isinstance(value, (list, tuple)) else [value]:  # (_foreach_add_'s lists)
+                    if _is_real(tensor) and id(tensor) not in self.before:
+                        with torch._C._DisableTorchDispatch():  # (not traced)
+                            self.before[id(tensor)] = (tensor, tensor.clone())
         return func(*args, **kwargs)
 
     def restore(self) -> None:
@@ -171,8 +175,11 @@ def trace(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozenset = fr
 
     watch = GradModeWatch()
     name = getattr(fn, "__name__", str(fn))
+    # in the caller's grad mode: under torch.no_grad() (an optimizer step) eager updates
+    # parameters that require grad in place, which grad mode forbids
+    grad_mode = torch.enable_grad() if torch.is_grad_enabled() else torch.no_grad()
     try:
-        with torch.enable_grad(), watch:
+        with grad_mode, watch:
             gm = fake_trace(with_tensors, [t.detach().requires_grad_(name in requires_grad)
                                            for name, t in zip(tensor_names, tensors)])
     except UnsupportedOpError:

@@ -112,3 +112,30 @@ def test_compiled_optimizer_step_matches_eager(name, foreach):
         for p, q in zip(params, ref):
             for key, value in ref_opt.state[q].items():
                 torch.testing.assert_close(opt.state[p][key], value, msg=lambda m: f"{name} state {key}: {m}")
+
+
+@pytest.mark.parametrize("foreach", [True, False], ids=["foreach", "single_tensor"])
+def test_a_learning_rate_schedule_generates_no_new_kernels(foreach):
+    """Dynamo passes a learning rate that changes between calls as an argument after its
+    first recompile: the steps after that reuse every kernel, and still match eager."""
+    params = [torch.nn.Parameter(t) for t in _tensors(2)[:2]]
+    ref = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    opts = [torch.optim.AdamW(ps, lr=0.01, foreach=foreach) for ps in (params, ref)]
+    schedules = [torch.optim.lr_scheduler.LambdaLR(o, lambda s: 1.0 / (1 + s)) for o in opts]
+
+    @torch.compile(backend="tjit")
+    def step():
+        opts[0].step()
+
+    for k in range(12):
+        if k == 4:
+            generated, traces = tjit.counters.kernels_generated, tjit.counters.traces
+        for p, q, g in zip(params, ref, _tensors(20 + k)):
+            p.grad, q.grad = g.clone(), g.clone()
+        step()
+        opts[1].step()
+        for s in schedules:
+            s.step()
+    assert (tjit.counters.kernels_generated, tjit.counters.traces) == (generated, traces)
+    for p, q in zip(params, ref):
+        torch.testing.assert_close(p, q)

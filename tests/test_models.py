@@ -37,6 +37,8 @@ def test_eval_forward(name):
     _close(got, expected, f"{name} eval output")
 
 
+@pytest.mark.spills_at_sm90("training steps' backward reduction kernels with many accesses (17-40 loads) "
+                            "spill up to 6.6 KB at sm_90 with their Auto rows per program (known gap)")
 @pytest.mark.parametrize("name", sorted(ZOO))
 def test_training_step(name):
     spec = ZOO[name]

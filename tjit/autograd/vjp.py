@@ -170,7 +170,7 @@ TERNARY_RULES = {
     "fma": lambda a, g, y, p, q, r: (a.mul(g, q), a.mul(g, p), g),
 }
 
-# each rule is its op's in the registry (ir/ops.py OPS), under the op's name
+# each rule above is given to the op of its name in the registry (ir/ops.py OPS)
 for _name, _rule in {**UNARY_RULES, **BINARY_RULES, **TERNARY_RULES}.items():
     define_gradient(_name, _rule)
 

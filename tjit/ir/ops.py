@@ -14,7 +14,8 @@ under the op's name. An op with neither a rule nor NO_GRAD is a compile-time err
 gradient flows through it, never a silent zero gradient (tests/test_op_registry.py checks
 that none is left without).
 
-Adding an op: an OpDef in OPS below (its rule in autograd/vjp.py, or NO_GRAD), and tests.
+Adding an op: an OpDef in OPS below, its rule in autograd/vjp.py (or NO_GRAD), and tests
+(docs/architecture.md, "Ops").
 """
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ class OpDef:
     name: str
     arity: int
     floats: Optional[str] = None
-    float32: Optional[str] = None  # where float32 needs other Triton than wider floats (IEEE / and sqrt)
+    float32: Optional[str] = None  # float32's own, where Triton's generic one is not IEEE (/, sqrt)
     ints: Optional[str] = None
     bools: Optional[str] = None
     any_type: Optional[str] = None
@@ -79,9 +80,9 @@ _IDENTITY = "{0}"
 _FALSE = "tl.zeros_like({0}) != 0"
 
 
-def _float_unary(name: str, triton: str, aten: tuple[str, ...] = None) -> OpDef:
-    """A differentiable math function of floats (its rule in autograd/vjp.py)."""
-    return OpDef(name, 1, floats=triton, aten=(name,) if aten is None else aten)
+def _float_unary(name: str, triton: str) -> OpDef:
+    """A differentiable math function of floats (its rule in autograd/vjp.py), aten's op of its name."""
+    return OpDef(name, 1, floats=triton, aten=(name,))
 
 
 def _rounding(name: str, triton: str) -> OpDef:

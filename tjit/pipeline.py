@@ -28,9 +28,9 @@ from typing import Callable, Mapping, Optional, Sequence, Union
 from .errors import TjitError
 from .frontend.convert import Conversion
 from .frontend.trace import trace
-from .ir import (OPS, AxisStrategy, Contiguous, Cumulative, Elementwise, Extern, Graph, GraphNode, Input, Reduce, ViewOp,
+from .ir import (AxisStrategy, Contiguous, Cumulative, Elementwise, Extern, Graph, GraphNode, Input, Reduce, ViewOp,
                  toposort)
-from .ir.ops import REDUCE_OPS, SCAN_OPS
+from .ir.ops import OPS, REDUCE_OPS, SCAN_OPS
 from .lower import HasSteps, LibraryPlan, lower
 from .lower.codegen import KernelPlan
 from .lower.fusion import KernelGroup

@@ -28,7 +28,9 @@ from typing import Callable, Mapping, Optional, Sequence, Union
 from .errors import TjitError
 from .frontend.convert import Conversion
 from .frontend.trace import trace
-from .ir import AxisStrategy, Contiguous, Elementwise, Extern, Graph, GraphNode, Input, ViewOp, toposort
+from .ir import (AxisStrategy, Contiguous, Cumulative, Elementwise, Extern, Graph, GraphNode, Input, Reduce, ViewOp,
+                 toposort)
+from .ir.ops import OPS, REDUCE_OPS, SCAN_OPS
 from .lower import HasSteps, LibraryPlan, lower
 from .lower.codegen import KernelPlan
 from .lower.fusion import KernelGroup
@@ -116,9 +118,13 @@ def verify(stage: str, check: Callable, *data) -> None:
 
 def verify_graph(graph: Graph) -> Optional[str]:
     """IR invariants: views read only leaves (inputs, literals, buffers, calls' results),
-    elementwise operands have the node's shape, every input read is a declared input."""
+    elementwise operands have the node's shape, every input read is a declared input, every
+    op is a registered one."""
     declared = set(graph.input_names)
     for node in toposort(graph.roots()):
+        problem = unregistered_op(node)
+        if problem:
+            return problem
         if isinstance(node.op, Input) and node.op.name not in declared:
             return f"input {node.op.name!r} is read but not an input of the graph"
         if isinstance(node.op, Elementwise) and any(s.shape != node.shape for s in node.src):
@@ -127,6 +133,23 @@ def verify_graph(graph: Graph) -> Optional[str]:
             return f"a view of a {type(node.src[0].op).__name__} (views are pushed to the leaves)"
         if isinstance(node.op, (Contiguous, Extern)) and node.view.numel != math.prod(node.shape):
             return f"{type(node.op).__name__} node with view {node.view} of another size than its shape"
+    return None
+
+
+def unregistered_op(node: GraphNode) -> Optional[str]:
+    """An elementwise op missing from the op registry (or with another number of operands
+    than its arity there), or a reduction or scan tjit does not know."""
+    op = node.op
+    if isinstance(op, Elementwise):
+        known = OPS.get(op.op)
+        if known is None:
+            return f"elementwise op {op.op!r} is not registered (tjit/ir/ops.py OPS)"
+        if len(node.src) != known.arity:
+            return f"{op.op} has {len(node.src)} operands, its arity is {known.arity}"
+    if isinstance(op, Reduce) and op.op not in REDUCE_OPS:
+        return f"reduction {op.op!r} is not one of ir/ops.py REDUCE_OPS"
+    if isinstance(op, Cumulative) and op.op not in SCAN_OPS:
+        return f"scan {op.op!r} is not one of ir/ops.py SCAN_OPS"
     return None
 
 

@@ -15,7 +15,7 @@ from typing import Callable, Optional, Union
 from ..errors import UnsupportedOpError
 from ..ir import (Const, Contiguous, Cumulative, DType, Elementwise, Extern, Gather, GraphNode, Input, Iota, Reduce,
                   Scatter, ViewOp, Window)
-from ..ir.ops import NO_GRADIENT
+from ..ir.ops import NO_GRAD, define_gradient, op_def
 from .algebra import LN2, TWO_OVER_SQRT_PI, Algebra
 from .library_grad import library_gradient
 from .views import view_transpose
@@ -73,15 +73,12 @@ def vjp(alg: Algebra, node: GraphNode, grad: GraphNode, value: ValueOf,
 # -- elementwise -------------------------------------------------------------------------------
 def _elementwise(alg: Algebra, node: GraphNode, g: GraphNode, value: ValueOf) -> Grads:
     name = node.op.op
-    if name == "cast":
-        src = node.src[0]
-        return [alg.cast(g, src.dtype) if src.dtype.is_float else None]
-    rule = UNARY_RULES.get(name) or BINARY_RULES.get(name) or TERNARY_RULES.get(name)
+    rule = op_def(name).grad
+    if rule is NO_GRAD:  # piecewise constant (floor, sign, comparisons, bit ops...)
+        return [None] * len(node.src)
     if rule is None:
-        if name in NO_GRADIENT:  # piecewise constant (floor, sign, comparisons, bit ops...)
-            return [None] * len(node.src)
-        raise UnsupportedOpError(name, "no gradient rule for this elementwise op (and it is not marked as having "
-                                 "none in ir/ops.py NO_GRADIENT)")
+        raise UnsupportedOpError(name, "no gradient rule for this elementwise op (and it is not marked NO_GRAD in "
+                                 "ir/ops.py OPS)")
     args = [value(s) for s in node.src]
     grads = rule(alg, g, value(node), *args)
     return [gs if gs is not None and differentiable(s) else None for s, gs in zip(node.src, grads)]
@@ -96,6 +93,7 @@ def _rsqrt_of(alg, v):
 
 
 UNARY_RULES = {
+    "cast": _unary(lambda a, g, y, x: a.cast(g, x.dtype) if x.dtype.is_float else None),
     "neg": _unary(lambda a, g, y, x: a.neg(g)),
     "abs": _unary(lambda a, g, y, x: a.mul(g, a.ew("sign", x))),
     "recip": _unary(lambda a, g, y, x: a.mul(a.neg(g), a.square(y))),
@@ -171,6 +169,10 @@ TERNARY_RULES = {
     "where": lambda a, g, y, c, p, q: (None, a.where(c, g, 0.0), a.where(c, 0.0, g)),
     "fma": lambda a, g, y, p, q, r: (a.mul(g, q), a.mul(g, p), g),
 }
+
+# each rule above is given to the op of its name in the registry (ir/ops.py OPS)
+for _name, _rule in {**UNARY_RULES, **BINARY_RULES, **TERNARY_RULES}.items():
+    define_gradient(_name, _rule)
 
 
 # -- reductions ----------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import torch
 import torch.fx as fx
 
 from ..errors import UnsupportedOpError
-from ..ir import DType, GraphNode
+from ..ir import OPS, DType, GraphNode, OpDef
 
 aten = torch.ops.aten
 HANDLERS: dict[object, Callable] = {}
@@ -331,32 +331,28 @@ def _int_pow_by_scalar(cv, node, base, e: int):
     return result.value
 
 
-# -- unary math -----------------------------------------------------------------------------------
-def _unary(ir_op):
-    def handler(cv, node, x):
-        return compute(cv, node, ir_op, [x])
+# -- aten ops that are one IR op (the registry's OpDef.aten) ----------------------------------------
+NO_BOOL_KERNEL = frozenset({"abs", "floor", "ceil", "trunc"})  # eager has none for these (meta accepts bool)
+
+
+def translate(op: OpDef) -> None:
+    """Registers the handlers of the aten ops that are `op`."""
+    for name in op.aten:
+        register(getattr(aten, name))(_direct(op, name))
+
+
+def _direct(op: OpDef, name: str):
+    def handler(cv, node, *args):
+        if name in NO_BOOL_KERNEL:
+            refuse_dtypes(node, f"{name}_cpu", (torch.bool,))
+        if op.operand_typed:  # computed in the operands' promoted type (comparisons, predicates)
+            return compute(cv, node, op.name, list(args), common_dtype(node, *range(len(args))))
+        return compute(cv, node, op.name, list(args))
     return handler
 
 
-for _name, _ir in {
-    "neg": "neg", "reciprocal": "recip", "sign": "sign", "sgn": "sign",
-    "exp": "exp", "exp2": "exp2", "expm1": "expm1", "log": "log", "log2": "log2", "log1p": "log1p",
-    "sqrt": "sqrt", "rsqrt": "rsqrt", "sin": "sin", "cos": "cos", "tan": "tan", "asin": "asin", "acos": "acos",
-    "atan": "atan", "sinh": "sinh", "cosh": "cosh", "tanh": "tanh", "asinh": "asinh", "acosh": "acosh",
-    "atanh": "atanh", "sigmoid": "sigmoid", "erf": "erf", "erfc": "erfc",
-}.items():
-    register(getattr(aten, _name))(_unary(_ir))
-
-
-def _refusing(kernel, refused, handler):
-    def checked(cv, node, *args, **kwargs):
-        refuse_dtypes(node, kernel, refused)
-        return handler(cv, node, *args, **kwargs)
-    return checked
-
-
-for _name in ("abs", "floor", "ceil", "trunc"):  # eager has no bool kernels for these (meta accepts bool)
-    register(getattr(aten, _name))(_refusing(f"{_name}_cpu", (torch.bool,), _unary(_name)))
+for _op in OPS.values():
+    translate(_op)
 
 
 @register(aten.round)
@@ -375,21 +371,6 @@ def _round(cv, node, x, decimals=0):
 @register(aten.log10)
 def _log10(cv, node, x):
     return (x_of(cv, node, x).op("log2") * math.log10(2.0)).value
-
-
-@register(aten.atan2)
-def _atan2(cv, node, a, b):
-    return compute(cv, node, "atan2", [a, b])
-
-
-@register(aten.isnan)
-def _isnan(cv, node, x):
-    return compute(cv, node, "isnan", [x], DType.from_torch(node.args[0].meta["val"].dtype))
-
-
-@register(aten.isinf)
-def _isinf(cv, node, x):
-    return compute(cv, node, "isinf", [x], DType.from_torch(node.args[0].meta["val"].dtype))
 
 
 @register(aten.relu)
@@ -563,16 +544,6 @@ def _clamp(cv, node, x, min=None, max=None):
     return value
 
 
-@register(aten.maximum)
-def _maximum(cv, node, a, b):
-    return compute(cv, node, "max", [a, b])
-
-
-@register(aten.minimum)
-def _minimum(cv, node, a, b):
-    return compute(cv, node, "min", [a, b])
-
-
 @register(aten.fmax, aten.fmin)
 def _fmax_fmin(cv, node, a, b):
     """Like maximum/minimum, but a NaN loses to a number."""
@@ -590,11 +561,6 @@ def _copysign(cv, node, a, b):
     magnitude = x_of(cv, node, a).op("abs")
     negative = X(cv, node, compute(cv, node, "signbit", [b], _arg_dtype(node, 1), DType.bool), DType.bool)
     return negative.where(-magnitude, magnitude).value
-
-
-@register(aten.signbit)
-def _signbit(cv, node, x):
-    return compute(cv, node, "signbit", [x], _arg_dtype(node, 0), DType.bool)
 
 
 @register(aten.hypot)
@@ -620,16 +586,6 @@ def select(cv, node, cond: GraphNode, a, b) -> GraphNode:
 
 
 # -- comparisons, logic, bits -------------------------------------------------------------------------
-def _compare(ir_op):
-    def handler(cv, node, a, b):
-        return compute(cv, node, ir_op, [a, b], common_dtype(node, 0, 1), DType.bool)
-    return handler
-
-
-for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
-    register(getattr(aten, _name))(_compare(_name))
-
-
 def _logical(ir_op):
     def handler(cv, node, *args):
         # operands are converted to their common type first, as eager's kernels see them

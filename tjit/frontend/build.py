@@ -14,6 +14,7 @@ import torch
 
 from ..ir import (Const, Contiguous, Cumulative, DType, Elementwise, Extern, Gather, GraphBuilder, GraphNode, Input, Iota,
                   Reduce, View, ViewOp, Window)
+from ..ir.ops import op_def
 from ..ir.view import _infer_reshape
 
 ViewFn = tuple  # ("permute", dims) etc.: a hashable description of a movement op
@@ -557,7 +558,7 @@ def _reads_memory(node: GraphNode) -> bool:
 def _checked_division(node: GraphNode) -> bool:
     """An integer division whose divisor the kernel checks for zero (codegen's rule): a
     shifted read must not compute it on lanes that read no element."""
-    if not (isinstance(node.op, Elementwise) and node.op.op in ("floordiv", "truncdiv", "rem", "fmod")):
+    if not (isinstance(node.op, Elementwise) and op_def(node.op.op).divides):
         return False
     if node.dtype.is_float or node.dtype is DType.bool:
         return False

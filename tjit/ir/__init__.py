@@ -3,7 +3,7 @@ from .dtype import DType
 from .graph import (Const, Contiguous, Cumulative, Elementwise, Extern, ExternCall, Gather, Graph, GraphBuilder,
                     GraphNode, GraphOp, Input, Iota, Mutation, Operand, Reduce, Scatter, ViewOp, Window, format_graph,
                     toposort)
-from .ops import ELEMENTWISE_OPS, arity
+from .ops import NO_GRAD, OPS, OpDef, op_def
 from .strategy import Auto, AxisStrategy, Sequential, Thread, ThreadGroup
 from .view import View, contiguous_strides
 
@@ -11,5 +11,5 @@ __all__ = [
     "DType", "View", "contiguous_strides", "AxisStrategy", "Auto", "Sequential", "Thread", "ThreadGroup",
     "GraphOp", "Input", "Const", "ViewOp", "Contiguous", "Elementwise", "Reduce", "Cumulative", "Gather",
     "Iota", "Window", "Scatter", "Extern", "ExternCall", "Operand",
-    "GraphNode", "Graph", "GraphBuilder", "Mutation", "toposort", "format_graph", "ELEMENTWISE_OPS", "arity",
+    "GraphNode", "Graph", "GraphBuilder", "Mutation", "toposort", "format_graph", "OPS", "OpDef", "NO_GRAD", "op_def",
 ]

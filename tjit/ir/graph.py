@@ -56,7 +56,7 @@ class Scatter(Contiguous):
 
 @dataclass(frozen=True)
 class Elementwise:
-    op: str  # a name from tjit.ir.ops.ELEMENTWISE_OPS
+    op: str  # a name in the op registry, tjit.ir.ops.OPS
     axis_strategies: Strategies = None
 
 

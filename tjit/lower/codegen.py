@@ -17,6 +17,7 @@ import torch
 
 from ..ir import (AxisStrategy, Const, Cumulative, DType, Elementwise, Extern, Gather, GraphNode, Input, Iota, Reduce, View,
                   ViewOp, Window, toposort)
+from ..ir.ops import op_def
 from .domains import is_value_ref
 from .elementwise import _cast, literal, render, tl_dtype
 from .fusion import (BufferTarget, InputTarget, KernelGroup, OutputTarget, PutAt, ScatterTarget, buffer_of,
@@ -63,7 +64,6 @@ COUNTER = BufferRef("counter", "counter", DType.int32)  # programs done, for a g
 # a kernel's constexpr: integer divisors are checked for zero (tm.nonzero_divisor); the runtime
 # sets it when the kernel runs in Triton's interpreter (CPU tensors), as CPU eager raises there
 ZERO_DIV_FLAG = "CHECK_ZERO_DIV"
-DIVISIONS = ("floordiv", "truncdiv", "rem", "fmod")  # the divisor is src[1]
 
 
 @dataclass(frozen=True)
@@ -809,7 +809,7 @@ class _Emitter(GridReductionEmitter):
 def _checked_division(node: GraphNode) -> bool:
     """An integer division or remainder whose divisor may be zero (a literal other than 0
     cannot): CPU eager raises ZeroDivisionError for those."""
-    if not (isinstance(node.op, Elementwise) and node.op.op in DIVISIONS) or node.dtype.is_float \
+    if not (isinstance(node.op, Elementwise) and op_def(node.op.op).divides) or node.dtype.is_float \
             or node.dtype is DType.bool:
         return False
     divisor = node.src[1]

@@ -137,8 +137,6 @@ BACKWARD_SPILLS: dict[str, str] = {
 EXPECTED_BACKWARD_FAILURES_LATER: dict[str, str] = {
     "_native_batch_norm_legit": "training, weight and bias requiring grad: the derivative would read the running "
                                 "statistics from before the call wrote them (UnsupportedOpError 'in-place write')",
-    "scatter_reduce.mean": "(bug) AttributeError 'NoneType' object has no attribute 'op' building the backward "
-                           "(samples 18-20), not UnsupportedOpError",
 }
 # (opinfo id, sample index) -> why its backward sample is never run: it kills the process.
 NEVER_RUN_BACKWARD: dict[tuple[str, int], str] = {}

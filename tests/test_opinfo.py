@@ -135,8 +135,6 @@ BACKWARD_SPILLS: dict[str, str] = {
 }
 # OpInfo id -> why a later sample's gradients fail (strict xfail only with TJIT_OPINFO_ALL=1).
 EXPECTED_BACKWARD_FAILURES_LATER: dict[str, str] = {
-    "_native_batch_norm_legit": "training, weight and bias requiring grad: the derivative would read the running "
-                                "statistics from before the call wrote them (UnsupportedOpError 'in-place write')",
 }
 # (opinfo id, sample index) -> why its backward sample is never run: it kills the process.
 NEVER_RUN_BACKWARD: dict[tuple[str, int], str] = {}

@@ -45,6 +45,31 @@ RESULTS_IGNORE_WRITTEN = {
     aten._batch_norm_with_update.default: lambda args: True,
 }
 
+# Ops whose schema marks arguments written that, given the call's arguments (every schema
+# argument, by position), the op does not write, and the op without those arguments written
+# that computes the same results, with its arguments: a batch norm in eval mode reads its
+# running statistics and leaves them as they are.
+FUNCTIONAL_FORMS = {
+    aten._native_batch_norm_legit.default:
+        lambda values: None if values[5] else
+        (aten._native_batch_norm_legit_no_training.default, tuple(values[:5]) + tuple(values[6:])),
+}
+
+
+def functional_form(target, node: fx.Node, args: tuple, kwargs: dict):
+    """(target, args, kwargs, fx args, fx kwargs) of the call: its functional form where it has
+    one for these arguments (FUNCTIONAL_FORMS), else as it is."""
+    form = FUNCTIONAL_FORMS.get(target)
+    if form is None or not isinstance(target, torch._ops.OpOverload):
+        return target, args, kwargs, tuple(node.args), dict(node.kwargs)
+    schema = target._schema
+    values = [args[k] if k < len(args) else kwargs.get(a.name, a.default_value) for k, a in enumerate(schema.arguments)]
+    found = form(values)
+    if found is None:
+        return target, args, kwargs, tuple(node.args), dict(node.kwargs)
+    functional, new_args = found
+    _, fx_args = form(_schema_values(node, schema))
+    return functional, new_args, {}, fx_args, {}
 
 # Ops that address their operand's storage rather than the operand (as_strided reads any
 # element of the storage, at offsets from its start). An input's memory is the caller's
@@ -76,10 +101,11 @@ def library_call(cv, node: fx.Node, target, args: tuple, kwargs: dict) -> Any:
     if not isinstance(target, torch._ops.OpOverload):
         raise UnsupportedOpError(str(target), "not an aten op (tjit runs aten ops it does not generate as library "
                                  "calls)", target=node.target)
-    written = written_arguments(node, target)
+    target, args, kwargs, fx_args, fx_kwargs = functional_form(target, node, args, kwargs)
+    written = written_arguments(node, target, fx_args, fx_kwargs)
     operands: list[GraphNode] = []
     traced = iter(leaf.meta.get("val") if isinstance(leaf, fx.Node) else None
-                  for leaf in tree_flatten((tuple(node.args), dict(node.kwargs)))[0])
+                  for leaf in tree_flatten((fx_args, fx_kwargs))[0])
 
     def placeholder(value):
         meta = next(traced)
@@ -159,11 +185,12 @@ def draw_seed(cv, operands: list[GraphNode]) -> GraphNode:
     return cv.b.node(Extern(ExternCall(DrawSeed(), (Operand(0),), {}), 0), DType.int64, (anchor,), View((), ()))
 
 
-def written_arguments(node: fx.Node, target) -> list[tuple[int, Any, fx.Node]]:
+def written_arguments(node: fx.Node, target, fx_args=None, fx_kwargs=None) -> list[tuple[int, Any, fx.Node]]:
     """(position, schema argument, FX node passed for it) for each tensor argument the op writes in
-    place; None arguments (an optional running mean) are written by no one."""
+    place (given the FX arguments of the call, the node's unless given); None arguments (an
+    optional running mean) are written by no one."""
     schema = target._schema
-    values = _schema_values(node, schema)
+    values = _schema_values(node, schema, fx_args, fx_kwargs)
     hidden = HIDDEN_WRITES.get(target, lambda args: ())(values)
     found = []
     for position, arg in enumerate(schema.arguments):
@@ -179,9 +206,11 @@ def written_arguments(node: fx.Node, target) -> list[tuple[int, Any, fx.Node]]:
     return found
 
 
-def _schema_values(node: fx.Node, schema) -> list:
-    """The value the FX node passes for each schema argument (positional or keyword)."""
-    return [node.args[k] if k < len(node.args) else node.kwargs.get(arg.name, arg.default_value)
+def _schema_values(node: fx.Node, schema, args=None, kwargs=None) -> list:
+    """The value the FX node passes (or `args`, `kwargs`) for each schema argument (positional or keyword)."""
+    args = tuple(node.args) if args is None else args
+    kwargs = dict(node.kwargs) if kwargs is None else kwargs
+    return [args[k] if k < len(args) else kwargs.get(arg.name, arg.default_value)
             for k, arg in enumerate(schema.arguments)]
 
 

@@ -126,8 +126,6 @@ BACKWARD_TOLERANCES: dict[str, tuple[float, float]] = {}
 # OpInfo id -> why its gradients fail on the first BACKWARD_SAMPLES samples (strict xfail); an
 # OpInfo whose forward is an expected failure (EXPECTED_FAILURES*) and fails there is skipped.
 EXPECTED_BACKWARD_FAILURES: dict[str, str] = {
-    **dict.fromkeys(("fft.hfft", "fft.hfft2", "fft.hfftn", "fft.irfft", "fft.irfft2", "fft.irfftn", "linalg.eig",
-                     "stft"), "a gradient through a complex value: tjit differentiates no complex values yet"),
 }
 # OpInfo id -> why its backward kernels spill registers when compiled for sm_90 (a known gap).
 BACKWARD_SPILLS: dict[str, str] = {

@@ -23,8 +23,9 @@ import torch
 
 from ..errors import UnsupportedOpError
 from ..frontend.build import ValueBuilder
-from ..ir import DType, Elementwise, Extern, Graph, GraphNode, Input, Reduce, View, toposort
+from ..ir import DType, Elementwise, Extern, Graph, GraphNode, Input, Reduce, View, contiguous_strides, toposort
 from .algebra import Algebra
+from .complex import complex_sum, complex_vjp, touches_complex
 from .scatter import scatter_added, scatter_into_source
 from .vjp import ScatterGrad, differentiable, vjp
 
@@ -128,7 +129,8 @@ def backward_graph(plan: AutogradPlan, layouts: dict[str, GradLayout],
     vb = ValueBuilder(indices_checked=True)
     alg = Algebra(vb)
     needs = _needs_grad(plan.graph, set(plan.grad_inputs))
-    grads = _sweep(alg, plan, layouts, _Recompute(vb, plan._saved_ids, output_strides or {}), needs)
+    strides = {**saved_layouts(plan), **(output_strides or {})}
+    grads = _sweep(alg, plan, layouts, _Recompute(vb, plan._saved_ids, strides), needs)
     outputs, scatters = {}, {}
     for name, (dense, scattered) in grads.items():
         dtype = plan.graph.input_node(name).dtype
@@ -146,6 +148,14 @@ def backward_graph(plan: AutogradPlan, layouts: dict[str, GradLayout],
     zeros = tuple(name for name in plan.grad_inputs if name not in grads
                   and (id(plan.graph.input_node(name)) in reached or name in eager))
     return BackwardGraph(vb.b.finish(names, outputs), alg.constants, scatters, zeros)
+
+
+def saved_layouts(plan: AutogradPlan) -> dict[str, tuple[int, ...]]:
+    """The strides each saved intermediate is kept in: a library call's result in the call's
+    own layout (the one its derivative formula and the calls reading it were traced for, and
+    the call's tensor is kept as it is: no copy), any other value contiguous."""
+    return {name: node.view.strides if isinstance(node.op, Extern) and node.view.is_dense()
+            else contiguous_strides(node.shape) for name, node in plan.saved.items()}
 
 
 def _reached_through_floats(roots: list[GraphNode], needs: set[int]) -> set[int]:
@@ -221,14 +231,9 @@ def _saved_view(node: GraphNode, strides: Optional[tuple[int, ...]] = None) -> V
 def _needs_grad(graph: Graph, grad_inputs: set[str]) -> set[int]:
     needs = set()
     for node in graph.nodes():
-        grad_input = isinstance(node.op, Input) and node.op.name in grad_inputs
-        if node.dtype.is_complex and (grad_input or any(id(s) in needs for s in node.src)):
-            op = node.op.call.name if isinstance(node.op, Extern) else f"input {node.op.name}" if grad_input else \
-                type(node.op).__name__
-            raise UnsupportedOpError(op, f"a gradient through a {node.dtype!r} value: tjit differentiates no "
-                                     "complex values yet")
-        if not differentiable(node) or isinstance(node.op, Elementwise) and node.op.op == "stop_gradient":
-            continue
+        if not (differentiable(node) or node.dtype.is_complex) or \
+                isinstance(node.op, Elementwise) and node.op.op == "stop_gradient":
+            continue  # (complex values carry gradients too: autograd/complex.py, library calls only)
         if isinstance(node.op, Input) and node.op.name in grad_inputs or any(id(s) in needs for s in node.src):
             needs.add(id(node))
     return needs
@@ -268,7 +273,10 @@ def _sweep(alg: Algebra, plan: AutogradPlan, layouts: dict[str, GradLayout], val
         if not dense:
             continue
         grad = _total(alg, dense, node.dtype)
-        for src, g in zip(node.src, vjp(alg, node, grad, value, lambda s: id(s) in needs)):
+        wanted = lambda s: id(s) in needs  # noqa: E731
+        grads = complex_vjp(alg.vb, node, grad, value, wanted) if touches_complex(node) else \
+            vjp(alg, node, grad, value, wanted)
+        for src, g in zip(node.src, grads):
             if g is not None and id(src) in needs:
                 pending.setdefault(id(src), []).append(g)
     return found
@@ -279,6 +287,8 @@ def _total(alg: Algebra, contributions: list[GraphNode], dtype: DType) -> Option
     (casts from one wider type) are summed before rounding, once."""
     if not contributions:
         return None
+    if dtype.is_complex:  # no kernel adds complex values: a library call does
+        return complex_sum(alg.vb, contributions)
     wider = {c.src[0].dtype for c in contributions if isinstance(c.op, Elementwise) and c.op.op == "cast"}
     if len(contributions) > 1 and len(wider) == 1 and all(isinstance(c.op, Elementwise) and c.op.op == "cast"
                                                           for c in contributions):
@@ -358,5 +368,7 @@ def _cost(node: GraphNode, output_of: dict[int, str], mutated: set[str]) -> int:
         return INFINITE
     if not node.src and not isinstance(node.op, Input):  # literals are never saved
         return INFINITE
+    if node.dtype.library_only and not isinstance(node.op, (Input, Extern)) and id(node) not in output_of:
+        return INFINITE  # a view of a complex value: no kernel can copy it out; its source is saved
     preference = 0 if isinstance(node.op, Input) else 1 if id(node) in output_of else 2
     return (node.view.numel * node.dtype.itemsize) * 1000 + preference

@@ -36,7 +36,7 @@ ValueOf = Callable[[GraphNode], GraphNode]
 def library_gradient(vb, node: GraphNode, grad: GraphNode, value: ValueOf, wanted) -> list[Optional[GraphNode]]:
     """Gradients of the library call's result `node` for each of its operands whose gradient
     is `wanted` (None for the others), given the result's gradient `grad`."""
-    wrt = tuple(k for k, s in enumerate(node.src) if s.dtype.is_float and wanted(s))
+    wrt = tuple(k for k, s in enumerate(node.src) if s.dtype.has_gradient and wanted(s))
     if not wrt:
         return [None] * len(node.src)
     call = node.op.call

@@ -301,7 +301,7 @@ def library_call_gradient(vb, node: GraphNode, grad: GraphNode, value, wanted) -
     whose gradient is `wanted`, given the result's gradient: one library call running torch's
     derivative formula on the operands' forward values (`value`: forward node -> its value
     in the backward graph)."""
-    wrt = tuple(k for k, s in enumerate(node.src) if s.dtype.is_float and wanted(s))
+    wrt = tuple(k for k, s in enumerate(node.src) if s.dtype.has_gradient and wanted(s))
     if not wrt:
         return [None] * len(node.src)
     # (the derivative runs the op again: a random op draws the same numbers from its seed, or

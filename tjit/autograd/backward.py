@@ -25,7 +25,7 @@ from ..errors import UnsupportedOpError
 from ..frontend.build import ValueBuilder
 from ..ir import DType, Elementwise, Extern, Graph, GraphNode, Input, Reduce, View, contiguous_strides, toposort
 from .algebra import Algebra
-from .complex import complex_sum, complex_vjp, touches_complex
+from .complex import as_call_result, complex_sum, complex_vjp, touches_complex
 from .scatter import scatter_added, scatter_into_source
 from .vjp import ScatterGrad, differentiable, vjp
 
@@ -135,7 +135,7 @@ def backward_graph(plan: AutogradPlan, layouts: dict[str, GradLayout],
     for name, (dense, scattered) in grads.items():
         dtype = plan.graph.input_node(name).dtype
         if dense is not None:
-            outputs[f"grad_{name}"] = alg.cast(dense, dtype)
+            outputs[f"grad_{name}"] = as_call_result(vb, dense) if dtype.is_complex else alg.cast(dense, dtype)
         for s in scattered:
             k = len(outputs)
             outputs[f"tjit_index{k}"] = alg.cast(s.index, DType.int64)

@@ -94,3 +94,17 @@ def view_gradient(vb, grad: GraphNode, view: View, src: GraphNode) -> GraphNode:
     call.results[0] = found = vb.b.node(Extern(call, 0), grad.dtype, (in_memory(vb, grad),),
                                         View.contiguous(src.shape))
     return found
+
+
+def as_call_result(vb, node: GraphNode) -> GraphNode:
+    """A complex gradient as a dense call result, the form in which the backward returns it
+    (no kernel copies complex values): itself when it is one, else a library call's copy
+    (a view of a call's result, an incoming gradient)."""
+    dense = View.contiguous(node.shape)
+    if isinstance(node.op, Extern) and node.op.index is not None and \
+            all(n == 1 or a == b for n, a, b in zip(node.shape, node.view.strides, dense.strides)) and \
+            node.view.offset == 0:
+        return node
+    call = ExternCall(torch.ops.aten.clone.default, (Operand(0),), {"memory_format": torch.contiguous_format})
+    call.results[0] = found = vb.b.node(Extern(call, 0), node.dtype, (in_memory(vb, node),), dense)
+    return found

@@ -73,6 +73,13 @@ REAL_INPUT = {
     "hfft": (lambda x: torch.fft.hfft(x.to(C) * 2, n=300), [(151,)]),
     "stft": (lambda x: torch.stft(x, 64, hop_length=16, window=torch.hann_window(64), return_complex=True).abs(),
              [(2, 2000)]),
+    "view_as_complex": (lambda x: torch.view_as_complex(x).t().abs() * torch.view_as_complex(x).angle().t(),
+                        [(30, 40, 2)]),
+    "complex_of_parts": (lambda a, b: torch.complex(a, b.exp()).abs(), [(5000,), (5000,)]),
+    "polar": (lambda a, b: torch.fft.ifft(torch.polar(a.abs(), b)).real, [(5, 700), (5, 700)]),
+    "flipped": (lambda x: torch.fft.fft(x).flip(0).abs(), [(2000,)]),
+    "cat_of_complex": (lambda x: torch.cat([torch.fft.fft(x), torch.fft.fft(x * 2)]).abs(), [(1500,)]),
+    "sum_of_complex": (lambda x: torch.fft.fft(x).sum(0).abs(), [(20, 300)]),
     "eig_values": (lambda a: torch.linalg.eig(a).eigenvalues.abs(), [(3, 6, 6)]),
     # |v| of an eigenvector does not depend on its phase: a well-defined loss (eager's
     # backward refuses one that does)
@@ -93,6 +100,10 @@ COMPLEX_INPUT = {
     "view_as_real": (lambda z: torch.view_as_real(z).sin(), [(3000,)]),
     "product_of_two": (lambda z, w: (z * w.conj()).real.sum(0), [(40, 90), (40, 90)]),
     "strided_view": (lambda z: z[1::2, ::3].t().abs() + z[0].abs().sum(), [(9, 1200)]),
+    "real_and_imag": (lambda z: z.real * z.imag.sin(), [(3000,)]),
+    "conj": (lambda z: torch.view_as_real(z.conj() * 3), [(2000,)]),
+    "returned_as_it_is": (lambda z: (z, z.abs()), [(1200,)]),
+    "svdvals": (lambda z: torch.linalg.svdvals(z), [(3, 5, 4)]),
     "mixed_real_and_complex": (lambda z, x: torch.fft.fft(x) * z, [(2500,), (2500,)]),
 }
 

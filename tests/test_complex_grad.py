@@ -130,3 +130,36 @@ def test_saved_eigenvectors_are_read_in_their_own_layout():
     vectors = torch.linalg.eig(a.detach()).eigenvectors
     assert vectors.stride() != (6, 1)  # (what the test is about)
     check(lambda a: torch.linalg.eig(a * 2).eigenvectors.abs() * 3, a)
+
+
+def _svd_product(z):
+    u, s, vh = torch.linalg.svd(z, full_matrices=False)
+    return torch.view_as_real(u @ torch.diag_embed(s).to(z.dtype) @ vh)
+
+
+@pytest.mark.parametrize("fn, make", [
+    (lambda a: torch.view_as_real(torch.linalg.eig(a).eigenvectors), lambda: real(6, 6)),
+    (lambda z: torch.view_as_real(torch.linalg.eigh(z @ z.mH).eigenvectors), lambda: cplx(5, 4)),
+    (lambda z: torch.view_as_real(torch.linalg.svd(z, full_matrices=False).U), lambda: cplx(5, 4)),
+], ids=["eig", "eigh", "svd"])
+def test_a_loss_that_depends_on_the_phase_of_complex_vectors_raises_as_eager(fn, make):
+    """torch's derivative checks that the loss does not depend on the vectors' phases only on
+    real tensors (not on the fake ones its formula is traced on): the gradient is torch's
+    backward run as one call, which raises eager's error rather than giving a gradient."""
+    a = make()
+    with pytest.raises(RuntimeError, match="specified up to multiplication by e\\^{i phi}"):
+        gradients(fn, [a])
+    with pytest.raises(RuntimeError, match="specified up to multiplication by e\\^{i phi}"):
+        gradients(fn, [a], tjit.compile(fn))
+
+
+@pytest.mark.parametrize("name", ["svd_product", "eig_both"])
+def test_phase_invariant_losses_of_several_results_match_eager(name):
+    """The check reads the gradients of U and Vh together (U's and Vh's phases cancel in
+    U S Vh): the results' gradients are one call of torch's backward, not one per result."""
+    fn, arg = {
+        "svd_product": (_svd_product, cplx(3, 7, 5)),
+        "eig_both": (lambda a: (torch.linalg.eig(a).eigenvectors.abs().sum(0) * torch.linalg.eig(a).eigenvalues).abs(),
+                     real(7, 7)),
+    }[name]
+    check(fn, arg)

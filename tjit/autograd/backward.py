@@ -25,7 +25,9 @@ from ..errors import UnsupportedOpError
 from ..frontend.build import ValueBuilder
 from ..ir import DType, Elementwise, Extern, Graph, GraphNode, Input, Reduce, View, contiguous_strides, toposort
 from .algebra import Algebra
+from ..frontend.library import joint_library_call_gradient
 from .complex import as_call_result, complex_sum, complex_vjp, touches_complex
+from .library_grad import takes_joint_gradient
 from .scatter import scatter_added, scatter_into_source
 from .vjp import ScatterGrad, differentiable, vjp
 
@@ -255,27 +257,46 @@ def _sweep(alg: Algebra, plan: AutogradPlan, layouts: dict[str, GradLayout], val
         pending.setdefault(id(node), []).append(alg.cast(incoming, node.dtype))
     found = {}
     roots = [plan.graph.outputs[name] for name in plan.differentiable_outputs]
-    for node in reversed(toposort(roots)):
+    wanted = lambda s: id(s) in needs  # noqa: E731
+
+    def settle(node: GraphNode) -> Optional[GraphNode]:
+        """The node's gradient (its contributions' total), None if it has none or it is an
+        input (whose gradient is found) or its scatter-adds moved on to its source."""
         contributions = pending.pop(id(node), None)
         if not contributions or id(node) not in needs or node.view.numel == 0:
-            continue  # (a value with no elements passes no gradient on: its sources' part is zero)
+            return None  # (a value with no elements passes no gradient on: its sources' part is zero)
         dense = [c for c in contributions if isinstance(c, GraphNode)]
         scattered = [c for c in contributions if isinstance(c, ScatterGrad)]
         if isinstance(node.op, Input):
             found[node.op.name] = (_total(alg, dense, node.dtype), scattered)
-            continue
+            return None
         for s in scattered:  # moved back through views and copies to the input they read
             moved = scatter_into_source(alg, node, s)
             if moved is None:  # a computed value: the scatter-add is part of its gradient
                 dense.append(scatter_added(alg, node, s))
             else:
                 pending.setdefault(id(node.src[0]), []).append(moved)
-        if not dense:
+        return _total(alg, dense, node.dtype) if dense else None
+
+    order = list(reversed(toposort(roots)))
+    # results of a call whose gradients are taken jointly: at the last of them (in this order
+    # every use of every one of them has given its contribution by then)
+    last = {id(n.op.call): n for n in order if takes_joint_gradient(n)}
+    held: dict[int, list[tuple[GraphNode, GraphNode]]] = {}
+    for node in order:
+        grad = settle(node)
+        if takes_joint_gradient(node):
+            call = node.op.call
+            if grad is not None:
+                held.setdefault(id(call), []).append((node, grad))
+            if last[id(call)] is not node or not held.get(id(call)):
+                continue
+            grads = joint_library_call_gradient(alg.vb, held.pop(id(call)), value, wanted)
+        elif grad is None:
             continue
-        grad = _total(alg, dense, node.dtype)
-        wanted = lambda s: id(s) in needs  # noqa: E731
-        grads = complex_vjp(alg.vb, node, grad, value, wanted) if touches_complex(node) else \
-            vjp(alg, node, grad, value, wanted)
+        else:
+            grads = complex_vjp(alg.vb, node, grad, value, wanted) if touches_complex(node) else \
+                vjp(alg, node, grad, value, wanted)
         for src, g in zip(node.src, grads):
             if g is not None and id(src) in needs:
                 pending.setdefault(id(src), []).append(g)

@@ -9,7 +9,7 @@ work before and after the call still fuses: only the call itself is a boundary.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch
 import torch.fx as fx
@@ -272,28 +272,31 @@ class WriteThroughView:
 
 @dataclass(frozen=True, eq=False)
 class ExternGradient:
-    """The gradient of result `index` of a library call with respect to its operands `wrt`,
-    computed by torch's own derivative formula for the op (torch.autograd.grad), itself run
-    as a library call: called with the call's operands and the result's gradient, it returns
-    one gradient per operand in `wrt`."""
+    """The gradient of result `index` (or of each of the results in a tuple `index`, jointly)
+    of a library call with respect to its operands `wrt`, computed by torch's own derivative
+    formula for the op (torch.autograd.grad), itself run as a library call: called with the
+    call's operands and the results' gradients, it returns one gradient per operand in `wrt`."""
     call: ExternCall
-    index: int
+    index: Union[int, tuple[int, ...]]
     wrt: tuple[int, ...]
 
     def __call__(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         from ..runtime.library import call_results  # the runtime runs calls; the frontend only describes them
-        *operands, grad = tensors
+        indices = self.index if isinstance(self.index, tuple) else (self.index,)
+        operands, grads = tensors[:len(tensors) - len(indices)], tensors[len(tensors) - len(indices):]
         with torch.enable_grad():
             # the op runs again: operands without a gradient are copies, since some ops write
             # into them although their schema does not say so (a batch norm's running stats)
             leaves = [t.detach().requires_grad_() if k in self.wrt else t.clone() for k, t in enumerate(operands)]
-            out = call_results(self.call, leaves)[self.index]
+            results = call_results(self.call, leaves)
+            outs = [(results[k], g) for k, g in zip(indices, grads) if results[k].requires_grad]
             wrt = [leaves[k] for k in self.wrt]
-            grads = torch.autograd.grad(out, wrt, grad, allow_unused=True) if out.requires_grad else [None] * len(wrt)
-        return tuple(torch.zeros_like(w) if g is None else g for w, g in zip(wrt, grads))
+            found = torch.autograd.grad([o for o, _ in outs], wrt, [g for _, g in outs], allow_unused=True) \
+                if outs else [None] * len(wrt)
+        return tuple(torch.zeros_like(w) if g is None else g for w, g in zip(wrt, found))
 
     def __str__(self) -> str:
-        return f"grad[{self.index}] of {self.call.name}"
+        return f"grad{list(self.index) if isinstance(self.index, tuple) else [self.index]} of {self.call.name}"
 
 
 def library_call_gradient(vb, node: GraphNode, grad: GraphNode, value, wanted) -> list[Optional[GraphNode]]:
@@ -301,14 +304,23 @@ def library_call_gradient(vb, node: GraphNode, grad: GraphNode, value, wanted) -
     whose gradient is `wanted`, given the result's gradient: one library call running torch's
     derivative formula on the operands' forward values (`value`: forward node -> its value
     in the backward graph)."""
+    return joint_library_call_gradient(vb, [(node, grad)], value, wanted, node.op.index)
+
+
+def joint_library_call_gradient(vb, results: list[tuple[GraphNode, GraphNode]], value, wanted,
+                                index=None) -> list[Optional[GraphNode]]:
+    """The same for several results of one call and their gradients, in one run of torch's
+    derivative (whose checks may read the results' gradients together: svd's)."""
+    node = results[0][0]
     wrt = tuple(k for k, s in enumerate(node.src) if s.dtype.has_gradient and wanted(s))
     if not wrt:
         return [None] * len(node.src)
     # (the derivative runs the op again: a random op draws the same numbers from its seed, or
     # has no operand it reads besides those it overwrites, whose gradient is zero whatever it draws)
-    operands = tuple(in_memory(vb, v) for v in forward_operands(vb, node, wrt, value)) + (in_memory(vb, grad),)
-    call = ExternCall(ExternGradient(node.op.call, node.op.index, wrt), tuple(Operand(k) for k in range(len(operands))),
-                      {})
+    operands = tuple(in_memory(vb, v) for v in forward_operands(vb, node, wrt, value)) + \
+        tuple(in_memory(vb, grad) for _, grad in results)
+    index = index if index is not None else tuple(n.op.index for n, _ in results)
+    call = ExternCall(ExternGradient(node.op.call, index, wrt), tuple(Operand(k) for k in range(len(operands))), {})
     grads: list[Optional[GraphNode]] = [None] * len(node.src)
     for j, k in enumerate(wrt):
         src = node.src[k]

@@ -103,12 +103,12 @@ def test_a_kernel_that_would_copy_a_complex_value_is_refused_by_name():
     """A plain copy converts nothing, so no dtype check of codegen's met it: the kernel failed
     in Triton's argument handling (KeyError 'complex64'). Any kernel access of a type only
     library calls compute is refused."""
-    from tjit.ir import Contiguous, GraphBuilder, View
+    from tjit.ir import Contiguous, GraphBuilder, View, ViewOp
     from tjit.pipeline import build_program
     b = GraphBuilder()
     z = b.input("z", DType.complex64, View.contiguous((4, 6)))
-    copy = b.node(Contiguous(), DType.complex64, (b.node(tjit.ir.ViewOp(), DType.complex64, (z,), View((6, 4), (1, 6))),),
-                  View.contiguous((6, 4)))
+    transposed = b.node(ViewOp(), DType.complex64, (z,), View((6, 4), (1, 6)))
+    copy = b.node(Contiguous(), DType.complex64, (transposed,), View.contiguous((6, 4)))
     graph = b.finish(["z"], {"out0": copy})
     with pytest.raises(tjit.UnsupportedOpError, match="complex64.*library calls only"):
         build_program(graph, {"out0": (4, 1)}, device="cpu")

@@ -40,7 +40,8 @@ def check(fn, *args, atol=1e-5, rtol=1.3e-6):
     for j, (what, gs, es) in enumerate(zip(("result", "gradient"), got, expected)):
         assert len(gs) == len(es)
         for k, (g, e) in enumerate(zip(gs, es)):
-            assert g.dtype == e.dtype and g.shape == e.shape, f"{what} {k}: {g.dtype} {g.shape}, eager's {e.dtype} {e.shape}"
+            assert g.dtype == e.dtype and g.shape == e.shape, \
+                f"{what} {k}: {g.dtype} {g.shape}, eager's {e.dtype} {e.shape}"
             try:
                 torch.testing.assert_close(g, e, atol=atol, rtol=rtol)
             except AssertionError:
@@ -64,7 +65,8 @@ REAL_INPUT = {
     "rfft_abs_exp": (lambda x: (torch.fft.rfft(x.tanh(), dim=0).abs() * 0.01).exp(), [(300, 7)]),
     "view_as_real_fft": (lambda x: torch.view_as_real(torch.fft.fft(x)) * 2, [(16, 520)]),
     "complex_result": (lambda x: torch.fft.fft(x * 3), [(4000,)]),
-    "fft_roundtrip": (lambda x, w: torch.fft.irfft(torch.fft.rfft(x) * w, n=x.shape[-1]).sigmoid(), [(6, 1000), (501,)]),
+    "fft_roundtrip": (lambda x, w: torch.fft.irfft(torch.fft.rfft(x) * w, n=x.shape[-1]).sigmoid(),
+                      [(6, 1000), (501,)]),
     "fft2_real_imag": (lambda x: torch.fft.fft2(x).real * torch.fft.fft2(x).imag, [(3, 40, 50)]),
     "slice_of_fft": (lambda x: torch.fft.fft(x)[:, 3:900:2].abs(), [(5, 2000)]),
     "transposed_fft": (lambda x: torch.fft.fft(x, dim=0).t().angle(), [(64, 70)]),

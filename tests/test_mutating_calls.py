@@ -234,7 +234,8 @@ def test_batch_norm_gradients_and_running_statistics_as_eager(op, training):
     fn = {
         "legit": lambda x, m, v, w, b: aten._native_batch_norm_legit(x, w, b, m, v, training, 0.1, 1e-5)[0],
         "native": lambda x, m, v, w, b: aten.native_batch_norm(x, w, b, m, v, training, 0.1, 1e-5)[0],
-        "functional": lambda x, m, v, w, b: F.batch_norm(x * 1.5 + 0.25, m, v, w, b, training=training, momentum=0.3) * 2,
+        "functional": lambda x, m, v, w, b: F.batch_norm(x * 1.5 + 0.25, m, v, w, b, training=training,
+                                                         momentum=0.3) * 2,
     }[op]
     torch.manual_seed(7)
     args = (torch.randn(8, 6, 700), torch.randn(6), torch.rand(6) + 0.5, torch.randn(6), torch.randn(6))

@@ -23,9 +23,9 @@ import torch
 
 from ..errors import UnsupportedOpError
 from ..frontend.build import ValueBuilder
+from ..frontend.library import joint_library_call_gradient
 from ..ir import DType, Elementwise, Extern, Graph, GraphNode, Input, Reduce, View, contiguous_strides, toposort
 from .algebra import Algebra
-from ..frontend.library import joint_library_call_gradient
 from .complex import as_call_result, complex_sum, complex_vjp, touches_complex
 from .library_grad import takes_joint_gradient
 from .scatter import scatter_added, scatter_into_source

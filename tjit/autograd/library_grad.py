@@ -64,8 +64,9 @@ def library_gradient(vb, node: GraphNode, grad: GraphNode, value: ValueOf, wante
         return [None] * len(node.src)
     call = node.op.call
     checked = node.dtype.is_complex and node.op.index in CHECKED_ON_REAL_TENSORS.get(call.target, ())
+    # (a write the op makes in place would be traced as one)
     if isinstance(call.target, torch._ops.OpOverload) and not call.target._schema.is_mutable \
-            and not getattr(call, "writes", ()) and not checked:  # (a write the op makes in place would be traced as one)
+            and not getattr(call, "writes", ()) and not checked:
         try:
             formula = trace_formula(node, wrt, grad)
             # (what a failed conversion built is unreachable from the backward's outputs)

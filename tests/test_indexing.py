@@ -177,3 +177,16 @@ def test_gather_of_a_value_that_reads_no_memory_still_checks_its_index(name):
         fn(x, i)
     with pytest.raises(IndexError, match="out of bounds"):
         tjit.compile(fn)(x, i)
+
+
+def test_gather_of_a_zero_dim_literal():
+    # a 0-d value is gathered as a line of one element: a literal there is a view with a
+    # stride, not a broadcast, and was a gather of no memory (AttributeError in codegen)
+    fn = lambda x, i: torch.zeros(()).gather(0, i) + x  # noqa: E731
+    x = torch.randn(())
+    check_against_eager(fn, x, torch.tensor(0))
+    for bad in (1, -2):  # out of range: eager's error, not the literal
+        with pytest.raises(RuntimeError, match="out of bounds"):
+            fn(x, torch.tensor(bad))
+        with pytest.raises(IndexError, match="out of bounds"):
+            tjit.compile(fn)(x, torch.tensor(bad))

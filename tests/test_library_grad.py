@@ -152,3 +152,15 @@ def test_ops_whose_decomposition_differs_from_eager_run_whole():
     check(lambda x: torch.special.log_ndtr(x * 10), torch.randn(2000))  # finite gradient far out
     index = torch.tensor([0, 2, 2, 5])  # a repeated index fills once
     check(lambda x, v: x.index_fill(1, index, v) * 3, torch.randn(30, 1100), torch.tensor(1.5))
+
+
+@pytest.mark.parametrize("include_self", [False, True])
+@pytest.mark.parametrize("shape", [(), (3000,)])
+def test_scatter_reduce_mean_gradient(shape, include_self):
+    # the formula gathers a count, a literal for 0-d operands: a gather of a literal read no
+    # memory and had no buffer (AttributeError 'NoneType' object has no attribute 'op')
+    torch.manual_seed(0)
+    n = shape[0] if shape else 1
+    index = torch.randint(0, max(n // 4, 1), shape)
+    fn = lambda x, src: x.scatter_reduce(0, index, src, "mean", include_self=include_self) * 2  # noqa: E731
+    check(fn, torch.randn(shape), torch.randn(shape))

@@ -220,3 +220,59 @@ def test_tracing_leaves_a_closed_over_buffer_alone():
         eager(x)
     assert ours.num_batches_tracked.item() == eager.num_batches_tracked.item() == 2
     torch.testing.assert_close(ours.running_mean, eager.running_mean)
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["training", "eval"])
+@pytest.mark.parametrize("op", ["legit", "native", "functional"])
+def test_batch_norm_gradients_and_running_statistics_as_eager(op, training):
+    """Gradients of the input, weight and bias match eager's, and the running statistics are
+    updated (training) or left alone (eval) as eager does. In eval mode the derivative reads
+    the running statistics, which _native_batch_norm_legit's schema marks as written: it runs
+    as _native_batch_norm_legit_no_training, which writes nothing (refused before: 'the backward
+    needs values of input(s) from before the function wrote into them')."""
+    aten = torch.ops.aten
+    fn = {
+        "legit": lambda x, m, v, w, b: aten._native_batch_norm_legit(x, w, b, m, v, training, 0.1, 1e-5)[0],
+        "native": lambda x, m, v, w, b: aten.native_batch_norm(x, w, b, m, v, training, 0.1, 1e-5)[0],
+        "functional": lambda x, m, v, w, b: F.batch_norm(x * 1.5 + 0.25, m, v, w, b, training=training,
+                                                         momentum=0.3) * 2,
+    }[op]
+    torch.manual_seed(7)
+    args = (torch.randn(8, 6, 700), torch.randn(6), torch.rand(6) + 0.5, torch.randn(6), torch.randn(6))
+    cotangent = torch.randn(8, 6, 700)
+    results = []
+    for run in (fn, tjit.compile(fn)):
+        x, m, v, w, b = clone_args(args)
+        for t in (x, w, b):
+            t.requires_grad_()
+        y = run(x, m, v, w, b)
+        grads = torch.autograd.grad(y, (x, w, b), cotangent)
+        results.append((y.detach(), m, v) + grads)
+    for got, expected, what in zip(*results, ["output", "running mean", "running var", "x grad", "w grad", "b grad"]):
+        torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-5, msg=lambda m: f"{what}: {m}")
+    assert not training or not torch.equal(results[0][1], args[1])  # (the update is seen)
+
+
+def test_batch_norm_module_in_eval_mode_trains_as_eager():
+    """A BatchNorm2d in eval mode (frozen statistics, learned affine) through torch.compile."""
+    torch._dynamo.reset()
+    torch.manual_seed(11)
+    make = lambda: torch.nn.Sequential(torch.nn.Conv2d(3, 6, 3), torch.nn.BatchNorm2d(6), torch.nn.Tanh())  # noqa: E731
+    eager, ours = make(), make()
+    ours.load_state_dict(eager.state_dict())
+    with torch.no_grad():
+        for m in (eager, ours):
+            m[1].running_mean.copy_(torch.linspace(-1, 1, 6))
+            m[1].running_var.copy_(torch.linspace(0.5, 2, 6))
+            m.eval()
+    compiled = torch.compile(ours, backend="tjit")
+    inputs = [torch.randn(4, 3, 20, 21) for _ in range(2)]
+    for model, run in ((eager, eager), (ours, compiled)):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x in inputs:
+            loss = (run(x) * torch.arange(19.0)).sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    for (name, a), b in zip(ours.state_dict().items(), eager.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")

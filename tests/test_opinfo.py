@@ -126,8 +126,6 @@ BACKWARD_TOLERANCES: dict[str, tuple[float, float]] = {}
 # OpInfo id -> why its gradients fail on the first BACKWARD_SAMPLES samples (strict xfail); an
 # OpInfo whose forward is an expected failure (EXPECTED_FAILURES*) and fails there is skipped.
 EXPECTED_BACKWARD_FAILURES: dict[str, str] = {
-    **dict.fromkeys(("fft.hfft", "fft.hfft2", "fft.hfftn", "fft.irfft", "fft.irfft2", "fft.irfftn", "linalg.eig",
-                     "stft"), "a gradient through a complex value: tjit differentiates no complex values yet"),
 }
 # OpInfo id -> why its backward kernels spill registers when compiled for sm_90 (a known gap).
 BACKWARD_SPILLS: dict[str, str] = {
@@ -135,10 +133,6 @@ BACKWARD_SPILLS: dict[str, str] = {
 }
 # OpInfo id -> why a later sample's gradients fail (strict xfail only with TJIT_OPINFO_ALL=1).
 EXPECTED_BACKWARD_FAILURES_LATER: dict[str, str] = {
-    "_native_batch_norm_legit": "training, weight and bias requiring grad: the derivative would read the running "
-                                "statistics from before the call wrote them (UnsupportedOpError 'in-place write')",
-    "scatter_reduce.mean": "(bug) AttributeError 'NoneType' object has no attribute 'op' building the backward "
-                           "(samples 18-20), not UnsupportedOpError",
 }
 # (opinfo id, sample index) -> why its backward sample is never run: it kills the process.
 NEVER_RUN_BACKWARD: dict[tuple[str, int], str] = {}

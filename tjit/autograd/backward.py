@@ -23,8 +23,11 @@ import torch
 
 from ..errors import UnsupportedOpError
 from ..frontend.build import ValueBuilder
-from ..ir import DType, Elementwise, Extern, Graph, GraphNode, Input, Reduce, View, toposort
+from ..frontend.library import joint_library_call_gradient
+from ..ir import DType, Elementwise, Extern, Graph, GraphNode, Input, Reduce, View, contiguous_strides, toposort
 from .algebra import Algebra
+from .complex import as_call_result, complex_sum, complex_vjp, touches_complex
+from .library_grad import takes_joint_gradient
 from .scatter import scatter_added, scatter_into_source
 from .vjp import ScatterGrad, differentiable, vjp
 
@@ -128,12 +131,13 @@ def backward_graph(plan: AutogradPlan, layouts: dict[str, GradLayout],
     vb = ValueBuilder(indices_checked=True)
     alg = Algebra(vb)
     needs = _needs_grad(plan.graph, set(plan.grad_inputs))
-    grads = _sweep(alg, plan, layouts, _Recompute(vb, plan._saved_ids, output_strides or {}), needs)
+    strides = {**saved_layouts(plan), **(output_strides or {})}
+    grads = _sweep(alg, plan, layouts, _Recompute(vb, plan._saved_ids, strides), needs)
     outputs, scatters = {}, {}
     for name, (dense, scattered) in grads.items():
         dtype = plan.graph.input_node(name).dtype
         if dense is not None:
-            outputs[f"grad_{name}"] = alg.cast(dense, dtype)
+            outputs[f"grad_{name}"] = as_call_result(vb, dense) if dtype.is_complex else alg.cast(dense, dtype)
         for s in scattered:
             k = len(outputs)
             outputs[f"tjit_index{k}"] = alg.cast(s.index, DType.int64)
@@ -146,6 +150,14 @@ def backward_graph(plan: AutogradPlan, layouts: dict[str, GradLayout],
     zeros = tuple(name for name in plan.grad_inputs if name not in grads
                   and (id(plan.graph.input_node(name)) in reached or name in eager))
     return BackwardGraph(vb.b.finish(names, outputs), alg.constants, scatters, zeros)
+
+
+def saved_layouts(plan: AutogradPlan) -> dict[str, tuple[int, ...]]:
+    """The strides each saved intermediate is kept in: a library call's result in the call's
+    own layout (the one its derivative formula and the calls reading it were traced for, and
+    the call's tensor is kept as it is: no copy), any other value contiguous."""
+    return {name: node.view.strides if isinstance(node.op, Extern) and node.view.is_dense()
+            else contiguous_strides(node.shape) for name, node in plan.saved.items()}
 
 
 def _reached_through_floats(roots: list[GraphNode], needs: set[int]) -> set[int]:
@@ -221,14 +233,9 @@ def _saved_view(node: GraphNode, strides: Optional[tuple[int, ...]] = None) -> V
 def _needs_grad(graph: Graph, grad_inputs: set[str]) -> set[int]:
     needs = set()
     for node in graph.nodes():
-        grad_input = isinstance(node.op, Input) and node.op.name in grad_inputs
-        if node.dtype.is_complex and (grad_input or any(id(s) in needs for s in node.src)):
-            op = node.op.call.name if isinstance(node.op, Extern) else f"input {node.op.name}" if grad_input else \
-                type(node.op).__name__
-            raise UnsupportedOpError(op, f"a gradient through a {node.dtype!r} value: tjit differentiates no "
-                                     "complex values yet")
-        if not differentiable(node) or isinstance(node.op, Elementwise) and node.op.op == "stop_gradient":
-            continue
+        if not (differentiable(node) or node.dtype.is_complex) or \
+                isinstance(node.op, Elementwise) and node.op.op == "stop_gradient":
+            continue  # (complex values carry gradients too: autograd/complex.py, library calls only)
         if isinstance(node.op, Input) and node.op.name in grad_inputs or any(id(s) in needs for s in node.src):
             needs.add(id(node))
     return needs
@@ -250,25 +257,47 @@ def _sweep(alg: Algebra, plan: AutogradPlan, layouts: dict[str, GradLayout], val
         pending.setdefault(id(node), []).append(alg.cast(incoming, node.dtype))
     found = {}
     roots = [plan.graph.outputs[name] for name in plan.differentiable_outputs]
-    for node in reversed(toposort(roots)):
+    wanted = lambda s: id(s) in needs  # noqa: E731
+
+    def settle(node: GraphNode) -> Optional[GraphNode]:
+        """The node's gradient (its contributions' total), None if it has none or it is an
+        input (whose gradient is found) or its scatter-adds moved on to its source."""
         contributions = pending.pop(id(node), None)
         if not contributions or id(node) not in needs or node.view.numel == 0:
-            continue  # (a value with no elements passes no gradient on: its sources' part is zero)
+            return None  # (a value with no elements passes no gradient on: its sources' part is zero)
         dense = [c for c in contributions if isinstance(c, GraphNode)]
         scattered = [c for c in contributions if isinstance(c, ScatterGrad)]
         if isinstance(node.op, Input):
             found[node.op.name] = (_total(alg, dense, node.dtype), scattered)
-            continue
+            return None
         for s in scattered:  # moved back through views and copies to the input they read
             moved = scatter_into_source(alg, node, s)
             if moved is None:  # a computed value: the scatter-add is part of its gradient
                 dense.append(scatter_added(alg, node, s))
             else:
                 pending.setdefault(id(node.src[0]), []).append(moved)
-        if not dense:
+        return _total(alg, dense, node.dtype) if dense else None
+
+    order = list(reversed(toposort(roots)))
+    # results of a call whose gradients are taken jointly: at the last of them (in this order
+    # every use of every one of them has given its contribution by then)
+    last = {id(n.op.call): n for n in order if takes_joint_gradient(n)}
+    held: dict[int, list[tuple[GraphNode, GraphNode]]] = {}
+    for node in order:
+        grad = settle(node)
+        if takes_joint_gradient(node):
+            call = node.op.call
+            if grad is not None:
+                held.setdefault(id(call), []).append((node, grad))
+            if last[id(call)] is not node or not held.get(id(call)):
+                continue
+            grads = joint_library_call_gradient(alg.vb, held.pop(id(call)), value, wanted)
+        elif grad is None:
             continue
-        grad = _total(alg, dense, node.dtype)
-        for src, g in zip(node.src, vjp(alg, node, grad, value, lambda s: id(s) in needs)):
+        else:
+            grads = complex_vjp(alg.vb, node, grad, value, wanted) if touches_complex(node) else \
+                vjp(alg, node, grad, value, wanted)
+        for src, g in zip(node.src, grads):
             if g is not None and id(src) in needs:
                 pending.setdefault(id(src), []).append(g)
     return found
@@ -279,6 +308,8 @@ def _total(alg: Algebra, contributions: list[GraphNode], dtype: DType) -> Option
     (casts from one wider type) are summed before rounding, once."""
     if not contributions:
         return None
+    if dtype.is_complex:  # no kernel adds complex values: a library call does
+        return complex_sum(alg.vb, contributions)
     wider = {c.src[0].dtype for c in contributions if isinstance(c.op, Elementwise) and c.op.op == "cast"}
     if len(contributions) > 1 and len(wider) == 1 and all(isinstance(c.op, Elementwise) and c.op.op == "cast"
                                                           for c in contributions):
@@ -358,5 +389,7 @@ def _cost(node: GraphNode, output_of: dict[int, str], mutated: set[str]) -> int:
         return INFINITE
     if not node.src and not isinstance(node.op, Input):  # literals are never saved
         return INFINITE
+    if node.dtype.library_only and not isinstance(node.op, (Input, Extern)) and id(node) not in output_of:
+        return INFINITE  # a view of a complex value: no kernel can copy it out; its source is saved
     preference = 0 if isinstance(node.op, Input) else 1 if id(node) in output_of else 2
     return (node.view.numel * node.dtype.itemsize) * 1000 + preference

@@ -19,7 +19,7 @@ from ..frontend.convert import Conversion, OutputSpec
 from ..ir import contiguous_strides
 from ..pipeline import build_program
 from ..runtime.executor import Executable
-from .backward import AutogradPlan, GradLayout, backward_graph, incoming_grad_name
+from .backward import AutogradPlan, GradLayout, backward_graph, incoming_grad_name, saved_layouts
 
 
 class GradExecutable:
@@ -36,7 +36,7 @@ class GradExecutable:
                         if spec.kind in ("input_alias", "output_alias") and paths is None] if eager else []
         graph = plan.forward_graph()
         strides = {s.name: s.stride for s in conversion.outputs if s.kind == "computed"}
-        strides.update({name: contiguous_strides(node.shape) for name, node in plan.saved.items()})
+        strides.update(saved_layouts(plan))
         forward = Conversion(graph, conversion.outputs, conversion.output_tree, conversion.constants,
                              conversion.eager_ops)
         self.forward = Executable(forward, build_program(graph, strides, strategies, device), tape=list(plan.saved))

@@ -32,16 +32,41 @@ from ..ir import Extern, GraphNode, Operand
 
 ValueOf = Callable[[GraphNode], GraphNode]
 
+aten = torch.ops.aten
+# Results whose derivative formula checks the data only on real tensors: that the loss does not
+# depend on the phases of complex eigen- or singular vectors (FunctionsManual.cpp skips the
+# check where at::isTensorSubclassLike, as fake tensors are), so a traced formula would give a
+# gradient where eager raises. Op -> the results (pytree index) concerned, when complex: their
+# gradient is torch's backward run as one call, which checks as eager does.
+CHECKED_ON_REAL_TENSORS = {
+    aten.linalg_eig.default: (1,),
+    aten._linalg_eigh.default: (1,),
+    aten._linalg_svd.default: (0, 2),
+}
+
+
+def takes_joint_gradient(node: GraphNode) -> bool:
+    """A result of a call whose results' gradients are computed together, by one run of
+    torch's backward (CHECKED_ON_REAL_TENSORS: the check reads them together; backward.py
+    gathers them)."""
+    if not isinstance(node.op, Extern) or node.op.index is None:
+        return False
+    call = node.op.call
+    concerned = CHECKED_ON_REAL_TENSORS.get(call.target, ()) if isinstance(call.target, torch._ops.OpOverload) else ()
+    return any(call.results.get(k) is not None and call.results[k].dtype.is_complex for k in concerned)
+
 
 def library_gradient(vb, node: GraphNode, grad: GraphNode, value: ValueOf, wanted) -> list[Optional[GraphNode]]:
     """Gradients of the library call's result `node` for each of its operands whose gradient
     is `wanted` (None for the others), given the result's gradient `grad`."""
-    wrt = tuple(k for k, s in enumerate(node.src) if s.dtype.is_float and wanted(s))
+    wrt = tuple(k for k, s in enumerate(node.src) if s.dtype.has_gradient and wanted(s))
     if not wrt:
         return [None] * len(node.src)
     call = node.op.call
+    checked = node.dtype.is_complex and node.op.index in CHECKED_ON_REAL_TENSORS.get(call.target, ())
+    # (a write the op makes in place would be traced as one)
     if isinstance(call.target, torch._ops.OpOverload) and not call.target._schema.is_mutable \
-            and not getattr(call, "writes", ()):  # (a write the op makes in place would be traced as one)
+            and not getattr(call, "writes", ()) and not checked:
         try:
             formula = trace_formula(node, wrt, grad)
             # (what a failed conversion built is unreachable from the backward's outputs)

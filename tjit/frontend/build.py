@@ -115,6 +115,12 @@ class ValueBuilder:
             if view == base.view and isinstance(base.op, Reduce):
                 return base
             return self.b.node(ViewOp(), node.dtype, (base,), view)
+        if _is_literal(node):  # (a view of) a literal with extent along the axis (a 0-d one read as a line)
+            if in_range:  # every element is the literal: nothing to read
+                return self.expand_to(node.src[0] if node.src else node, shape)
+            # a gather's table must be memory (materialize keeps a literal as it is): a buffer
+            # the literal is written to, whose read checks the index as eager does
+            node = self.b.node(Contiguous(), node.dtype, (node,), View.contiguous(node.shape))
         if not (node.is_leaf and not isinstance(node.op, (Const, Iota))) and not isinstance(node.op, Contiguous):
             node = self.materialize(node)
         return self.b.node(Gather(axis, wrap_negative, what, checked=not in_range), node.dtype, (node, index),
@@ -614,3 +620,8 @@ def _checks_an_index(value: GraphNode) -> bool:
     from ..ir import toposort
     stop = lambda n: n.is_leaf or isinstance(n.op, (Contiguous, Gather))  # noqa: E731
     return any(isinstance(n.op, Gather) and n.op.checked for n in toposort([value], stop=stop))
+
+
+def _is_literal(node: GraphNode) -> bool:
+    """A literal or a view of one: every element is the same value, and no memory holds it."""
+    return isinstance(node.op, Const) or isinstance(node.op, ViewOp) and isinstance(node.src[0].op, Const)

@@ -324,6 +324,11 @@ class Converter(ValueBuilder):
             raise UnsupportedOpError("view(dtype)", f"reinterpreting a written {flat.dtype!r} intermediate as "
                                      f"{val.dtype}")
         view = View(tuple(val.shape), tuple(val.stride()), val.storage_offset())
+        if isinstance(flat.op, ViewOp):  # the contents are a (1-d) view of memory: the view composed onto it
+            step = flat.view.strides[0] if flat.shape else 1
+            view = View(view.shape, tuple(st * step for st in view.strides), flat.view.offset + view.offset * step)
+            base = flat.src[0]
+            return base if view == base.view else self.b.node(ViewOp(), flat.dtype, (base,), view)
         return flat if view == flat.view else self.b.node(ViewOp(), flat.dtype, (flat,), view)
 
     def storage_after_write(self, target: fx.Node, key: int, value: GraphNode) -> GraphNode:

@@ -9,7 +9,7 @@ work before and after the call still fuses: only the call itself is a boundary.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch
 import torch.fx as fx
@@ -45,6 +45,31 @@ RESULTS_IGNORE_WRITTEN = {
     aten._batch_norm_with_update.default: lambda args: True,
 }
 
+# Ops whose schema marks arguments written that, given the call's arguments (every schema
+# argument, by position), the op does not write, and the op without those arguments written
+# that computes the same results, with its arguments: a batch norm in eval mode reads its
+# running statistics and leaves them as they are.
+FUNCTIONAL_FORMS = {
+    aten._native_batch_norm_legit.default:
+        lambda values: None if values[5] else
+        (aten._native_batch_norm_legit_no_training.default, tuple(values[:5]) + tuple(values[6:])),
+}
+
+
+def functional_form(target, node: fx.Node, args: tuple, kwargs: dict):
+    """(target, args, kwargs, fx args, fx kwargs) of the call: its functional form where it has
+    one for these arguments (FUNCTIONAL_FORMS), else as it is."""
+    form = FUNCTIONAL_FORMS.get(target)
+    if form is None or not isinstance(target, torch._ops.OpOverload):
+        return target, args, kwargs, tuple(node.args), dict(node.kwargs)
+    schema = target._schema
+    values = [args[k] if k < len(args) else kwargs.get(a.name, a.default_value) for k, a in enumerate(schema.arguments)]
+    found = form(values)
+    if found is None:
+        return target, args, kwargs, tuple(node.args), dict(node.kwargs)
+    functional, new_args = found
+    _, fx_args = form(_schema_values(node, schema))
+    return functional, new_args, {}, fx_args, {}
 
 # Ops that address their operand's storage rather than the operand (as_strided reads any
 # element of the storage, at offsets from its start). An input's memory is the caller's
@@ -76,10 +101,11 @@ def library_call(cv, node: fx.Node, target, args: tuple, kwargs: dict) -> Any:
     if not isinstance(target, torch._ops.OpOverload):
         raise UnsupportedOpError(str(target), "not an aten op (tjit runs aten ops it does not generate as library "
                                  "calls)", target=node.target)
-    written = written_arguments(node, target)
+    target, args, kwargs, fx_args, fx_kwargs = functional_form(target, node, args, kwargs)
+    written = written_arguments(node, target, fx_args, fx_kwargs)
     operands: list[GraphNode] = []
     traced = iter(leaf.meta.get("val") if isinstance(leaf, fx.Node) else None
-                  for leaf in tree_flatten((tuple(node.args), dict(node.kwargs)))[0])
+                  for leaf in tree_flatten((fx_args, fx_kwargs))[0])
 
     def placeholder(value):
         meta = next(traced)
@@ -159,11 +185,12 @@ def draw_seed(cv, operands: list[GraphNode]) -> GraphNode:
     return cv.b.node(Extern(ExternCall(DrawSeed(), (Operand(0),), {}), 0), DType.int64, (anchor,), View((), ()))
 
 
-def written_arguments(node: fx.Node, target) -> list[tuple[int, Any, fx.Node]]:
+def written_arguments(node: fx.Node, target, fx_args=None, fx_kwargs=None) -> list[tuple[int, Any, fx.Node]]:
     """(position, schema argument, FX node passed for it) for each tensor argument the op writes in
-    place; None arguments (an optional running mean) are written by no one."""
+    place (given the FX arguments of the call, the node's unless given); None arguments (an
+    optional running mean) are written by no one."""
     schema = target._schema
-    values = _schema_values(node, schema)
+    values = _schema_values(node, schema, fx_args, fx_kwargs)
     hidden = HIDDEN_WRITES.get(target, lambda args: ())(values)
     found = []
     for position, arg in enumerate(schema.arguments):
@@ -179,9 +206,11 @@ def written_arguments(node: fx.Node, target) -> list[tuple[int, Any, fx.Node]]:
     return found
 
 
-def _schema_values(node: fx.Node, schema) -> list:
-    """The value the FX node passes for each schema argument (positional or keyword)."""
-    return [node.args[k] if k < len(node.args) else node.kwargs.get(arg.name, arg.default_value)
+def _schema_values(node: fx.Node, schema, args=None, kwargs=None) -> list:
+    """The value the FX node passes (or `args`, `kwargs`) for each schema argument (positional or keyword)."""
+    args = tuple(node.args) if args is None else args
+    kwargs = dict(node.kwargs) if kwargs is None else kwargs
+    return [args[k] if k < len(args) else kwargs.get(arg.name, arg.default_value)
             for k, arg in enumerate(schema.arguments)]
 
 
@@ -243,28 +272,31 @@ class WriteThroughView:
 
 @dataclass(frozen=True, eq=False)
 class ExternGradient:
-    """The gradient of result `index` of a library call with respect to its operands `wrt`,
-    computed by torch's own derivative formula for the op (torch.autograd.grad), itself run
-    as a library call: called with the call's operands and the result's gradient, it returns
-    one gradient per operand in `wrt`."""
+    """The gradient of result `index` (or of each of the results in a tuple `index`, jointly)
+    of a library call with respect to its operands `wrt`, computed by torch's own derivative
+    formula for the op (torch.autograd.grad), itself run as a library call: called with the
+    call's operands and the results' gradients, it returns one gradient per operand in `wrt`."""
     call: ExternCall
-    index: int
+    index: Union[int, tuple[int, ...]]
     wrt: tuple[int, ...]
 
     def __call__(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         from ..runtime.library import call_results  # the runtime runs calls; the frontend only describes them
-        *operands, grad = tensors
+        indices = self.index if isinstance(self.index, tuple) else (self.index,)
+        operands, grads = tensors[:len(tensors) - len(indices)], tensors[len(tensors) - len(indices):]
         with torch.enable_grad():
             # the op runs again: operands without a gradient are copies, since some ops write
             # into them although their schema does not say so (a batch norm's running stats)
             leaves = [t.detach().requires_grad_() if k in self.wrt else t.clone() for k, t in enumerate(operands)]
-            out = call_results(self.call, leaves)[self.index]
+            results = call_results(self.call, leaves)
+            outs = [(results[k], g) for k, g in zip(indices, grads) if results[k].requires_grad]
             wrt = [leaves[k] for k in self.wrt]
-            grads = torch.autograd.grad(out, wrt, grad, allow_unused=True) if out.requires_grad else [None] * len(wrt)
-        return tuple(torch.zeros_like(w) if g is None else g for w, g in zip(wrt, grads))
+            found = torch.autograd.grad([o for o, _ in outs], wrt, [g for _, g in outs], allow_unused=True) \
+                if outs else [None] * len(wrt)
+        return tuple(torch.zeros_like(w) if g is None else g for w, g in zip(wrt, found))
 
     def __str__(self) -> str:
-        return f"grad[{self.index}] of {self.call.name}"
+        return f"grad{list(self.index) if isinstance(self.index, tuple) else [self.index]} of {self.call.name}"
 
 
 def library_call_gradient(vb, node: GraphNode, grad: GraphNode, value, wanted) -> list[Optional[GraphNode]]:
@@ -272,14 +304,23 @@ def library_call_gradient(vb, node: GraphNode, grad: GraphNode, value, wanted) -
     whose gradient is `wanted`, given the result's gradient: one library call running torch's
     derivative formula on the operands' forward values (`value`: forward node -> its value
     in the backward graph)."""
-    wrt = tuple(k for k, s in enumerate(node.src) if s.dtype.is_float and wanted(s))
+    return joint_library_call_gradient(vb, [(node, grad)], value, wanted, node.op.index)
+
+
+def joint_library_call_gradient(vb, results: list[tuple[GraphNode, GraphNode]], value, wanted,
+                                index=None) -> list[Optional[GraphNode]]:
+    """The same for several results of one call and their gradients, in one run of torch's
+    derivative (whose checks may read the results' gradients together: svd's)."""
+    node = results[0][0]
+    wrt = tuple(k for k, s in enumerate(node.src) if s.dtype.has_gradient and wanted(s))
     if not wrt:
         return [None] * len(node.src)
     # (the derivative runs the op again: a random op draws the same numbers from its seed, or
     # has no operand it reads besides those it overwrites, whose gradient is zero whatever it draws)
-    operands = tuple(in_memory(vb, v) for v in forward_operands(vb, node, wrt, value)) + (in_memory(vb, grad),)
-    call = ExternCall(ExternGradient(node.op.call, node.op.index, wrt), tuple(Operand(k) for k in range(len(operands))),
-                      {})
+    operands = tuple(in_memory(vb, v) for v in forward_operands(vb, node, wrt, value)) + \
+        tuple(in_memory(vb, grad) for _, grad in results)
+    index = index if index is not None else tuple(n.op.index for n, _ in results)
+    call = ExternCall(ExternGradient(node.op.call, index, wrt), tuple(Operand(k) for k in range(len(operands))), {})
     grads: list[Optional[GraphNode]] = [None] * len(node.src)
     for j, k in enumerate(wrt):
         src = node.src[k]

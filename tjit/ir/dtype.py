@@ -64,6 +64,11 @@ class DType(enum.Enum):
         return self in (DType.float16, DType.bfloat16, DType.float32, DType.float64)
 
     @property
+    def has_gradient(self) -> bool:
+        """Values of this type carry gradients (floating point, real or complex)."""
+        return self.is_float or self.is_complex
+
+    @property
     def is_low_precision(self) -> bool:
         """Types that are computed in float32 and rounded back, as eager does."""
         return self in (DType.float16, DType.bfloat16)

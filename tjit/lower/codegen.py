@@ -17,6 +17,7 @@ import torch
 
 from ..ir import (AxisStrategy, Const, Cumulative, DType, Elementwise, Extern, Gather, GraphNode, Input, Iota, Reduce, View,
                   ViewOp, Window, toposort)
+from ..errors import UnsupportedOpError
 from ..ir.ops import op_def
 from .domains import is_value_ref
 from .elementwise import _cast, literal, render, tl_dtype
@@ -140,6 +141,10 @@ class _Emitter(GridReductionEmitter):
         self.leaf_access: dict[int, int] = {}
         self.coords: list[View] = []  # affine index values the kernel computes (Iota leaves, window bounds)
         self._collect(output_strides)
+        library_only = next((a.buffer.dtype for a in self.accesses if a.buffer.dtype.library_only), None)
+        if library_only is not None:  # (a copy converts nothing: it would reach Triton's argument types only)
+            raise UnsupportedOpError(f"dtype {library_only.torch}", "a kernel would load or store it: tjit "
+                                     "computes this type in library calls only")
         self.widest = max(n.dtype.itemsize for s in group.stores for n in toposort([s.value], stop=is_kernel_input))
         strides = [a.view.strides for a in self.accesses]
         # the coordinates take part in the schedule like accesses: axes merge only where every

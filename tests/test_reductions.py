@@ -177,7 +177,7 @@ FULL_MAPPINGS = {
 @pytest.mark.parametrize("op", FULL_OPS)
 def test_split_full_reduction(op):
     fn = FULL_OPS[op]
-    x = torch.randn(1001)
+    x = torch.randn(1001, generator=torch.Generator().manual_seed(1001))  # (a product's order error varies by draw)
     x[700] = nan if op in ("amax", "max", "min", "sum") else x[700]
     opts = forced(ThreadGroup(64))
     if op in NOT_SPLITTABLE:
@@ -198,7 +198,7 @@ def test_full_reduction_under_each_mapping(op, mapping):
         mapping_opts = forced(Sequential(16) if "sequential" in mapping else Thread())
     else:
         mapping_opts = FULL_MAPPINGS[mapping]
-    x = torch.randn(5, 37)
+    x = torch.randn(5, 37, generator=torch.Generator().manual_seed(537))
     compiled = check_against_eager(fn, x, **mapping_opts)
     assert launches(compiled, x) == 1
 

@@ -139,3 +139,39 @@ def test_a_learning_rate_schedule_generates_no_new_kernels(foreach):
     assert (tjit.counters.kernels_generated, tjit.counters.traces) == (generated, traces)
     for p, q in zip(params, ref):
         torch.testing.assert_close(p, q)
+
+
+aten = torch.ops.aten
+FOREACH_CASES = [  # (op, arguments after the first list, keyword arguments)
+    (aten._foreach_add.List, ("other",), {"alpha": 2}), (aten._foreach_add.Scalar, (3.0,), {}),
+    (aten._foreach_add.Tensor, (torch.tensor(2.0),), {"alpha": 3}), (aten._foreach_mul.ScalarList, ([2.0, 3.0, -1.0],), {}),
+    (aten._foreach_addcmul.ScalarList, ("other", "other", [0.5, 2.0, 1.5]), {}),
+    (aten._foreach_lerp.Scalar, ("other", 0.3), {}), (aten._foreach_norm.Scalar, (1,), {}),
+    (aten._foreach_norm.Scalar, (2, torch.float64), {}), (aten._foreach_max.default, (), {}),
+    (aten._foreach_maximum.Scalar, (0.1,), {}), (aten._foreach_minimum.ScalarList, ([0.1, -0.2, 0.0],), {}),
+    (aten._foreach_clamp_max.Scalar, (0.0,), {}), (aten._foreach_abs.default, (), {}),
+]
+
+
+@pytest.mark.parametrize("op, rest, kwargs", FOREACH_CASES, ids=lambda c: str(c) if isinstance(c, torch._ops.OpOverload) else "")
+def test_foreach_decompositions_match_torch(op, rest, kwargs):
+    """Each decomposition (one per-tensor op per element, arguments mapped by name) against
+    the foreach op itself, on real tensors."""
+    from tjit.frontend.foreach import foreach_decompositions
+    g = torch.Generator().manual_seed(0)
+    first, other = ([torch.randn(s, generator=g) for s in [(3,), (2, 4), (1,)]] for _ in range(2))
+    args = [first] + [other if a == "other" else a for a in rest]
+    expected, got = op(*args, **kwargs), foreach_decompositions()[op](*args, **kwargs)
+    assert_matches_eager(got, expected, str(op))
+
+
+@pytest.mark.parametrize("op", [aten._foreach_addcdiv_.Scalar, aten._foreach_copy_.default])
+def test_in_place_foreach_decompositions_match_torch(op):
+    from tjit.frontend.foreach import foreach_decompositions
+    g = torch.Generator().manual_seed(1)
+    a, b, c = ([torch.rand(s, generator=g) + 0.5 for s in [(3,), (2, 4)]] for _ in range(3))
+    args = (b, c, 0.1) if op is aten._foreach_addcdiv_.Scalar else (b,)
+    expected, got = clone_args(a), clone_args(a)
+    op(expected, *args)
+    assert foreach_decompositions()[op](got, *args) is None
+    assert_matches_eager(got, expected, str(op))

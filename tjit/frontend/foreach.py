@@ -4,11 +4,12 @@ tensor of their lists, so each update is ordinary elementwise work that fuses.
 torch has no decompositions for them (Inductor lowers them itself). `_foreach_<op>(lists,
 ...)` is `<op>(list[i], ...)` for each i, with a list of Python scalars read at i as well;
 the in-place forms write each tensor in place. Ops whose per-tensor op has another name
-are listed in PER_TENSOR_NAME.
+are listed in PER_TENSOR_NAME. The `_out` overloads and those taking their scalars as one
+tensor (capturable optimizers' `scalars`) are left to run as they are.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
@@ -29,7 +30,8 @@ def foreach_decompositions() -> dict:
         for overload in packet.overloads():
             op = getattr(packet, overload)
             per_tensor = _per_tensor_op(name[len(PREFIX):], _takes_scalars(op))
-            if per_tensor is None or not _returns_list_or_nothing(op) or _scalars_in_a_tensor(op):
+            if per_tensor is None or overload.endswith("out") or not _returns_list_or_nothing(op) \
+                    or _scalars_in_a_tensor(op):
                 continue
             table[op] = _decomposition(op, per_tensor)
     return table
@@ -57,35 +59,37 @@ def _scalars_in_a_tensor(op) -> bool:
 
 
 def _decomposition(op, per_tensor) -> Callable:
-    list_args = [isinstance(a.type, torch.ListType) for a in op._schema.arguments]
-    names = [a.name for a in op._schema.arguments]
+    """`per_tensor` called for each index: the first argument positionally, the others by the
+    per-tensor op's names: the foreach op's argument of that name, else its unmatched
+    arguments in order (`scalars` is addcmul's `value`, `tensors1` lerp's `end`)."""
+    arguments = op._schema.arguments
+    per_names = _argument_names(per_tensor)[1:]
     returns = bool(op._schema.returns)
-    schema = getattr(per_tensor, "default", None) or getattr(per_tensor, per_tensor.overloads()[0])
-    schema = schema._schema
-    positional = sum(not a.kwarg_only for a in schema.arguments)
-    keyword_only = [a.name for a in schema.arguments if a.kwarg_only]
 
     def run(*args, **kwargs):
-        lengths = {len(a) for a, is_list in zip(args, list_args) if is_list}
-        lengths |= {len(v) for k, v in kwargs.items() if list_args[names.index(k)]}
+        values = {a.name: v for a, v in zip(arguments, args)} | kwargs
+        lists = {a.name for a in arguments if a.name in values and isinstance(a.type, torch.ListType)}
+        lengths = {len(values[name]) for name in lists}
         if len(lengths) != 1:
             raise RuntimeError(f"{op}: tensor lists of different lengths {sorted(lengths)}")
         results = []
         for i in range(lengths.pop()):
-            a, kw = _at(args, list_args, i), _at_kwargs(kwargs, names, list_args, i)
-            # a scalar the foreach op takes positionally may be keyword-only per tensor
-            # (_foreach_addcmul(self, t1, t2, scalars) is addcmul(self, t1, t2, value=s))
-            kw.update(zip(keyword_only, a[positional:]))
-            results.append(per_tensor(*a[:positional], **kw))
+            at = {name: v[i] if name in lists else v for name, v in values.items()}
+            head = at.pop(arguments[0].name)
+            named = {n: at.pop(n) for n in list(at) if n in per_names}
+            named.update(zip([n for n in per_names if n not in named], at.values()))
+            results.append(per_tensor(head, **named))
         return results if returns else None
 
     run.__name__ = f"decompose_{op.__name__}"
     return run
 
 
-def _at(args: tuple, list_args: list[bool], i: int) -> list[Any]:
-    return [a[i] if is_list else a for a, is_list in zip(args, list_args)]
-
-
-def _at_kwargs(kwargs: dict, names: list[str], list_args: list[bool], i: int) -> dict:
-    return {k: v[i] if list_args[names.index(k)] else v for k, v in kwargs.items()}
+def _argument_names(packet) -> list[str]:
+    """The argument names of a packet's first tensor overload (aten.add.default is the one
+    for two Python numbers)."""
+    for name in packet.overloads():
+        schema = getattr(packet, name)._schema
+        if "out" not in name and any(isinstance(a.type, torch.TensorType) for a in schema.arguments):
+            return [a.name for a in schema.arguments]
+    raise RuntimeError(f"{packet} has no overload that takes a tensor")

@@ -8,6 +8,7 @@ from ..errors import TjitError
 from ..ir import AxisStrategy, Extern, Graph, GraphNode
 from .codegen import KernelPlan, plan_kernel
 from .fusion import BufferTarget, ExternStep, KernelGroup, OutputTarget, group_kernels
+from .horizontal import merge_independent_kernels
 from .library import LibraryPlan, plan_library_call
 
 StrategyMap = Mapping[str, Sequence[AxisStrategy]]
@@ -46,7 +47,7 @@ def lower(graph: Graph, output_strides: dict[str, tuple[int, ...]],
     returned = frozenset(id(node) for node in call_outputs.values())
     steps = [plan_library_call(g, returned) if isinstance(g, ExternStep) else
              plan_kernel(g, output_strides, forced_strategies(g, strategies or {}), device) for g in ordered]
-    groups = [g for g in ordered if isinstance(g, KernelGroup)]
+    steps, groups = merge_independent_kernels(ordered, steps)
     buffers = [s.target.node for g in groups for s in g.stores if isinstance(s.target, BufferTarget)]
     return LoweredGraph(steps, groups, buffers, call_outputs)
 

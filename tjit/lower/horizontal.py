@@ -1,0 +1,107 @@
+"""Horizontal fusion: independent pointwise kernels of one level run as one launch.
+
+Kernels that fusion puts at the same level depend on nothing the others write (a
+dependency between stores of different domains is always strict: a later level). An
+optimizer step over parameters of different shapes is such a set: one kernel per shape,
+each updating its parameters and their state. Merged, their programs are concatenated:
+program `pid` runs the member whose range holds it, as `pid - start` of that member, so
+the launch does exactly the work of the separate kernels, in one grid.
+
+Only plain pointwise kernels merge (no reduction, no check reported through the status
+word, no scratch, no zero-division flag): their source is a body over `pid` and their own
+arguments, which are renamed apart (a prefix per member).
+"""
+from __future__ import annotations
+
+import builtins
+import hashlib
+import keyword
+import re
+from typing import Union
+
+from .codegen import ZERO_DIV_FLAG, KernelPlan
+from .fusion import ExternStep, KernelGroup
+from .library import LibraryPlan
+from .schedule import AUTO_WARPS, IterationSpace
+
+Step = Union[KernelPlan, LibraryPlan]
+_KEEP = frozenset(keyword.kwlist) | frozenset(dir(builtins)) | {"tl", "tm", "triton"}
+_NAME = re.compile(r"(?<![\w.])([A-Za-z_]\w*)\b(?!=[^=])")  # not an attribute, not a keyword argument
+_PROGRAM_ID = "tl.program_id(0)"
+
+
+def merge_independent_kernels(ordered: list[Union[KernelGroup, ExternStep]], steps: list[Step]
+                              ) -> tuple[list[Step], list[KernelGroup]]:
+    """`steps` (planned from `ordered`, one each) with each run of mergeable kernels of one
+    level made one kernel; the groups, one per kernel, the merged ones joined."""
+    out_steps, out_groups, run = [], [], []
+
+    def flush():
+        if len(run) > 1:
+            out_steps.append(merge([plan for _, plan in run]))
+            out_groups.append(KernelGroup(run[0][0].domain, [s for g, _ in run for s in g.stores], run[0][0].level))
+        else:
+            out_steps.extend(plan for _, plan in run)
+            out_groups.extend(group for group, _ in run)
+        run.clear()
+
+    for item, step in zip(ordered, steps):
+        if isinstance(step, KernelPlan) and not step.writes_anything:  # never launched: apart, in any place
+            out_steps.append(step)
+            out_groups.append(item)
+            continue
+        if not isinstance(step, KernelPlan):
+            flush()
+            out_steps.append(step)
+            continue
+        if run and (not mergeable(step) or item.level != run[0][0].level):
+            flush()
+        run.append((item, step))
+        if not mergeable(step):
+            flush()
+    flush()
+    return out_steps, out_groups
+
+
+def mergeable(plan: KernelPlan) -> bool:
+    return (not plan.reduced_axes and not plan.checks and not plan.scratch and ZERO_DIV_FLAG not in plan.constexprs
+            and len(plan.grid) == 1 and _PROGRAM_ID in plan.source)
+
+
+def merge(plans: list[KernelPlan]) -> KernelPlan:
+    """One kernel running each plan's programs in turn over one grid."""
+    pointers, scalars, values, body, constexprs, start = [], [], [], ["pid = tl.program_id(0)"], {}, 0
+    for k, plan in enumerate(plans):
+        prefix = f"m{k}_"
+        n = len(plan.buffers)  # a plan's parameters are its pointers, then its scalars
+        pointers += [prefix + p for p in plan.param_names[:n]]
+        scalars += [prefix + p for p in plan.param_names[n:]]
+        constexprs.update({prefix + name: value for name, value in plan.constexprs.items()})
+        end = start + plan.grid[0]
+        # its range of programs: arguments, as sizes are (a new size, the same source)
+        scalars += [f"{prefix}start", f"{prefix}end"]
+        values += list(plan.scalar_args) + [start, end]
+        body.append(f"if (pid >= {prefix}start) & (pid < {prefix}end):")
+        body += ["    " + line for line in _member_body(plan, prefix)]
+        start = end
+    params = pointers + scalars + [f"{name}: tl.constexpr" for name in constexprs]
+    source = "\n".join(["@triton.jit", f"def KERNEL({', '.join(params)}):"] + ["    " + ln for ln in body])
+    name = f"tjit_horizontal_{hashlib.sha1(source.encode()).hexdigest()[:12]}"
+    dims = tuple(d for plan in plans for d in plan.space.loop_dims)
+    return KernelPlan(name, source.replace("def KERNEL(", f"def {name}(", 1),
+                      [b for plan in plans for b in plan.buffers], values,
+                      constexprs, (start,), (sum(plan.numel for plan in plans),), IterationSpace((), (), dims),
+                      [a for plan in plans for a in plan.accesses], pointers + scalars,
+                      min(AUTO_WARPS, max(plan.num_warps for plan in plans)))
+
+
+def _member_body(plan: KernelPlan, prefix: str) -> list[str]:
+    """The plan's body with its names prefixed, its program id counted from its start."""
+    lines = plan.source.splitlines()[2:]  # after "@triton.jit" and the def line
+    out = []
+    for line in lines:
+        code, hash_, comment = line.partition("#")
+        code = _NAME.sub(lambda m: m.group(1) if m.group(1) in _KEEP else prefix + m.group(1), code)
+        code = code.replace(_PROGRAM_ID, f"(pid - {prefix}start)")
+        out.append((code + hash_ + comment)[4:] if line.startswith("    ") else code + hash_ + comment)
+    return out

@@ -336,6 +336,10 @@ def run_one(name: str, compiler: str, memory: bool = True) -> dict:
         row["eval"] = counted(forward_measured)
 
         stage = "train"
+        del compiled  # its graphs' slabs are not the training step's
+        torch._dynamo.reset()
+        gc.collect()
+        slab0 = tjit.memory.stats()["in_use_bytes"]
         model.train(), eager.train()
         wrapped = torch.compile(WithLoss(model), backend=backend(compiler))
         eager_loss_fn = WithLoss(eager)
@@ -520,10 +524,20 @@ def main() -> int:
     ap.add_argument("--compilers", default=",".join(COMPILERS), help=argparse.SUPPRESS)
     ap.add_argument("--json", metavar="PATH", help="write every number as JSON")
     ap.add_argument("--plot", metavar="PATH", help="bar chart of kernels per training step and compile time")
+    ap.add_argument("--load", metavar="PATH[,PATH]", help="print (and plot) the results of earlier --json runs, "
+                    "merged, instead of measuring")
     ap.add_argument("--_cold", help=argparse.SUPPRESS)
     opts = ap.parse_args()
     if opts._cold:
         cold_main(opts._cold)
+        return 0
+    if opts.load:
+        results = {}
+        for path in opts.load.split(","):
+            for name, per in json.loads(Path(path).read_text())["results"].items():
+                results.setdefault(name, {}).update(per)
+        results = {n: results[n] for n in ZOO if n in results}
+        report(results, opts)
         return 0
     names = opts.models.split(",") if opts.models else list(QUICK if opts.quick else ZOO)
     unknown = [n for n in names if n not in ZOO]
@@ -544,15 +558,28 @@ def main() -> int:
                 progress(f"{name} / {comp}: cold process ...")
                 row["cold"] = cold(name, comp)
             results[name][comp] = row
-            progress(f"{name} / {comp}: {time.perf_counter() - t:.0f}s" + (f"  ERROR {row['error']}" if "error" in row else ""))
-    print_table(results, opts.cold)
-    print_targets(results)
+            brief = ", ".join(f"{k} {cell(row, *path, fmt=f)}" for k, path, f in (
+                ("eval kernels", ("eval", "kernels"), "{}"), ("train kernels", ("train", "kernels"), "{}"),
+                ("train compile s", ("train_time", "compile_s"), "{:.1f}"), ("peak B", ("peak_bytes",), "{}"),
+                ("eager peak B", ("eager_peak_bytes",), "{}")))
+            progress(f"{name} / {comp}: {time.perf_counter() - t:.0f}s: {brief}"
+                     + (f"  ERROR {row['error']}" if "error" in row else ""))
+            if opts.json:  # written as it goes: a long run interrupted keeps what it measured
+                Path(opts.json).write_text(json.dumps({"results": results, "torch": torch.__version__}, indent=1,
+                                                      default=str))
+    report(results, opts)
     if opts.json:
         Path(opts.json).write_text(json.dumps({"results": results, "torch": torch.__version__}, indent=1, default=str))
         print(f"JSON written to {opts.json}")
+    return 0
+
+
+def report(results: dict, opts) -> None:
+    with_cold = any("cold" in r for per in results.values() for r in per.values())
+    print_table(results, with_cold)
+    print_targets(results)
     if opts.plot:
         plot(results, opts.plot)
-    return 0
 
 
 if __name__ == "__main__":

@@ -63,6 +63,7 @@ first-call compile time <= 1/5 of Inductor's; peak training-step memory <= eager
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import copy
 import gc
@@ -287,7 +288,7 @@ def counted(call) -> dict:
         call([aten])
     r_iss, w_iss, r_dis, w_dis = launches.bytes()
     return {"launches": launches.count, "aten": len(aten.kernels), "kernels": launches.count + len(aten.kernels),
-            "aten_ops": sorted(set(aten.kernels)), "tjit_library_calls": tjit.counters.library_calls - lib0,
+            "aten_ops": dict(sorted(collections.Counter(aten.kernels).items())), "tjit_library_calls": tjit.counters.library_calls - lib0,
             "bytes_distinct": r_dis + w_dis, "bytes_issued": r_iss + w_iss}
 
 

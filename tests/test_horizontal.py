@@ -77,3 +77,15 @@ def test_an_sgd_step_over_parameters_of_several_shapes_is_one_launch():
         opts[1].step()
     for p, q in zip(params, ref):
         torch.testing.assert_close(p, q)
+
+
+def _with_infinities(a, b):
+    return a.masked_fill(a > 1, float("inf")), torch.where(b < 0, float("-inf"), b)
+
+
+def test_members_with_string_literals_keep_them():
+    """A member's source spells infinities as float("inf"): renaming its names apart must
+    leave the string alone."""
+    a, b = torch.randn(3000), torch.randn(17, 5)
+    compiled = check_against_eager(_with_infinities, a, b)
+    assert launches(compiled, a, b) == 1

@@ -18,19 +18,18 @@ def _close(got, expected, what):
     torch.testing.assert_close(got, expected, rtol=RTOL, atol=ATOL, msg=lambda m: f"{what}\n{m}")
 
 
-def _pair(name):
+def _setup(name: str, train: bool):
+    """The model (compiled) and an eager copy of it, in train or eval mode, and an input."""
     torch.manual_seed(0)
-    model = ZOO[name].build()
-    return model, copy.deepcopy(model)
+    model = ZOO[name].build().train(train)
+    eager = copy.deepcopy(model)
+    x = ZOO[name].inputs(torch.Generator().manual_seed(1))
+    return model, torch.compile(model, backend="tjit"), eager, x
 
 
 @pytest.mark.parametrize("name", sorted(ZOO))
 def test_eval_forward(name):
-    spec = ZOO[name]
-    model, eager = _pair(name)
-    model.eval(), eager.eval()
-    x = spec.inputs(torch.Generator().manual_seed(1))
-    compiled = torch.compile(model, backend="tjit")
+    _, compiled, eager, x = _setup(name, train=False)
     with torch.no_grad():
         got, expected = compiled(x), eager(x)
     assert not got.requires_grad
@@ -42,14 +41,11 @@ def test_eval_forward(name):
 @pytest.mark.parametrize("name", sorted(ZOO))
 def test_training_step(name):
     spec = ZOO[name]
-    model, eager = _pair(name)
-    model.train(), eager.train()
-    x = spec.inputs(torch.Generator().manual_seed(1))
-    compiled = torch.compile(model, backend="tjit")
+    model, compiled, eager, x = _setup(name, train=True)
     opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (model, eager)]
     for step in range(2):  # the second step runs the compiled graphs again, with momentum
         losses = []
-        for m, run, opt in ((model, compiled, opts[0]), (eager, eager, opts[1])):
+        for run in (compiled, eager):
             loss = spec.loss(run(x), step)
             loss.backward()
             losses.append(loss)

@@ -26,7 +26,9 @@ from .schedule import AUTO_WARPS, IterationSpace
 
 Step = Union[KernelPlan, LibraryPlan]
 _KEEP = frozenset(keyword.kwlist) | frozenset(dir(builtins)) | {"tl", "tm", "triton"}
-_NAME = re.compile(r"(?<![\w.])([A-Za-z_]\w*)\b(?!=[^=])")  # not an attribute, not a keyword argument
+# a string literal (kept as it is: float("inf")), or a name that is not an attribute or a
+# keyword argument (renamed)
+_STRING_OR_NAME = re.compile(r"(\"[^\"]*\"|'[^']*')|(?<![\w.])([A-Za-z_]\w*)\b(?!=[^=])")
 _PROGRAM_ID = "tl.program_id(0)"
 
 
@@ -101,7 +103,14 @@ def _member_body(plan: KernelPlan, prefix: str) -> list[str]:
     out = []
     for line in lines:
         code, hash_, comment = line.partition("#")
-        code = _NAME.sub(lambda m: m.group(1) if m.group(1) in _KEEP else prefix + m.group(1), code)
+        code = _STRING_OR_NAME.sub(lambda m: _renamed(m, prefix), code)
         code = code.replace(_PROGRAM_ID, f"(pid - {prefix}start)")
         out.append((code + hash_ + comment)[4:] if line.startswith("    ") else code + hash_ + comment)
     return out
+
+
+def _renamed(match: re.Match, prefix: str) -> str:
+    string, name = match.groups()
+    if string is not None:
+        return string
+    return name if name in _KEEP else prefix + name

@@ -16,6 +16,7 @@ from __future__ import annotations
 import builtins
 import hashlib
 import keyword
+import math
 import re
 from typing import Union
 
@@ -67,44 +68,63 @@ def merge_independent_kernels(ordered: list[Union[KernelGroup, ExternStep]], ste
 
 def mergeable(plan: KernelPlan) -> bool:
     return (not plan.reduced_axes and not plan.checks and not plan.scratch and ZERO_DIV_FLAG not in plan.constexprs
-            and len(plan.grid) == 1 and _PROGRAM_ID in plan.source)
+            and len(plan.grid) == 1 and _PROGRAM_ID in plan.source and _program_count(plan) == plan.grid[0])
+
+
+def _program_count(plan: KernelPlan) -> int:
+    """`programs(plan)` evaluated for the plan's own arguments."""
+    args = dict(zip(plan.param_names[len(plan.buffers):], plan.scalar_args))
+    try:
+        return math.prod(-(-math.prod(args[f"size{a}"] for a in d.axes) // plan.constexprs[f"BLOCK_{j}"])
+                         for j, d in enumerate(plan.space.loop_dims) if d.kind == "group")
+    except KeyError:  # (a dimension without a size argument of that name)
+        return -1
 
 
 def merge(plans: list[KernelPlan]) -> KernelPlan:
     """One kernel running each plan's programs in turn over one grid."""
-    pointers, scalars, values, body, constexprs, start = [], [], [], ["pid = tl.program_id(0)"], {}, 0
+    pointers, scalars, values, body, constexprs = [], [], [], ["pid = tl.program_id(0)"], {}
+    start = "0"
     for k, plan in enumerate(plans):
         prefix = f"m{k}_"
         n = len(plan.buffers)  # a plan's parameters are its pointers, then its scalars
         pointers += [prefix + p for p in plan.param_names[:n]]
         scalars += [prefix + p for p in plan.param_names[n:]]
+        values += plan.scalar_args
         constexprs.update({prefix + name: value for name, value in plan.constexprs.items()})
-        end = start + plan.grid[0]
-        # its range of programs: arguments, as sizes are (a new size, the same source)
-        scalars += [f"{prefix}start", f"{prefix}end"]
-        values += list(plan.scalar_args) + [start, end]
-        body.append(f"if (pid >= {prefix}start) & (pid < {prefix}end):")
-        body += ["    " + line for line in _member_body(plan, prefix)]
-        start = end
+        # its range of programs, computed from its sizes as its grid is (no new argument,
+        # so a new size changes neither the source nor Triton's specialisation)
+        body.append(f"{prefix}end = {start} + {programs(plan, prefix)}")
+        body.append(f"if (pid >= {start}) & (pid < {prefix}end):")
+        body += ["    " + line for line in _member_body(plan, prefix, start)]
+        start = f"{prefix}end"
     params = pointers + scalars + [f"{name}: tl.constexpr" for name in constexprs]
     source = "\n".join(["@triton.jit", f"def KERNEL({', '.join(params)}):"] + ["    " + ln for ln in body])
     name = f"tjit_horizontal_{hashlib.sha1(source.encode()).hexdigest()[:12]}"
     dims = tuple(d for plan in plans for d in plan.space.loop_dims)
     return KernelPlan(name, source.replace("def KERNEL(", f"def {name}(", 1),
                       [b for plan in plans for b in plan.buffers], values,
-                      constexprs, (start,), (sum(plan.numel for plan in plans),), IterationSpace((), (), dims),
+                      constexprs, (sum(plan.grid[0] for plan in plans),), (sum(plan.numel for plan in plans),),
+                      IterationSpace((), (), dims),
                       [a for plan in plans for a in plan.accesses], pointers + scalars,
                       min(AUTO_WARPS, max(plan.num_warps for plan in plans)))
 
 
-def _member_body(plan: KernelPlan, prefix: str) -> list[str]:
-    """The plan's body with its names prefixed, its program id counted from its start."""
+def programs(plan: KernelPlan, prefix: str = "") -> str:
+    """The plan's number of programs as a Triton expression of its (prefixed) size
+    arguments and blocks: one per block of each grid dimension (codegen's grid)."""
+    return " * ".join([f"tl.cdiv({' * '.join(f'{prefix}size{a}' for a in d.axes)}, {prefix}BLOCK_{j})"
+                       for j, d in enumerate(plan.space.loop_dims) if d.kind == "group"] or ["1"])
+
+
+def _member_body(plan: KernelPlan, prefix: str, start: str) -> list[str]:
+    """The plan's body with its names prefixed, its program id counted from `start`."""
     lines = plan.source.splitlines()[2:]  # after "@triton.jit" and the def line
     out = []
     for line in lines:
         code, hash_, comment = line.partition("#")
         code = _STRING_OR_NAME.sub(lambda m: _renamed(m, prefix), code)
-        code = code.replace(_PROGRAM_ID, f"(pid - {prefix}start)")
+        code = code.replace(_PROGRAM_ID, f"(pid - {start})")
         out.append((code + hash_ + comment)[4:] if line.startswith("    ") else code + hash_ + comment)
     return out
 

@@ -206,3 +206,19 @@ def test_a_write_overwritten_later_is_not_written_after_it(fn, n):
     x, v, grad = torch.randn(n, generator=g), torch.rand(n, generator=g), torch.randn(n, generator=g)
     with torch.no_grad():
         check_against_eager(fn, x, v, grad)
+
+
+def _write_scatter_write(x, idx, v):
+    x.mul_(2)
+    x[idx] = v  # an in-place scatter into x's memory, between two whole writes
+    x.add_(1)
+
+
+@pytest.mark.parametrize("n", [12, 5000])
+def test_a_whole_write_before_an_in_place_scatter_is_kept(n):
+    g = torch.Generator().manual_seed(n)
+    x, idx, v = torch.randn(n, generator=g), torch.randint(0, n, (n // 3,), generator=g), torch.randn(n // 3, generator=g)
+    idx = idx.unique()
+    v = v[:idx.numel()]
+    with torch.no_grad():
+        check_against_eager(_write_scatter_write, x, idx, v)

@@ -319,12 +319,17 @@ def without_overwritten_writes(stores: list[Store], externs: list[ExternStep]) -
     read |= {(op.op.name, op.op.version) for e in externs for op in map(buffer_of, e.operands)
              if op is not None and isinstance(op.op, Input)}
     checked = {name for e in externs for name, _ in e.call.versions}
-    writes = [s.target.mutation for s in stores if isinstance(s.target, InputTarget)]
+    writes = [(s.target.mutation, isinstance(s.target, InputTarget)) for s in stores if written_input(s)]
 
     def overwritten(m: Mutation) -> bool:
-        later = [w.version for w in writes if w.name == m.name and w.view == m.view and w.version > m.version]
-        return bool(later) and m.name not in checked \
-            and not any((m.name, v) in read for v in range(m.version, min(later)))
+        """The next write into the input is a whole write through the same view (an in-place
+        scatter between would write into the memory this write leaves), and no version
+        in between is read."""
+        later = [(w.version, whole and w.view == m.view) for w, whole in writes
+                 if w.name == m.name and w.version > m.version]
+        if not later or m.name in checked or not min(later)[1]:
+            return False
+        return not any((m.name, v) in read for v in range(m.version, min(later)[0]))
 
     return [s for s in stores if not (isinstance(s.target, InputTarget) and overwritten(s.target.mutation))]
 

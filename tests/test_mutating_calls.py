@@ -128,17 +128,7 @@ def test_batch_norm_module_trains_as_eager(fresh_seed):
     with torch.no_grad():
         for m in (eager, ours):
             m[0].weight.copy_(torch.linspace(0.5, 2, 6))
-    compiled = torch.compile(ours, backend="tjit")
-    inputs = [torch.randn(4, 6, 9, 11) for _ in range(3)]
-    for model, run in ((eager, eager), (ours, compiled)):
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        for x in inputs:
-            loss = (run(x) * torch.arange(11.0)).sum()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    for (name, a), b in zip(ours.state_dict().items(), eager.state_dict().values()):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
+    _train_alike(eager, ours, [torch.randn(4, 6, 9, 11) for _ in range(3)], torch.arange(11.0))
 
 
 LINALG = {  # name -> (fn, its number of operands, eager's message on a bad matrix)
@@ -265,12 +255,17 @@ def test_batch_norm_module_in_eval_mode_trains_as_eager():
             m[1].running_mean.copy_(torch.linspace(-1, 1, 6))
             m[1].running_var.copy_(torch.linspace(0.5, 2, 6))
             m.eval()
+    _train_alike(eager, ours, [torch.randn(4, 3, 20, 21) for _ in range(2)], torch.arange(19.0))
+
+
+def _train_alike(eager, ours, inputs, weights):
+    """SGD steps on a weighted sum of each model's output, `ours` through torch.compile;
+    then every parameter and buffer (running statistics) must match eager's."""
     compiled = torch.compile(ours, backend="tjit")
-    inputs = [torch.randn(4, 3, 20, 21) for _ in range(2)]
     for model, run in ((eager, eager), (ours, compiled)):
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         for x in inputs:
-            loss = (run(x) * torch.arange(19.0)).sum()
+            loss = (run(x) * weights).sum()
             opt.zero_grad()
             loss.backward()
             opt.step()

@@ -57,10 +57,11 @@ def merge_independent_kernels(ordered: list[Union[KernelGroup, ExternStep]], ste
             flush()
             out_steps.append(step)
             continue
-        if run and (not mergeable(step) or item.level != run[0][0].level):
+        joins = mergeable(step)
+        if run and (not joins or item.level != run[0][0].level):
             flush()
         run.append((item, step))
-        if not mergeable(step):
+        if not joins:
             flush()
     flush()
     return out_steps, out_groups

@@ -2,16 +2,16 @@
 (both ways round: the DDP module compiled, and DDP around a compiled module; with a graph break
 inside the model) and FSDP2's `fully_shard`, each against the same wrapping of an eager copy of
 the model, in two processes on CPU talking through gloo. Each rank trains on its own data shard,
-so gradients are only equal to eager's if tjit's gradients were all-reduced as DDP's are.
+so gradients are only equal to eager's if tjit's gradients were all-reduced as DDP's are. The
+weights and the shards are drawn from a fresh seed per test (conftest's fresh_seed, printed).
 
 Dynamo's DDPOptimizer (`torch._dynamo.config.optimize_ddp`) splits a DDP module's graph at DDP's
-bucket boundaries and hands each piece to the backend, so that a bucket's all-reduce starts as
-soon as its piece's backward is done. It refuses a bucket cap under 1 MiB (it sizes its first
-bucket by `torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`, 1 MiB, and asserts the first bucket is
-no larger than the others, also with backend="eager"), and the zoo's models have parameters of
-tens of KiB, so the model here is the zoo's ResNet at width 128 (4.7 MiB of parameters, but
-4x4 to 8x8 feature maps: a training step takes well under a second in the interpreter) with a
-1 MiB cap: four pieces. Its batch norms also exercise DDP's broadcast of rank 0's buffers.
+bucket boundaries and hands each piece to the backend, so that a bucket's all-reduce can start
+as soon as its piece's backward is done; a small `bucket_cap_mb` makes several pieces of the
+zoo's MLP-Mixer (50 KiB of parameters). The model is smooth (GELU, LayerNorm): a ReLU network's
+gradients jump where a pre-activation within rounding of zero changes sides (the zoo's ResNet
+did so in about one step in ten, against float64 eager too), so they cannot be compared
+elementwise on fresh seeds.
 
 Each test runs its worker in two processes spawned by torch.multiprocessing; a failure in
 either is re-raised here with the rank's traceback (`ProcessRaisedException`), and the process
@@ -27,14 +27,20 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from zoo import ZOO, ResNet
+from zoo import ZOO
 
 WORLD = 2
 STEPS = 3
-BUCKET_CAP_MB = 1  # the smallest cap DDPOptimizer accepts (see above)
+BUCKET_CAP_MB = 1 / 64  # 16 KiB: DDPOptimizer splits the Mixer into three pieces
 # as tests/test_models.py: sums and matmuls run in another order than eager's
 RTOL, ATOL = 1e-4, 1e-5
-SPEC = ZOO["resnet"]
+SPEC = ZOO["mixer"]
+
+pytestmark = [
+    pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
+                       reason="this torch build has no torch.distributed with gloo"),
+    pytest.mark.usefixtures("fresh_seed"),  # fresh weights and shards each run; a failure prints the seed
+]
 
 
 def _close(got, expected, what):
@@ -42,12 +48,16 @@ def _close(got, expected, what):
 
 
 def _spawn(worker, tmp_path, *args):
-    """Runs worker(rank, *args) in WORLD fresh processes joined in one gloo process group."""
-    mp.spawn(_rank_main, args=(worker, f"file://{tmp_path / 'rendezvous'}", args), nprocs=WORLD, join=True)
+    """Runs worker(rank, *args) in WORLD fresh processes joined in one gloo process group, with
+    torch seeded as in this process (by the fresh_seed fixture)."""
+    # a new file for every test: file:// rendezvous must not find one left by another group
+    init_method = f"file://{tmp_path / 'rendezvous'}"
+    mp.spawn(_rank_main, args=(worker, init_method, torch.initial_seed(), args), nprocs=WORLD, join=True)
 
 
-def _rank_main(rank, worker, init_method, args):
+def _rank_main(rank, worker, init_method, seed, args):
     torch.set_num_threads(1)  # two ranks on a shared machine
+    torch.manual_seed(seed)  # the same initial weights on every rank
     # generous, so that a slow compile on a busy machine never times out, but a rank left
     # waiting for a peer that died still fails
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=WORLD,
@@ -76,16 +86,27 @@ def _counting_tjit_backend(graphs: list):
     return backend
 
 
+def _refused(graphs: list) -> list[str]:
+    """Why tjit ran any of the graphs eagerly (split.graph_backend falls back, with a warning)."""
+    return [g.split_graph.eager_because for g in graphs if g.split_graph.eager_because]
+
+
 def _shard(rank: int, step: int):
-    """This rank's batch and targets for a step: different on every rank and step."""
-    x = SPEC.inputs(torch.Generator().manual_seed(1000 * step + rank))
-    return x, 1000 * step + rank + 7  # the seed SPEC.loss draws targets from
+    """This rank's batch and the seed SPEC.loss draws its targets from, for a step: different on
+    every rank and step."""
+    seed = torch.initial_seed() + 1000 * step + 10 * rank
+    return SPEC.inputs(torch.Generator().manual_seed(seed)), seed + 1
+
+
+def _local(t):
+    """FSDP2's parameters and gradients are DTensors: each rank compares its own shard."""
+    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def _train_alike(compiled, eager, params, eager_params, rank, what):
-    """STEPS steps of SGD with momentum on both models, on this rank's shard; gradients after
-    every backward, and parameters and buffers after the last step, must be eager's."""
-    opts = [torch.optim.SGD(ps, lr=0.1, momentum=0.9) for ps in (params, eager_params)]
+    """STEPS steps of SGD with momentum on both models, on this rank's shard; the loss and the
+    gradients after every backward, and the parameters after the last step, must be eager's."""
+    opts = [torch.optim.SGD(ps, lr=0.1, momentum=0.9) for ps in ([p for _, p in params], eager_params)]
     for step in range(STEPS):
         x, target_seed = _shard(rank, step)
         losses = []
@@ -107,33 +128,24 @@ def _train_alike(compiled, eager, params, eager_params, rank, what):
             opt.zero_grad()
     for (name, p), q in zip(params, eager_params):
         _close(_local(p.detach()), _local(q.detach()), f"{what}: rank {rank} parameter {name} after {STEPS} steps")
-    for (name, b), c in zip(compiled.named_buffers(), eager.buffers()):
-        _close(b, c, f"{what}: rank {rank} buffer {name} after {STEPS} steps")
-
-
-def _megabytes(model):
-    return sum(p.numel() * p.element_size() for p in model.parameters()) / 2 ** 20
-
-
-def _local(t):
-    """FSDP2's parameters and gradients are DTensors: each rank compares its own shard."""
-    return t.to_local() if hasattr(t, "to_local") else t
 
 
 # -- DistributedDataParallel ---------------------------------------------------------------------
 
 class _WithGraphBreak(torch.nn.Module):
-    """The ResNet with a graph break between its stem and its blocks: Dynamo hands over two
-    graphs, and DDPOptimizer splits each at the buckets it holds."""
+    """The Mixer with a graph break between its two blocks: Dynamo hands over two graphs, and
+    DDPOptimizer splits each at the buckets it holds."""
 
     def __init__(self, net):
         super().__init__()
         self.net = net
 
     def forward(self, images):
-        x = self.net.stem(images)
-        torch._dynamo.graph_break()  # noqa: SLF001
-        return self.net.fc(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(self.net.layers(x), 1), 1))
+        net = self.net
+        x = net.blocks[0](net.patch(images).flatten(2).transpose(1, 2))
+        torch._dynamo.graph_break()
+        x = net.blocks[1](x)
+        return net.head(net.norm(x).mean(1))
 
 
 def _ddp_worker(rank, wrap: str, graph_break: bool):
@@ -141,9 +153,14 @@ def _ddp_worker(rank, wrap: str, graph_break: bool):
     import torch._dynamo as dynamo
     import tjit  # noqa: F401  registers the "tjit" backend in this fresh process
     assert dynamo.config.optimize_ddp is True, "DDPOptimizer is off: nothing would be split"
+    # DDP given a bucket_cap_mb makes its first bucket that size too, but DDPOptimizer sizes its
+    # first piece by this constant (1 MiB) and refuses a cap under it ("First bucket should be
+    # smaller/equal to other buckets", an AssertionError with backend="eager" too): it would only
+    # split models of megabytes, which take minutes in the interpreter. Make it DDP's cap.
+    assert hasattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES"), "torch renamed DDPOptimizer's first bucket size"
+    dist._DEFAULT_FIRST_BUCKET_BYTES = int(BUCKET_CAP_MB * 2 ** 20)
 
-    torch.manual_seed(0)
-    model = ResNet(width=128)
+    model = SPEC.build()
     if graph_break:
         model = _WithGraphBreak(model)
     eager = DDP(copy.deepcopy(model), bucket_cap_mb=BUCKET_CAP_MB)
@@ -157,15 +174,15 @@ def _ddp_worker(rank, wrap: str, graph_break: bool):
     what = f"{wrap}{' with a graph break' if graph_break else ''}"
     _train_alike(compiled, eager, list(ddp.named_parameters()), list(eager.parameters()), rank, what)
 
-    # DDPOptimizer closes a bucket once it holds BUCKET_CAP_MB: the 4.7 MiB make four pieces
-    # (with the graph break: the stem's 14 KiB in a graph of their own, the rest in three)
     dynamo_graphs = dynamo.utils.counters["stats"]["unique_graphs"]
     assert dynamo_graphs == (2 if graph_break else 1), f"{what}: Dynamo made {dynamo_graphs} graphs"
-    assert len(graphs) >= 4, (
-        f"{what}: tjit compiled {len(graphs)} graphs of Dynamo's {dynamo_graphs}; DDPOptimizer should have "
-        f"split the model's {_megabytes(model):.1f} MiB of parameters at {BUCKET_CAP_MB} MiB buckets into 4")
-    refused = [g.split_graph.eager_because for g in graphs if g.split_graph.eager_because]
-    assert not refused, f"{what}: tjit ran graphs eagerly: {refused}"
+    # a piece closes once it holds 16 KiB, and the largest parameter is 8 KiB: 50 KiB make at
+    # least three pieces (three, and four with the graph break, in torch 2.13)
+    kib = sum(p.numel() * p.element_size() for p in model.parameters()) / 1024
+    assert len(graphs) >= 3, (
+        f"{what}: tjit compiled {len(graphs)} graphs of Dynamo's {dynamo_graphs}: DDPOptimizer did not split "
+        f"the model's {kib:.0f} KiB of parameters at {BUCKET_CAP_MB * 1024:.0f} KiB buckets")
+    assert not _refused(graphs), f"{what}: tjit ran graphs eagerly: {_refused(graphs)}"
 
 
 @pytest.mark.parametrize("wrap", ["compile(DDP(model))", "DDP(compile(model))"], ids=["compile_ddp", "ddp_of_compiled"])
@@ -183,23 +200,21 @@ def _fsdp_worker(rank):
     from torch.distributed.fsdp import fully_shard
     import tjit  # noqa: F401  registers the "tjit" backend in this fresh process
 
-    torch.manual_seed(0)
-    model = ResNet(width=128)
+    model = SPEC.build()
     eager = copy.deepcopy(model)
     for m in (model, eager):
-        # each residual block is a unit of its own (gathered before and resharded after it
-        # runs), the root holds the stem and the classifier
-        for block in m.layers:
+        # each block is a unit of its own (its parameters gathered before it runs and resharded
+        # after), the root holds the patch embedding and the head
+        for block in m.blocks:
             fully_shard(block)
         fully_shard(m)
     graphs = []
     compiled = torch.compile(model, backend=_counting_tjit_backend(graphs))
     _train_alike(compiled, eager, list(model.named_parameters()), list(eager.parameters()), rank, "fully_shard")
-    # Dynamo does not trace FSDP2's hooks (torch._dynamo.config.skip_fsdp_hooks): it breaks
-    # its graph at every sharded module's call, and tjit compiles the graphs in between
+    # Dynamo does not trace FSDP2's hooks (torch._dynamo.config.skip_fsdp_hooks): it breaks its
+    # graph at every sharded module's call, and tjit compiles the graphs in between
     assert graphs, "fully_shard: tjit compiled no graph"
-    refused = [g.split_graph.eager_because for g in graphs if g.split_graph.eager_because]
-    assert not refused, f"fully_shard: tjit ran graphs eagerly: {refused}"
+    assert not _refused(graphs), f"fully_shard: tjit ran graphs eagerly: {_refused(graphs)}"
 
 
 def test_fsdp2_training_matches_eager(tmp_path):

@@ -26,6 +26,15 @@ def log(min_level: int, text: str) -> None:
         print(f"[tjit] {text}", file=sys.stderr)
 
 
+def log_program(graph, program) -> None:
+    """The IR (level 2), each kernel's grouping (level 2) and source (level 3)."""
+    log(2, "IR:\n" + str(graph))
+    for k, (group, plan) in enumerate(zip(program.groups, program.kernels)):
+        log(2, f"kernel {k} {plan.name}: shape {list(plan.shape)}, stores "
+               f"{[type(s.target).__name__ for s in group.stores]}; " + "; ".join(d.describe() for d in plan.space.loop_dims))
+        log(3, "source:\n" + plan.source)
+
+
 def log_launch(plan, seconds: float) -> None:
     log(4, f"launch {plan.name} grid={plan.grid} {plan.constexprs} shape={list(plan.shape)} "
            f"read={plan.bytes_read}B write={plan.bytes_written}B {seconds * 1e6:.0f}us")

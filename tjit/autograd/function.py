@@ -14,6 +14,7 @@ from typing import Optional
 
 import torch
 
+from .. import debug
 from ..errors import CompileArgumentError
 from ..frontend.convert import Conversion, OutputSpec
 from ..ir import contiguous_strides
@@ -103,6 +104,8 @@ class GradExecutable:
         tree = torch.utils._pytree.tree_flatten([0] * len(specs))[1]
         program = build_program(graph, {s.name: s.stride for s in specs}, device=self.device)
         executable = Executable(Conversion(graph, specs, tree, found.constants, 0), program)
+        debug.log(1, f"compiled a backward: {len(program.kernels)} kernel(s)")
+        debug.log_program(graph, program)
         self._backward[key] = _Backward(executable, found.scatters, found.zeros)
         return self._backward[key]
 

@@ -297,8 +297,4 @@ def _log_compile(fn, entry: CompiledEntry) -> None:
     debug.log(1, f"compiled {getattr(fn, '__name__', fn)}: {len(program.kernels)} kernel(s) for {entry.eager_ops} eager "
                  f"op(s); trace {entry.trace_seconds * 1e3:.1f} ms, lower {entry.lower_seconds * 1e3:.1f} ms, "
                  f"load {entry.load_seconds * 1e3:.1f} ms")
-    debug.log(2, "IR:\n" + str(entry.executable.graph))
-    for k, (group, plan) in enumerate(zip(program.groups, program.kernels)):
-        debug.log(2, f"kernel {k} {plan.name}: shape {list(plan.shape)}, stores "
-                     f"{[type(s.target).__name__ for s in group.stores]}; " + "; ".join(d.describe() for d in plan.space.loop_dims))
-        debug.log(3, "source:\n" + plan.source)
+    debug.log_program(entry.executable.graph, program)

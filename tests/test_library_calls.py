@@ -34,6 +34,46 @@ def test_matmul_epilogue_and_reduction_fuse_after_the_call(fresh_seed):
     assert steps(cf, x, w, b) == (1, 1)
 
 
+def test_a_transposed_computed_operand_is_written_once_in_the_layout_the_call_reads():
+    # the traced mm reads (2x)^T as a transposed view of a dense tensor: the value is computed
+    # straight into that layout, not written dense and then copied
+    x, y = torch.randn(70, 30), torch.randn(70, 50)
+    cf = check_against_eager(lambda x, y: torch.mm((x * 2).t(), y), x, y)
+    assert steps(cf, x, y) == (1, 1)
+
+
+def test_a_norm_feeding_a_matmul_through_merged_axes_is_one_kernel():
+    # layer_norm over [b, t, d] handed to mm as [b*t, d]: the normalised value is written by
+    # the kernel that reduces, through the merged view
+    x, w, b = torch.randn(3, 50, 48), torch.randn(48, 20), torch.randn(48)
+    cf = check_against_eager(lambda x, w, b: (F.layer_norm(x, (48,)) + b).reshape(-1, 48) @ w, x, w, b)
+    assert steps(cf, x, w, b) == (1, 1)
+
+
+def test_a_call_result_returned_reshaped_is_the_output_itself():
+    # logits [b*t, v] returned as [b, t, v]: a view of the call's tensor, no copy kernel
+    x, w = torch.randn(2, 35, 30), torch.randn(30, 50)
+    cf = check_against_eager(lambda x, w: (x.reshape(-1, 30) @ w).reshape(2, 35, 50), x, w)
+    assert steps(cf, x, w) == (0, 1)
+    fn = lambda x, w: (x.reshape(-1, 30) @ w).reshape(2, 35, 50).transpose(0, 1)  # noqa: E731
+    cf = check_against_eager(fn, x, w)
+    assert steps(cf, x, w) == (0, 1)
+    assert cf(x, w).stride() == fn(x, w).stride()  # eager's view of the result, as eager returns it
+
+
+def test_a_returned_value_a_call_reads_is_written_once():
+    # the buffer the mm reads is the returned tensor itself (no kernel copies it out)
+    x, w = torch.randn(70, 30), torch.randn(30, 50)
+    fn = lambda x, w: (x.sin() @ w, x.sin())  # noqa: E731
+    cf = check_against_eager(fn, x, w)
+    assert steps(cf, x, w) == (1, 1)
+    assert [k.bytes_written for k in tjit.explain(fn, x, w).kernels] == [x.numel() * 4]
+    out = (torch.empty(70, 50), torch.empty(70, 30))
+    got = cf(x, w, out=out)
+    assert got[1] is out[1]
+    torch.testing.assert_close(out[1], x.sin())
+
+
 PROGRAMS = {
     "addmm": (lambda x, w, b: torch.addmm(b, x, w).tanh(), lambda: (torch.randn(70, 30), torch.randn(30, 50),
                                                                       torch.randn(50))),

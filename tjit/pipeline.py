@@ -55,6 +55,8 @@ class Program(HasSteps):
     donated: dict[str, list[tuple[SlabBuffer, int]]] = field(default_factory=dict)
     # outputs returned as the library call that computes them left them (name -> Extern node)
     call_outputs: dict[str, GraphNode] = field(default_factory=dict)
+    # outputs whose memory is a buffer the kernels write and read (name -> Contiguous node)
+    buffer_outputs: dict[str, GraphNode] = field(default_factory=dict)
 
 
 # -- the passes ------------------------------------------------------------------------------------
@@ -74,9 +76,10 @@ def build_program(graph: Graph, output_strides: dict[str, tuple[int, ...]], stra
     lowered = lower(graph, output_strides, strategies, device)
     steps = [s for s in lowered.steps if s.writes_anything]
     verify("codegen", verify_steps, graph, steps)
-    memory, slab_buffers = plan_memory(steps, torch_allocated(steps))
+    outside = torch_allocated(steps) | frozenset(id(node) for node in lowered.buffer_outputs.values())
+    memory, slab_buffers = plan_memory(steps, outside)
     program = Program(graph, steps, lowered.groups, lowered.buffers, memory, slab_buffers,
-                      call_outputs=lowered.call_outputs)
+                      call_outputs=lowered.call_outputs, buffer_outputs=lowered.buffer_outputs)
     if donated:
         place_donated(program, donated)
     verify("memory", verify_memory, program)
@@ -172,13 +175,14 @@ def verify_steps(graph: Graph, steps: list[Step]) -> Optional[str]:
 
 def verify_memory(program: Program) -> Optional[str]:
     """The slab plan keeps every two buffers that are live at once apart (planner's check),
-    and every buffer a step reads lives somewhere."""
+    and every buffer a step reads lives somewhere (the slab, a donated input, an output, or
+    memory a library call allocates)."""
     try:
         program.memory.check()
     except Exception as e:
         return f"slab plan: {e}"
     placed = {b.key for b in program.slab_buffers} | {b.key for v in program.donated.values() for b, _ in v}
-    outside = torch_allocated(program.steps)
+    outside = torch_allocated(program.steps) | {id(node) for node in program.buffer_outputs.values()}
     for k, step in enumerate(program.steps):
         for access in step.accesses:
             ref = access.buffer

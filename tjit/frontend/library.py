@@ -16,7 +16,7 @@ import torch.fx as fx
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from ..errors import UnsupportedOpError
-from ..ir import Const, Contiguous, DType, Extern, ExternCall, GraphNode, Input, Operand, View, ViewOp
+from ..ir import Const, Contiguous, DType, Extern, ExternCall, GraphNode, Input, Operand, View, ViewOp, contiguous_strides
 from .overlap import is_non_overlapping_and_dense
 
 MEMORY = (Input, Contiguous, Extern)  # nodes whose value lives in memory a library call can read
@@ -111,7 +111,7 @@ def library_call(cv, node: fx.Node, target, args: tuple, kwargs: dict) -> Any:
         meta = next(traced)
         if not isinstance(value, GraphNode):
             return value
-        operands.append(with_traced_layout(cv, in_memory(cv, value), meta))
+        operands.append(in_traced_layout(cv, value, meta))
         if target in STORAGE_ADDRESSED:
             check_whole_storage(target, operands[-1], meta, node)
         return Operand(len(operands) - 1)
@@ -222,23 +222,26 @@ def _returns_per_result(target, results: list) -> list:
     return [None] * len(results)
 
 
-def with_traced_layout(vb, operand: GraphNode, meta) -> GraphNode:
-    """The operand in the layout the trace gave it: tjit drops copies that change only the
-    layout (`.contiguous()`), but an op may rely on one it was handed (embedding_bag's
-    indices), so a dense traced layout is written out as such first."""
-    if not isinstance(meta, torch.Tensor) or meta.numel() <= 1 or _same_strides(operand.view, meta):
-        return operand
-    if not is_non_overlapping_and_dense(meta):
-        return operand  # an op handed a strided window reads it through its strides
+def in_traced_layout(vb, value: GraphNode, meta) -> GraphNode:
+    """The value as memory a library call can read, in the layout the trace gave it: tjit drops
+    copies that change only the layout (`.contiguous()`), but an op may rely on one it was
+    handed (embedding_bag's indices), so a dense traced layout is written out as such. A
+    computed value is written once, straight in that layout (the permutation is pushed into
+    its computation), rather than written dense and then copied."""
+    strides = value.view.strides if reads_memory(value) else contiguous_strides(value.shape)
+    if not isinstance(meta, torch.Tensor) or meta.numel() <= 1 or not is_non_overlapping_and_dense(meta) \
+            or _same_strides(strides, meta):
+        return in_memory(vb, value)  # (a strided window is read through its strides)
     order = sorted(range(meta.dim()), key=lambda d: (-meta.stride(d), d))  # outermost first
-    permuted = vb.view(operand, ("permute", tuple(order)))
-    dense = vb.b.node(Contiguous(), operand.dtype, (permuted,), View.contiguous(permuted.shape))
+    permuted = vb.view(value, ("permute", tuple(order)))
+    dense = vb.b.node(Contiguous(), value.dtype, (permuted,), View.contiguous(permuted.shape)) \
+        if reads_memory(permuted) else in_memory(vb, permuted)
     back = tuple(order.index(d) for d in range(meta.dim()))
     return vb.view(dense, ("permute", back))
 
 
-def _same_strides(view: View, meta: torch.Tensor) -> bool:
-    return all(size == 1 or a == b for size, a, b in zip(meta.shape, view.strides, meta.stride()))
+def _same_strides(strides: tuple[int, ...], meta: torch.Tensor) -> bool:
+    return all(size == 1 or a == b for size, a, b in zip(meta.shape, strides, meta.stride()))
 
 
 def in_memory(vb, value: GraphNode) -> GraphNode:

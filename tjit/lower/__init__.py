@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence, Union
 
 from ..errors import TjitError
-from ..ir import AxisStrategy, Extern, Graph, GraphNode
+from ..ir import AxisStrategy, Contiguous, Extern, Graph, GraphNode, ViewOp, toposort
 from .codegen import KernelPlan, plan_kernel
 from .fusion import BufferTarget, ExternStep, KernelGroup, OutputTarget, group_kernels
 from .horizontal import merge_independent_kernels
@@ -35,6 +35,9 @@ class LoweredGraph(HasSteps):
     # outputs that are a library call's result in the output's layout: returned as the call
     # left them (output name -> the Extern node), with no kernel copying them
     call_outputs: dict[str, GraphNode] = field(default_factory=dict)
+    # outputs that are a buffer in the output's layout: the buffer is the output's memory (the
+    # kernel that writes it writes the output; later steps read it there), not a slab buffer
+    buffer_outputs: dict[str, GraphNode] = field(default_factory=dict)
 
 
 def lower(graph: Graph, output_strides: dict[str, tuple[int, ...]],
@@ -43,28 +46,53 @@ def lower(graph: Graph, output_strides: dict[str, tuple[int, ...]],
     Triton's interpreter, or "cuda"): where eager's numerics differ between the two (a float32
     scan accumulates in double on CPU, in float32 on CUDA), the kernels follow the device's."""
     call_outputs = returned_call_results(graph, output_strides)
-    ordered = group_kernels(graph, frozenset(call_outputs))
+    buffer_outputs = returned_buffers(graph, output_strides, call_outputs)
+    ordered = group_kernels(graph, frozenset(call_outputs) | frozenset(buffer_outputs))
     returned = frozenset(id(node) for node in call_outputs.values())
     steps = [plan_library_call(g, returned) if isinstance(g, ExternStep) else
              plan_kernel(g, output_strides, forced_strategies(g, strategies or {}), device) for g in ordered]
     steps, groups = merge_independent_kernels(ordered, steps)
     buffers = [s.target.node for g in groups for s in g.stores if isinstance(s.target, BufferTarget)]
-    return LoweredGraph(steps, groups, buffers, call_outputs)
+    return LoweredGraph(steps, groups, buffers, call_outputs, buffer_outputs)
 
 
 def returned_call_results(graph: Graph, output_strides: dict[str, tuple[int, ...]]) -> dict[str, GraphNode]:
-    """Outputs whose value is a library call's result with the output's layout: the call's
-    tensor is the output (a copy kernel would only move its bytes). The first output of
-    each result only: two outputs eager returns as two tensors stay two tensors."""
+    """Outputs whose value is a library call's whole result, or a view of it that only
+    reshapes it (logits [b*t, v] returned as [b, t, v]), in the output's layout: the call's
+    tensor is the output (a copy kernel would only move its bytes). Output name -> the
+    Extern node. The first output of each result only: two outputs eager returns as two
+    tensors stay two tensors."""
     found, taken = {}, set()
     for name, node in graph.outputs.items():
         strides = output_strides.get(name)
-        if isinstance(node.op, Extern) and node.op.index is not None and id(node) not in taken \
-                and strides is not None and node.view.offset == 0 and all(
-                    size == 1 or a == b for size, a, b in zip(node.shape, node.view.strides, strides)):
-            found[name] = node
-            taken.add(id(node))
+        result = node.src[0] if isinstance(node.op, ViewOp) else node
+        if isinstance(result.op, Extern) and result.op.index is not None and id(result) not in taken \
+                and strides is not None and _same_layout(node, strides) \
+                and (node is result or (node.view.numel == result.view.numel and result.view.is_contiguous())):
+            found[name] = result
+            taken.add(id(result))
     return found
+
+
+def returned_buffers(graph: Graph, output_strides: dict[str, tuple[int, ...]],
+                     taken: dict[str, GraphNode]) -> dict[str, GraphNode]:
+    """Outputs whose value is a buffer, or the value a buffer holds (a library call's operand,
+    a value autograd saves that the forward writes anyway), in the output's layout: the buffer
+    lives in the output's memory, so it is written once. The first output of each buffer only."""
+    written = {id(n.src[0]): n for n in toposort(graph.roots()) if isinstance(n.op, Contiguous)}
+    found, seen = {}, set()
+    for name, node in graph.outputs.items():
+        buffer = node if isinstance(node.op, Contiguous) else written.get(id(node))  # (the value a buffer holds)
+        strides = output_strides.get(name)
+        if name not in taken and buffer is not None and id(buffer) not in seen and strides is not None \
+                and _same_layout(buffer, strides):
+            found[name] = buffer
+            seen.add(id(buffer))
+    return found
+
+
+def _same_layout(node: GraphNode, strides: tuple[int, ...]) -> bool:
+    return node.view.offset == 0 and all(size == 1 or a == b for size, a, b in zip(node.shape, node.view.strides, strides))
 
 
 def forced_strategies(group: KernelGroup, strategies: StrategyMap) -> Optional[tuple[AxisStrategy, ...]]:

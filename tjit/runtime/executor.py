@@ -84,6 +84,8 @@ class Executable:
         memory = dict(tensors)
         memory.update(self.constants_on(device))
         memory.update(self._allocate(device, destinations))
+        for name, node in self.program.buffer_outputs.items():
+            memory[("buffer", id(node))] = memory[("output", name)]
         if self.donated:
             memory.update(self._donated_views(tensors))
         if self._checked:
@@ -92,7 +94,7 @@ class Executable:
         try:
             self._run_steps(memory)
             for name, node in self.program.call_outputs.items():
-                memory[("output", name)] = memory[("buffer", id(node))]
+                memory[("output", name)] = self._as_output(name, memory[("buffer", id(node))])
             if self._reads_status:
                 self._raise_failed_checks(memory["status"])
         finally:
@@ -105,6 +107,13 @@ class Executable:
             # now, so memory (the tape's included) is freed when torch lets it go, as on a GPU
             gc.collect(0)
         return memory
+
+    def _as_output(self, name: str, result: torch.Tensor) -> torch.Tensor:
+        """A library call's result as the output it is: itself, or reshaped (a view)."""
+        out = self.graph.outputs[name]
+        if tuple(result.shape) == out.shape:
+            return result
+        return result.as_strided(out.shape, out.view.strides, result.storage_offset())
 
     def _run_steps(self, memory: dict) -> None:
         try:

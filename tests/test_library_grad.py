@@ -73,6 +73,22 @@ def test_matmul_backward_is_two_matmuls_not_a_forward_run_again():
     assert backward_calls(matmul_relu, x, w, b) == ["aten.mm.default", "aten.mm.default"]
 
 
+def test_a_matmul_operand_the_forward_writes_is_kept_for_backward_not_written_again():
+    # sin(x) is written to memory for the forward's mm, and the weight's gradient hands it to
+    # another mm: the tape keeps that buffer (as eager's autograd keeps it), so the backward's
+    # only kernel is cos(x) * (g @ w.T), and the forward writes sin(x) once (no copy of it)
+    x, w, g = torch.randn(70, 30, requires_grad=True), torch.randn(30, 50, requires_grad=True), torch.randn(70, 50)
+    cf = tjit.compile(lambda x, w: x.sin() @ w)
+    before = tjit.counters.launches
+    out = cf(x, w)
+    forward = tjit.counters.launches - before
+    grads = torch.autograd.grad(out, (x, w), g)
+    assert (forward, tjit.counters.launches - before - forward) == (1, 1)
+    expected = torch.autograd.grad(x.sin() @ w, (x, w), g)
+    for got, want in zip(grads, expected):
+        torch.testing.assert_close(got, want)
+
+
 def test_convolution_backward_does_not_run_the_convolution_again():
     assert backward_calls(conv_relu, torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3)) == [
         "aten.convolution_backward.default"]

@@ -24,7 +24,7 @@ import torch
 from ..errors import UnsupportedOpError
 from ..frontend.build import ValueBuilder
 from ..frontend.library import joint_library_call_gradient
-from ..ir import DType, Elementwise, Extern, Graph, GraphNode, Input, Reduce, View, contiguous_strides, toposort
+from ..ir import Contiguous, DType, Elementwise, Extern, Graph, GraphNode, Input, Reduce, View, contiguous_strides, toposort
 from .algebra import Algebra
 from .complex import as_call_result, complex_sum, complex_vjp, touches_complex
 from .library_grad import takes_joint_gradient
@@ -341,8 +341,8 @@ def _choose_saved(plan: AutogradPlan, read: list[GraphNode], mutated: set[str]) 
         flow.add_edge(("in", id(node)), ("out", id(node)), capacity=_cost(node, output_of, mutated))
         for s in node.src:
             flow.add_edge(("out", id(s)), ("in", id(node)))  # no capacity: never cut
-        if isinstance(node.op, Input) or _is_total(node) or _is_library_result(node):
-            # a total or a library call's result: saved (or what it feeds), never recomputed
+        if isinstance(node.op, Input) or _is_total(node) or _is_library_result(node) or _is_buffer(node):
+            # a total, a library call's result or a buffer: saved (or what it feeds), never recomputed
             flow.add_edge("inputs", ("in", id(node)))
     for node in read:
         flow.add_edge(("out", id(node)), "backward")
@@ -371,16 +371,25 @@ def _choose_saved(plan: AutogradPlan, read: list[GraphNode], mutated: set[str]) 
 
 
 def _is_total(node: GraphNode) -> bool:
-    """A reduction over every axis of its source (a loss's mean, cross-entropy's count of
-    targets). Recomputing it would cost the backward a kernel of its own before any element
-    can use it; saving it costs a few bytes."""
-    return isinstance(node.op, Reduce) and node.view.numel == 1 and node.src[0].view.numel > 1
+    """A reduction (a loss's mean, a norm's row statistics, softmax's row max and sum).
+    Recomputing it would cost the backward a pass over its whole source, and a kernel level
+    before any element can use it (a norm's variance waits for its mean); saving it costs
+    its bytes, a fraction of its source's (eager saves a norm's mean and rstd too)."""
+    return isinstance(node.op, Reduce) and node.view.numel < node.src[0].view.numel
 
 
 def _is_library_result(node: GraphNode) -> bool:
     """A library call's result computed from operands: recomputing it would run the call
     again (a matmul, a sort) in the backward; saving it costs its bytes."""
     return isinstance(node.op, Extern) and bool(node.src)
+
+
+def _is_buffer(node: GraphNode) -> bool:
+    """A value the forward writes to memory anyway (a library call's operand): keeping it
+    costs no store, and recomputing it would cost the backward a kernel that writes it again
+    when the backward hands it to a library call too (a linear's input, for the weight's
+    gradient)."""
+    return isinstance(node.op, Contiguous)
 
 
 def _cost(node: GraphNode, output_of: dict[int, str], mutated: set[str]) -> int:

@@ -36,6 +36,7 @@ def view_transpose(alg: Algebra, grad: GraphNode, view: View, src: GraphNode):
     if source is None:
         raise UnsupportedOpError("view", f"the gradient of a source with overlapping strides {list(src.view.strides)} "
                                  f"(shape {list(src.shape)}); pass a contiguous tensor")
+    grad, view = _split_like_source(alg, grad, view, source)
     sorted_grad, sizes, strides, offset = _sorted_by_stride(alg, grad, view)
     if not _disjoint(sizes, strides):
         return _overlapping(alg, grad, view, src)
@@ -47,6 +48,39 @@ def view_transpose(alg: Algebra, grad: GraphNode, view: View, src: GraphNode):
     if window is not None:
         return _padded(alg, grad, window, src)
     return _embedded(alg, grad, sizes, strides, offset, src)
+
+
+def _split_like_source(alg: Algebra, grad: GraphNode, view: View, source) -> tuple[GraphNode, View]:
+    """A view that broadcasts, with each of its axes that spans several source axes (a
+    reshape merged them: a norm's [b, t, 1] statistics read as [b*t, d]) split into those
+    axes, so the broadcast axes are summed over the source's own axes: the same rows, in
+    the same shape, as the reduction that made the source, and the two fuse."""
+    if not any(s == 0 and n != 1 for n, s in zip(view.shape, view.strides)):
+        return grad, view
+    _, src_sizes, src_strides = source
+    shape, strides = [], []
+    for n, s in zip(view.shape, view.strides):
+        run = _source_run(n, s, src_sizes, src_strides)
+        shape += [m for m, _ in run] if run else [n]
+        strides += [t for _, t in run] if run else [s]
+    if len(shape) == len(view.shape):
+        return grad, view
+    return alg.view(grad, "reshape", tuple(shape)), View(tuple(shape), tuple(strides), view.offset)
+
+
+def _source_run(n: int, stride: int, src_sizes, src_strides) -> list[tuple[int, int]]:
+    """The consecutive source axes (sorted by decreasing stride, each contiguous with the
+    next) that one view axis of size n and this stride reads, when there are several."""
+    for last, s in enumerate(src_strides):
+        if s != stride or n <= 1:
+            continue
+        first, total = last, src_sizes[last]
+        while total < n and first > 0 and src_strides[first - 1] == src_sizes[first] * src_strides[first]:
+            first -= 1
+            total *= src_sizes[first]
+        if total == n and first < last:
+            return list(zip(src_sizes[first:last + 1], src_strides[first:last + 1]))
+    return []
 
 
 def _overlapping(alg: Algebra, grad: GraphNode, view: View, src: GraphNode):

@@ -848,6 +848,46 @@ def test_normalising_constant_rows_gives_exact_zeros(mapping):
     check_against_eager(lambda x: torch.var_mean(x, 1), x, **MAPPINGS[mapping])
 
 
+@pytest.mark.parametrize("mapping", ["auto", "sequential"])
+def test_normalising_a_looked_up_row_is_one_kernel_and_exact_on_constant_rows(mapping):
+    # the mean is shifted by each row's first element; an embedding lookup does not commute
+    # with views, so that element is picked out of the row the kernel holds rather than
+    # read through a view (which would write the whole lookup to memory first: 2 kernels)
+    table, w = torch.randn(50, 37), torch.randn(37)
+    table[3] = 2.5  # a constant row: layer_norm gives exact zeros, as eager's Welford does
+    idx = torch.tensor([3, 1, 4, 3, 1, 5, 9, 2])
+    fn = lambda t, i, w: F.layer_norm(F.embedding(i, t) * w, (37,))  # noqa: E731
+    cf = check_against_eager(fn, table, idx, torch.ones(37), **MAPPINGS[mapping])
+    check_against_eager(fn, table, idx, w, compiled=cf)
+    assert launches(cf, table, idx, w) == 1
+
+
+def test_normalising_a_long_looked_up_row_loops_over_it():
+    # (the looped kernel reads the checked lookup in two passes: its size argument once)
+    table, pos = torch.randn(50, 5000) * 3 + 1, torch.randn(4, 5000)
+    idx = torch.tensor([[3, 1, 4, 3], [1, 5, 9, 2]])
+    check_against_eager(lambda t, i, p: F.layer_norm(F.embedding(i, t) + p, (5000,)), table, idx, pos)
+    check_against_eager(lambda t, i: torch.var_mean(F.embedding(i, t), -1), table, idx)
+
+
+RESHAPED_NORMS = {
+    # the normalised value is read in a shape whose axes merge the reduction's own: it is
+    # computed in the reduction's shape and written through the split view, in one kernel
+    "layer_norm_rows_merged": (lambda x: F.layer_norm(x, (37,)).reshape(-1, 37), (5, 33, 37)),
+    "softmax_heads_merged": (lambda x: torch.softmax(x, -1).flatten(0, 1) * 2, (3, 4, 33, 33)),
+    "rms_norm_three_axes_merged": (lambda x: F.rms_norm(x, (37,)).reshape(-1, 37), (2, 3, 5, 37)),
+    "long_rows_looped": (lambda x: torch.log_softmax(x, -1).reshape(-1, 5000), (2, 3, 5000)),
+}
+
+
+@pytest.mark.parametrize("name", RESHAPED_NORMS)
+def test_a_norm_read_through_merged_axes_is_one_kernel(name):
+    fn, shape = RESHAPED_NORMS[name]
+    x = randn(*shape)
+    cf = check_against_eager(fn, x)
+    assert launches(cf, x) == 1
+
+
 def test_layer_norm_over_two_trailing_dims():
     x, w, b = torch.randn(3, 6, 5), torch.randn(6, 5), torch.randn(6, 5)
     check_against_eager(lambda x, w, b: F.layer_norm(x, (6, 5), w, b), x, w, b)

@@ -13,7 +13,7 @@ import math
 import torch
 
 from ..errors import UnsupportedOpError
-from ..ir import DType, GraphNode
+from ..ir import Contiguous, DType, GraphNode, toposort
 from .aten_ops import X, opmath, out_dtype, register
 
 aten = torch.ops.aten
@@ -149,9 +149,7 @@ def moments(cv, node, x: GraphNode, axes, acc: DType):
     xs = cv.cast(x, acc)
     first = None  # the keepdim shift
     if n and axes:
-        first = xs
-        for axis in axes:
-            first = cv.view(first, ("slice", axis, 0, 1, 1))
+        first = _first_element(cv, xs, axes)
         finite = cv.elementwise("lt", [cv.elementwise("abs", [first], acc),
                                        cv.expand_to(cv.const(math.inf, acc), first.shape)], DType.bool)
         first = cv.elementwise("where", [finite, first, cv.expand_to(cv.const(0.0, acc), first.shape)], acc)
@@ -166,6 +164,29 @@ def moments(cv, node, x: GraphNode, axes, acc: DType):
     centered = cv.elementwise("add", [xs, cv.elementwise("neg", [keepdim_view(cv, mean, xs.shape)], acc)], acc)
     m2 = cv.reduce("add", cv.elementwise("mul", [centered, centered], acc), axes)
     return mean, m2
+
+
+def _first_element(cv, xs: GraphNode, axes) -> GraphNode:
+    """Each row's first element, keepdim: read through a view where that reads memory that
+    exists anyway (a load per row); else picked out of the row the kernel already holds (a
+    sum of the row masked to its first element), since viewing a computed value that does
+    not commute with views (an embedding lookup) would write the whole value to memory."""
+    first = xs
+    for axis in axes:
+        first = cv.view(first, ("slice", axis, 0, 1, 1))
+    if not _materialized(first) - _materialized(xs):
+        return first
+    at_start = None
+    for axis in axes:
+        index = cv.coordinate(xs.shape, axis)
+        test = cv.elementwise("eq", [index, cv.expand_to(cv.const(0, index.dtype), xs.shape)], DType.bool)
+        at_start = test if at_start is None else cv.elementwise("logical_and", [at_start, test], DType.bool)
+    zero = cv.expand_to(cv.const(0.0, xs.dtype), xs.shape)
+    return cv.reduce("add", cv.elementwise("where", [at_start, xs, zero], xs.dtype), axes)
+
+
+def _materialized(value: GraphNode) -> set[int]:
+    return {id(n) for n in toposort([value]) if isinstance(n.op, Contiguous)}
 
 
 def variance(cv, node, x, axes, correction, acc):

@@ -157,6 +157,7 @@ class _Emitter(GridReductionEmitter):
         self.red_axes = [a for k in self.red_dims for a in self.space.loop_dims[k].axes]
         self.params: list[str] = [b.param for b in self.buffers.values()]
         self.scalar_args: list[int] = []
+        self._scalar_values: dict[str, int] = {}  # scalar argument name -> its value
         self.int64 = self._needs_int64()
         self.load_passes: dict[int, int] = {}
         self._counter = 0
@@ -247,14 +248,17 @@ class _Emitter(GridReductionEmitter):
                 self.accesses.append(Access(ref, View(self.shape, (0,) * len(self.shape)), True,
                                             (1, math.prod(t.node.shape), math.prod(store.shape))))
                 continue
+            shape = store.target_shape or store.shape
             if isinstance(t, OutputTarget):
                 ref = self._buffer("output", t.name, store.value.dtype)
-                view = View(store.shape, output_strides[t.name])
+                view = View(shape, output_strides[t.name])
             elif isinstance(t, BufferTarget):
-                ref, view = self._buffer_for_node(t.node), View.contiguous(store.shape)
+                ref, view = self._buffer_for_node(t.node), View.contiguous(shape)
             else:
                 m = t.mutation
                 ref, view = self._buffer("input", m.name, m.value.dtype), m.view
+            if store.target_shape is not None:
+                view = view.reshape(store.shape)  # (an axis split: always a strided view)
             if store.totals:  # one element, written by the last program: no index reaches it
                 view = View(self.shape, (0,) * len(self.shape), view.offset)
             else:
@@ -333,6 +337,12 @@ class _Emitter(GridReductionEmitter):
                           self.load_passes, self.checks, self.scratch, self.domain.axes)
 
     def _scalar(self, name: str, value: int) -> str:
+        """A kernel argument, declared once however often it is used (a checked gather read
+        in several passes of a looped kernel asks for its size in each)."""
+        if name in self._scalar_values:
+            assert self._scalar_values[name] == value, name
+            return name
+        self._scalar_values[name] = value
         self.params.append(name)
         self.scalar_args.append(value)
         return name

@@ -15,7 +15,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..ir import Const, Contiguous, Cumulative, Elementwise, Gather, GraphNode, Reduce, View, ViewOp, toposort
+from ..ir import (Const, Contiguous, Cumulative, Elementwise, Extern, Gather, GraphNode, Input, Iota, Reduce, View, ViewOp,
+                  toposort)
 
 
 @dataclass(frozen=True)
@@ -200,6 +201,49 @@ def totals_fit(totals: list[GraphNode], domain: Domain) -> bool:
     """Each total's source is a row value of `domain` (its rows, squeezed or keepdim)."""
     return bool(domain.axes) and domain.squeezed_shape != () and \
         all(t.src[0].shape in (domain.squeezed_shape, domain.row_shape) for t in totals)
+
+
+def splits_into(shape: tuple[int, ...], finer: tuple[int, ...]) -> bool:
+    """Each axis of `shape` is a run of consecutive axes of `finer` (a reshape that only splits
+    axes: any strided view of `shape` has one of `finer`)."""
+    if shape == finer or math.prod(shape) != math.prod(finer) or 0 in shape:
+        return False
+    k = 0
+    for n in shape:
+        run = 1
+        while run < n and k < len(finer):
+            run *= finer[k]
+            k += 1
+        if run != n:
+            return False
+    return all(m == 1 for m in finer[k:])
+
+
+def reshaped_expression(value: GraphNode, shape: tuple[int, ...]) -> Optional[GraphNode]:
+    """The value's fused expression computed in `shape`, an axis split of its own (a norm's
+    output read as [b*t, d] computed over the norm's [b, t, d]): each read through the split
+    view, elementwise work as it is; None where a part has no such form (a gather, a window,
+    a scan over the value's shape)."""
+    new: dict[int, GraphNode] = {}
+
+    def split(node: GraphNode) -> Optional[GraphNode]:
+        if id(node) in new:
+            return new[id(node)]
+        found = None
+        if isinstance(node.op, Elementwise):
+            src = [split(s) for s in node.src]
+            if all(s is not None for s in src):
+                found = GraphNode(node.op, node.dtype, tuple(src), View.contiguous(shape))
+        elif isinstance(node.op, (ViewOp, Iota)):
+            view = node.view.reshape(shape)
+            found = None if view is None else GraphNode(node.op, node.dtype, node.src, view)
+        elif isinstance(node.op, (Input, Const, Contiguous, Extern)):
+            view = node.view.reshape(shape)
+            found = None if view is None else GraphNode(ViewOp(), node.dtype, (node,), view)
+        new[id(node)] = found
+        return found
+
+    return split(value)
 
 
 def read_from_buffers(value: GraphNode, buffers: dict[int, GraphNode]) -> GraphNode:

@@ -505,6 +505,13 @@ def _addcmul(cv, node, x, t1, t2, value=1):
     return compute(cv, node, "fma", [scaled, c, a], work, work)
 
 
+@register("prims::fma")  # (by name: Inductor defines the op when it is imported, after tjit may be)
+def _fma(cv, node, a, b, c):
+    """a * b + c rounded once (Dynamo writes `x.addcdiv_(t1, t2, value=v)` and
+    `x.addcmul_(..., value=v)` as this Inductor prim: a single-tensor Adam step has three)."""
+    return compute(cv, node, "fma", [a, b, c])
+
+
 @register(aten.addcdiv)
 def _addcdiv(cv, node, x, t1, t2, value=1):
     """eager: self + (value * t1) / t2; integer tensors are refused."""

@@ -149,7 +149,8 @@ class Converter(ValueBuilder):
         if _computes_library_dtype(node):
             return _library(node.target)
         packet = getattr(node.target, "overloadpacket", node.target)
-        handler = self.handlers.get(node.target) or self.handlers.get(packet)
+        handler = self.handlers.get(node.target) or self.handlers.get(packet) or \
+            self.handlers.get(getattr(packet, "_qualified_op_name", None))
         if handler is not None:
             return handler
         name = getattr(packet, "__name__", "")

@@ -50,6 +50,18 @@ def fresh_seed():
 
 
 @pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    """Each test starts with Dynamo's caches empty: tests that compile the same code object
+    (a function defined in a parametrized test) would otherwise pile up recompiles until
+    Dynamo's limit, after which it runs that code eagerly and the test checks eager against
+    eager. (Dynamo is not imported for tests that do not use it.)"""
+    import sys
+    if "torch._dynamo" in sys.modules:
+        torch._dynamo.reset()
+    yield
+
+
+@pytest.fixture(autouse=True)
 def _every_kernel_compiles_for_sm90(request):
     yield
     # a test marked spills_at_sm90 (a known gap, with its reason) must still compile

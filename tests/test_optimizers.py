@@ -115,6 +115,28 @@ def test_compiled_optimizer_step_matches_eager(name, foreach):
 
 
 @pytest.mark.parametrize("foreach", [True, False], ids=["foreach", "single_tensor"])
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_an_optimizer_step_updates_every_parameter_in_one_launch(name, foreach):
+    """All parameters, their gradients and states in one kernel, no library call (the
+    single-tensor Adam's addcdiv_ reaches tjit as Inductor's prims.fma). Adam and AdamW take
+    a second launch: their step counters, which the update reads, are incremented after it
+    (one launch would need the counters written once every program has read them)."""
+    params = [torch.nn.Parameter(t) for t in _tensors(3)[:3]]
+    opt = OPTIMIZERS[name](params, foreach)
+
+    @torch.compile(backend="tjit")
+    def step():
+        opt.step()
+
+    for k in range(3):
+        for p, g in zip(params, _tensors(30 + k)):
+            p.grad = g
+        launches, calls = tjit.counters.launches, tjit.counters.library_calls
+        step()
+    assert (tjit.counters.launches - launches, tjit.counters.library_calls - calls) == (1 if name == "sgd" else 2, 0)
+
+
+@pytest.mark.parametrize("foreach", [True, False], ids=["foreach", "single_tensor"])
 def test_a_learning_rate_schedule_generates_no_new_kernels(foreach):
     """Dynamo passes a learning rate that changes between calls as an argument after its
     first recompile: the steps after that reuse every kernel, and still match eager."""

@@ -18,7 +18,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 
-from ..errors import DataDependentError, LayoutError, UnsupportedOpError
+from ..errors import DataDependentError, EagerError, LayoutError, UnsupportedOpError
+from .batch_norm import batch_norm_decompositions
 from .convert import Conversion, Converter
 from .foreach import foreach_decompositions
 
@@ -34,6 +35,9 @@ def decomposition_table():
         for overload in op.overloads():
             table.pop(getattr(op, overload), None)
     table.update(foreach_decompositions())  # optimizers' _foreach_* ops: one op per tensor, fused
+    # batch norm (which the core table keeps whole): reductions and elementwise work, the running
+    # statistics written in place, the gradient tjit's own
+    table.update(batch_norm_decompositions())
     return table
 
 
@@ -182,7 +186,7 @@ def trace(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozenset = fr
         with grad_mode, watch:
             gm = fake_trace(with_tensors, [t.detach().requires_grad_(name in requires_grad)
                                            for name, t in zip(tensor_names, tensors)])
-    except UnsupportedOpError:
+    except (UnsupportedOpError, EagerError):  # (EagerError: eager's error for these inputs, raised by a decomposition)
         raise
     except Exception as e:
         error = DataDependentError if _needs_tensor_data(e) else UnsupportedOpError

@@ -253,8 +253,8 @@ def test_a_transformer_encoder_layer_trains_as_eager(fresh_seed):
 
 
 def test_a_cnn_with_batch_norm_trains_as_eager(fresh_seed):
-    """The backward runs torch's derivative of batch_norm again: it must not update the
-    running statistics a second time."""
+    """Convolution and linear layers as library calls around a batch norm of tjit's own kernels
+    (running statistics updated once, in the forward)."""
     torch._dynamo.reset()
     _same_training_step(lambda: torch.nn.Sequential(
         torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(), torch.nn.MaxPool2d(2),

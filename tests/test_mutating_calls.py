@@ -1,7 +1,8 @@
 """Library calls to ops that write their arguments in place with no functional form
-(bernoulli_ in dropout, normal_, rrelu's noise, a batch norm's running statistics), run
-functionalised: the op writes copies, which are written back where eager writes; and calls
-that return nothing (linalg's error checks), kept as steps that raise eager's error."""
+(bernoulli_ in dropout, normal_, rrelu's noise), run functionalised: the op writes copies,
+which are written back where eager writes; calls that return nothing (linalg's error
+checks), kept as steps that raise eager's error; and a batch norm's running statistics,
+written in place by tjit's own kernels (frontend/batch_norm.py; tests/test_batch_norm.py)."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -216,10 +217,10 @@ def test_tracing_leaves_a_closed_over_buffer_alone():
 @pytest.mark.parametrize("op", ["legit", "native", "functional"])
 def test_batch_norm_gradients_and_running_statistics_as_eager(op, training):
     """Gradients of the input, weight and bias match eager's, and the running statistics are
-    updated (training) or left alone (eval) as eager does. In eval mode the derivative reads
-    the running statistics, which _native_batch_norm_legit's schema marks as written: it runs
-    as _native_batch_norm_legit_no_training, which writes nothing (refused before: 'the backward
-    needs values of input(s) from before the function wrote into them')."""
+    updated (training) or left alone (eval) as eager does. In eval mode the gradient reads
+    the running statistics, which _native_batch_norm_legit's schema marks as written although
+    it only reads them: its decomposition reads them and writes nothing (refused once: 'the
+    backward needs values of input(s) from before the function wrote into them')."""
     aten = torch.ops.aten
     fn = {
         "legit": lambda x, m, v, w, b: aten._native_batch_norm_legit(x, w, b, m, v, training, 0.1, 1e-5)[0],

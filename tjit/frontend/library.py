@@ -30,46 +30,6 @@ def reads_memory(node: GraphNode) -> bool:
 
 
 aten = torch.ops.aten
-# Ops that write arguments their schema does not mark as written: the argument positions
-# they write, given the call's arguments (native_batch_norm updates its running statistics
-# in training mode).
-HIDDEN_WRITES = {
-    aten.native_batch_norm.default: lambda args: (3, 4) if args[5] else (),
-}
-# Ops whose results do not read the arguments they write, given the call's arguments (a batch
-# norm in training mode only updates its running statistics): their derivative, which runs
-# the op again, is handed zeros there rather than the values from before the write.
-RESULTS_IGNORE_WRITTEN = {
-    aten.native_batch_norm.default: lambda args: args[5],
-    aten._native_batch_norm_legit.default: lambda args: args[5],
-    aten._batch_norm_with_update.default: lambda args: True,
-}
-
-# Ops whose schema marks arguments written that, given the call's arguments (every schema
-# argument, by position), the op does not write, and the op without those arguments written
-# that computes the same results, with its arguments: a batch norm in eval mode reads its
-# running statistics and leaves them as they are.
-FUNCTIONAL_FORMS = {
-    aten._native_batch_norm_legit.default:
-        lambda values: None if values[5] else
-        (aten._native_batch_norm_legit_no_training.default, tuple(values[:5]) + tuple(values[6:])),
-}
-
-
-def functional_form(target, node: fx.Node, args: tuple, kwargs: dict):
-    """(target, args, kwargs, fx args, fx kwargs) of the call: its functional form where it has
-    one for these arguments (FUNCTIONAL_FORMS), else as it is."""
-    form = FUNCTIONAL_FORMS.get(target)
-    if form is None or not isinstance(target, torch._ops.OpOverload):
-        return target, args, kwargs, tuple(node.args), dict(node.kwargs)
-    schema = target._schema
-    values = [args[k] if k < len(args) else kwargs.get(a.name, a.default_value) for k, a in enumerate(schema.arguments)]
-    found = form(values)
-    if found is None:
-        return target, args, kwargs, tuple(node.args), dict(node.kwargs)
-    functional, new_args = found
-    _, fx_args = form(_schema_values(node, schema))
-    return functional, new_args, {}, fx_args, {}
 
 # Ops that address their operand's storage rather than the operand (as_strided reads any
 # element of the storage, at offsets from its start). An input's memory is the caller's
@@ -101,11 +61,10 @@ def library_call(cv, node: fx.Node, target, args: tuple, kwargs: dict) -> Any:
     if not isinstance(target, torch._ops.OpOverload):
         raise UnsupportedOpError(str(target), "not an aten op (tjit runs aten ops it does not generate as library "
                                  "calls)", target=node.target)
-    target, args, kwargs, fx_args, fx_kwargs = functional_form(target, node, args, kwargs)
-    written = written_arguments(node, target, fx_args, fx_kwargs)
+    written = written_arguments(node, target)
     operands: list[GraphNode] = []
     traced = iter(leaf.meta.get("val") if isinstance(leaf, fx.Node) else None
-                  for leaf in tree_flatten((fx_args, fx_kwargs))[0])
+                  for leaf in tree_flatten((node.args, node.kwargs))[0])
 
     def placeholder(value):
         meta = next(traced)
@@ -185,16 +144,15 @@ def draw_seed(cv, operands: list[GraphNode]) -> GraphNode:
     return cv.b.node(Extern(ExternCall(DrawSeed(), (Operand(0),), {}), 0), DType.int64, (anchor,), View((), ()))
 
 
-def written_arguments(node: fx.Node, target, fx_args=None, fx_kwargs=None) -> list[tuple[int, Any, fx.Node]]:
+def written_arguments(node: fx.Node, target) -> list[tuple[int, Any, fx.Node]]:
     """(position, schema argument, FX node passed for it) for each tensor argument the op writes in
-    place (given the FX arguments of the call, the node's unless given); None arguments (an
-    optional running mean) are written by no one."""
+    place; None arguments (an optional output) are written by no one."""
     schema = target._schema
-    values = _schema_values(node, schema, fx_args, fx_kwargs)
-    hidden = HIDDEN_WRITES.get(target, lambda args: ())(values)
+    values = [node.args[k] if k < len(node.args) else node.kwargs.get(arg.name, arg.default_value)
+              for k, arg in enumerate(schema.arguments)]
     found = []
     for position, arg in enumerate(schema.arguments):
-        if not ((arg.alias_info is not None and arg.alias_info.is_write) or position in hidden):
+        if arg.alias_info is None or not arg.alias_info.is_write:
             continue
         value = values[position]
         if value is None:
@@ -204,14 +162,6 @@ def written_arguments(node: fx.Node, target, fx_args=None, fx_kwargs=None) -> li
                                      "functionalises only single tensor arguments", target=node.target)
         found.append((position, arg, value))
     return found
-
-
-def _schema_values(node: fx.Node, schema, args=None, kwargs=None) -> list:
-    """The value the FX node passes (or `args`, `kwargs`) for each schema argument (positional or keyword)."""
-    args = tuple(node.args) if args is None else args
-    kwargs = dict(node.kwargs) if kwargs is None else kwargs
-    return [args[k] if k < len(args) else kwargs.get(arg.name, arg.default_value)
-            for k, arg in enumerate(schema.arguments)]
 
 
 def _returns_per_result(target, results: list) -> list:
@@ -288,8 +238,8 @@ class ExternGradient:
         indices = self.index if isinstance(self.index, tuple) else (self.index,)
         operands, grads = tensors[:len(tensors) - len(indices)], tensors[len(tensors) - len(indices):]
         with torch.enable_grad():
-            # the op runs again: operands without a gradient are copies, since some ops write
-            # into them although their schema does not say so (a batch norm's running stats)
+            # the op runs again: operands without a gradient are copies, since the op may write
+            # into them (rrelu_with_noise its noise)
             leaves = [t.detach().requires_grad_() if k in self.wrt else t.clone() for k, t in enumerate(operands)]
             results = call_results(self.call, leaves)
             outs = [(results[k], g) for k, g in zip(indices, grads) if results[k].requires_grad]
@@ -320,7 +270,7 @@ def joint_library_call_gradient(vb, results: list[tuple[GraphNode, GraphNode]], 
         return [None] * len(node.src)
     # (the derivative runs the op again: a random op draws the same numbers from its seed, or
     # has no operand it reads besides those it overwrites, whose gradient is zero whatever it draws)
-    operands = tuple(in_memory(vb, v) for v in forward_operands(vb, node, wrt, value)) + \
+    operands = tuple(in_memory(vb, value(s)) for s in node.src) + \
         tuple(in_memory(vb, grad) for _, grad in results)
     index = index if index is not None else tuple(n.op.index for n, _ in results)
     call = ExternCall(ExternGradient(node.op.call, index, wrt), tuple(Operand(k) for k in range(len(operands))), {})
@@ -329,13 +279,3 @@ def joint_library_call_gradient(vb, results: list[tuple[GraphNode, GraphNode]], 
         src = node.src[k]
         grads[k] = vb.b.node(Extern(call, j), src.dtype, operands, View.contiguous(src.shape))
     return grads
-
-
-def forward_operands(vb, node: GraphNode, wrt: tuple[int, ...], value) -> list[GraphNode]:
-    """The values of the call's operands that its derivative reads, in the backward graph:
-    the forward's (`value`), except zeros for operands the op only writes (a batch norm's
-    running statistics in training mode): their values from before the write may be gone."""
-    call = node.op.call
-    ignored = call.writes if RESULTS_IGNORE_WRITTEN.get(call.target, lambda args: False)(call.args) else ()
-    return [vb.expand_to(vb.const(0, s.dtype), s.shape) if k in ignored and k not in wrt else value(s)
-            for k, s in enumerate(node.src)]

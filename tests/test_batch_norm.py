@@ -166,3 +166,18 @@ def test_training_forward_and_backward_are_a_kernel_each_and_no_library_call(fre
     y.sum().backward()
     assert tjit.counters.launches - before == 2
     assert tjit.counters.library_calls == calls
+
+
+@pytest.mark.parametrize("entry", ["tjit.compile", "torch.compile"])
+def test_cumulative_average_running_statistics_as_eager(entry, fresh_seed):
+    """momentum=None: the module divides by float(num_batches_tracked), a number that changes
+    every call, read from the buffer on each call (Dynamo runs such a module eagerly)."""
+    torch._dynamo.reset()
+    ours, eager = torch.nn.BatchNorm2d(3, momentum=None), torch.nn.BatchNorm2d(3, momentum=None)
+    run = tjit.compile(lambda x: ours(x)) if entry == "tjit.compile" else torch.compile(ours, backend="tjit")
+    for step in range(3):
+        x = torch.randn(2, 3, 4, 5) + step
+        torch.testing.assert_close(run(x), eager(x))
+    for (name, a), b in zip(ours.state_dict().items(), eager.state_dict().values()):
+        torch.testing.assert_close(a, b, msg=lambda m: f"{name}: {m}")
+    assert ours.num_batches_tracked.item() == 3

@@ -157,3 +157,15 @@ def test_sparse_tensors_run_split_their_graphs_eagerly():
         got = tjit.compile(lambda x: (x * 2).to_sparse())(dense)
     assert got.layout == torch.sparse_coo
     torch.testing.assert_close(got.to_dense(), dense * 2)
+
+
+def test_a_number_read_from_a_closed_over_tensor_is_read_on_every_call():
+    """make_fx reads a tensor the function closes over for real: a Python number taken from it
+    would be a constant of the trace, which no guard checks. It is read on every call instead
+    (the function runs split by Dynamo)."""
+    scale = torch.tensor(2.0)
+    f = tjit.compile(lambda x: x * scale.item() + 1)
+    x = torch.randn(10)
+    torch.testing.assert_close(f(x), x * 2 + 1)
+    scale.fill_(3.0)
+    torch.testing.assert_close(f(x), x * 3 + 1)

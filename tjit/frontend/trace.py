@@ -77,6 +77,12 @@ class KeepRealTensors(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func is torch.ops.aten._local_scalar_dense.default and _is_real(args[0]):
+            # a Python number read from such a tensor (a BatchNorm with momentum=None divides by
+            # float(num_batches_tracked)) would be baked into the trace, and tjit's guards do not
+            # check the tensors a function closes over: Dynamo's split reads it on every call
+            raise DataDependentError(str(func), "a Python number read from a tensor the function closes over "
+                                     "(its value may change between calls)")
         schema = getattr(func, "_schema", None)
         if schema is not None and schema.is_mutable:
             values = list(args) + [kwargs.get(a.name) for a in schema.arguments[len(args):]]

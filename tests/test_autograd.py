@@ -622,6 +622,18 @@ def test_mixed_precision_inputs():
     check_grads(lambda x: x.sum(1, dtype=torch.float64) + x.softmax(1, dtype=torch.float64).sum(1), randn(3, 5))
 
 
+def test_the_gradient_of_a_widened_broadcast_half_parameter_is_rounded_once(fresh_seed):
+    """w.float() broadcast over rows (a float16 weight in float32 math: batch and layer norms):
+    its gradient is the rows' sum in float32, rounded to float16 once, as eager's, not each
+    row's contribution rounded first (values near 1000 that cancel lose their fractions then,
+    about 9 float16 ulps of error in the sum)."""
+    w = torch.ones(8, dtype=torch.float16, requires_grad=True)
+    x = torch.rand(4096, 8) + 1000 * torch.tensor([1.0, -1.0]).repeat(2048)[:, None]
+    tjit.compile(lambda x, w: (x * w.float()).sum())(x, w).backward()
+    exact = x.double().sum(0)
+    assert ((w.grad.double() - exact).abs() <= exact.abs() * torch.finfo(torch.float16).eps).all(), (w.grad, exact)
+
+
 GRADCHECK = {
     "elementwise": lambda x, w: torch.atan2(F.gelu(x), w.exp()) * torch.maximum(x, w) + F.softplus(x * w),
     "reductions": lambda x, w: (x.prod(1, keepdim=True) + x.amax(0) * w).var(1) + x.norm(dim=0).sum(),

@@ -57,7 +57,7 @@ def _run(fn, args, cotangent) -> dict:
 def _compare(fn, args, what):
     """tjit against eager: each value within tolerance of eager's, or no further from the
     exact answer (fn in float64 on the same values) than twice eager's error."""
-    cotangent = torch.randn(args[0].shape)
+    cotangent = torch.randn(args[0].shape, dtype=args[0].dtype)  # (the float64 run takes the same values)
     exact = _run(fn, [a.double() if a is not None else None for a in args], cotangent)
     eager = _run(fn, args, cotangent)
     ours = _run(tjit.compile(fn), args, cotangent)

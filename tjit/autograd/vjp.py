@@ -56,6 +56,11 @@ def vjp(alg: Algebra, node: GraphNode, grad: GraphNode, value: ValueOf,
     if isinstance(op, Contiguous):
         return [grad]
     if isinstance(op, ViewOp):
+        if _rounded(grad):
+            # (a float16 weight widened to float32 and broadcast: a cast of a view, whose
+            # gradient is rounded to float16) the transpose's sums add the unrounded values,
+            # rounded once after them
+            return [alg.cast(view_transpose(alg, grad.src[0], node.view, node.src[0]), grad.dtype)]
         return [view_transpose(alg, grad, node.view, node.src[0])]
     if isinstance(op, Elementwise):
         return _elementwise(alg, node, grad, value)
@@ -68,6 +73,12 @@ def vjp(alg: Algebra, node: GraphNode, grad: GraphNode, value: ValueOf,
     if isinstance(op, Extern):
         return library_gradient(alg.vb, node, grad, value, wanted)
     raise UnsupportedOpError(type(op).__name__, "no gradient rule for this IR op")
+
+
+def _rounded(g: GraphNode) -> bool:
+    """g is a float value rounded from a wider float type."""
+    return isinstance(g.op, Elementwise) and g.op.op == "cast" and g.dtype.is_float and g.src[0].dtype.is_float \
+        and g.src[0].dtype.itemsize > g.dtype.itemsize
 
 
 # -- elementwise -------------------------------------------------------------------------------

@@ -161,7 +161,12 @@ def moments(cv, node, x: GraphNode, axes, acc: DType):
     mean = _scaled(cv, X(cv, node, cv.reduce("add", xs_shifted, axes), acc), 1.0 / n if n else math.nan)
     if first is not None:
         mean = cv.elementwise("add", [mean, first], acc)
-    centered = cv.elementwise("add", [xs, cv.elementwise("neg", [keepdim_view(cv, mean, xs.shape)], acc)], acc)
+    # the sum of squared deviations does not depend on the mean it subtracts (its derivative
+    # there, -2 sum(x - mean), is 0), so the gradient does not go through it: that saves the
+    # backward a reduction of what the mean's gradient gets from it (torch's var_backward,
+    # 2 (x - mean) / n, is the same)
+    centre = cv.elementwise("stop_gradient", [keepdim_view(cv, mean, xs.shape)], acc)
+    centered = cv.elementwise("add", [xs, cv.elementwise("neg", [centre], acc)], acc)
     m2 = cv.reduce("add", cv.elementwise("mul", [centered, centered], acc), axes)
     return mean, m2
 

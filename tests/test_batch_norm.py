@@ -17,6 +17,7 @@ CASES = {
     "1d": ((16, 5), torch.float32, torch.float32, True, True, False),
     "3d": ((4, 6, 33), torch.float32, torch.float32, True, True, False),
     "4d": ((4, 6, 9, 11), torch.float32, torch.float32, True, True, False),
+    "5d": ((2, 3, 4, 5, 6), torch.float32, torch.float32, True, True, False),
     "channels_last": ((4, 6, 9, 11), torch.float32, torch.float32, True, True, True),
     # 4440 values per channel over 5 channels: more than one block per row, rows over programs
     "several_programs": ((3, 5, 40, 37), torch.float32, torch.float32, True, True, False),

@@ -150,6 +150,13 @@ def test_an_empty_input_raises_eagers_error():
     assert str(ours.value) == str(eager.value)
 
 
+def test_eval_mode_without_running_statistics_raises():
+    """F.batch_norm's error (the aten op called directly crashes eager's process)."""
+    x = torch.randn(2, 3, 4)
+    with pytest.raises(RuntimeError, match="running_mean must be defined in evaluation mode"):
+        tjit.compile(lambda x: aten._native_batch_norm_legit(x, None, None, False, 0.1, 1e-5))(x)
+
+
 def test_training_forward_and_backward_are_a_kernel_each_and_no_library_call(fresh_seed):
     """The batch statistics, the normalisation and the running statistics' update are one
     kernel; the backward (the statistics recomputed, the sums of the gradient formulas, the

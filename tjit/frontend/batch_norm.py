@@ -76,8 +76,9 @@ def batch_norm(input: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], 
                     buffer.copy_(new)
         save_mean, save_invstd = mean.to(stats), invstd.to(stats)
     else:
-        if running_mean is None or running_var is None:
-            raise EagerError("running_mean and running_var must be defined in evaluation mode")
+        for name, value in (("running_mean", running_mean), ("running_var", running_var)):
+            if value is None:  # (F.batch_norm's message; the aten ops themselves crash eager)
+                raise EagerError(f"{name} must be defined in evaluation mode")
         mean = running_mean.to(acc)
         invstd = 1 / torch.sqrt(running_var.to(acc) + eps)
         output = (input.to(acc) - _broadcast(mean, rank)) * _broadcast(invstd, rank)

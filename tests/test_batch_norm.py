@@ -191,12 +191,13 @@ def test_cumulative_average_running_statistics_as_eager(entry, fresh_seed):
     assert ours.num_batches_tracked.item() == 3
 
 
-def test_looped_backward_reads_input_and_gradient_at_most_three_times():
+def test_looped_training_reads_input_and_gradient_twice():
     """5120 values per channel: the kernels loop over each channel. The forward reads x twice
-    (Welford's statistics, then the normalisation); the backward reads x three times and the
-    gradient of the output three times (the statistics again beside the bias gradient, the sums
-    of the formulas, the input's gradient). The variance's gradient does not go through the
-    mean it subtracts (torch's var_backward does not either), which would need one more pass."""
+    (Welford's statistics, then the normalisation), writes the output and keeps only the
+    per-channel statistics for the backward, which reads x and the gradient of the output
+    twice each: the sums of the formulas, then the input's gradient. (With the variance's
+    gradient going through the mean it subtracts, the backward took a pass more, and the
+    forward kept x - mean for it.)"""
     def f(x, m, v, w, b):
         return F.batch_norm(x, m, v, w, b, training=True)
     x, m, v, w, b = _arguments((2, 3, 64, 40), torch.float32, torch.float32, True, True, False)
@@ -204,5 +205,6 @@ def test_looped_backward_reads_input_and_gradient_at_most_three_times():
         t.requires_grad_()
     ex = tjit.explain(f, x, m, v, w, b)
     tensor = x.numel() * x.element_size()
-    assert len(ex.kernels) == 1 and ex.kernels[0].bytes_read < 2.01 * tensor
-    assert len(ex.backward.kernels) == 1 and ex.backward.kernels[0].bytes_read < 6.01 * tensor
+    assert len(ex.kernels) == 1
+    assert ex.kernels[0].bytes_read < 2.01 * tensor and ex.kernels[0].bytes_written < 1.01 * tensor
+    assert len(ex.backward.kernels) == 1 and ex.backward.kernels[0].bytes_read < 4.01 * tensor

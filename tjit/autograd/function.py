@@ -18,6 +18,7 @@ from ..errors import CompileArgumentError
 from ..frontend.convert import Conversion, OutputSpec
 from ..ir import contiguous_strides
 from ..pipeline import build_program
+from ..memory.peak import Allocation, PeakMemory, allocated_bytes, relabel, release
 from ..runtime.executor import Executable
 from .backward import AutogradPlan, GradLayout, backward_graph, incoming_grad_name, saved_layouts
 
@@ -79,6 +80,42 @@ class GradExecutable:
         held = sum(n.view.numel * n.dtype.itemsize for n in nodes)
         known = {**self.forward.conversion.constants, **tensors}
         return held + sum(known[n].numel() * known[n].element_size() for n in self.plan.saved_inputs)
+
+    def training_step_memory(self, device_type: str) -> PeakMemory:
+        """The predicted peak of a training step: this call, then backward from every
+        differentiable output with a dense incoming gradient (`loss.backward()` of a scalar
+        loss), the gradients handed back to the caller (and kept: autograd moves them into
+        .grad without a copy when they have the input's layout). Counted as in
+        tjit.memory.peak: what the forward and backward hold between calls, plus what the step
+        allocates and has not released yet; inputs and parameters are not counted."""
+        forward = self.forward.allocations(device_type, "forward")
+        backward = self.backward_executable(self.dense_layouts())
+        run = backward.executable.allocations(device_type, "backward")
+        outputs = self.plan.graph.outputs
+        incoming = [Allocation(("incoming", name), allocated_bytes(outputs[name].view.numel * outputs[name].dtype.itemsize,
+                                                                   device_type),
+                               "incoming gradient", f"gradient of output {name}", "backward start")
+                    for name in self.plan.differentiable_outputs]
+        grads = {name[len("grad_"):]: a for name, a in run.outputs.items() if name.startswith("grad_")}
+        zeros = []  # _Backward.run: a zero gradient for each input no path reaches
+        for name in backward.zeros + tuple(n for n in backward.scatters if n not in grads):
+            node = self.plan.graph.input_node(name)
+            zeros.append(Allocation(("zeros", name), allocated_bytes(node.view.numel * node.dtype.itemsize, device_type),
+                                    "gradient", f"zero gradient of {name}", "backward end"))
+        kept_by_backward = set(run.outputs.values()) - set(grads.values())  # scatter indices and values
+        saved = [a for name, a in forward.outputs.items() if name in self.plan.saved]
+        events = (forward.during + forward.at_end + incoming + run.during + zeros
+                  + release([a for a in run.outputs.values() if a in kept_by_backward], "backward end")
+                  + run.at_end
+                  # torch releases the saved tensors once the backward has run (no retain_graph)
+                  + release(forward.tape + saved, "after backward: saved values released")
+                  + release(incoming, "after backward"))
+        # the gradients are the caller's (as eager's are), whether a kernel or a call wrote them
+        events = relabel(events, {a.key for a in grads.values()}, "gradient")
+        events = relabel(events, {a.key for a in saved}, "saved library result")
+        held = {f"forward {k}": v for k, v in self.forward.held_bytes(device_type).items()}
+        held.update({f"backward {k}": v for k, v in backward.executable.held_bytes(device_type).items()})
+        return PeakMemory(held, events, device_type, "training step")
 
     def dense_layouts(self) -> dict[str, GradLayout]:
         """Gradients arriving dense (as loss.backward() gives a scalar loss's)."""

@@ -54,6 +54,11 @@ class SlabPool:
         self._reserved[device][1] = start + nbytes
         return reservation[start:start + nbytes]
 
+    def register(self, owner) -> None:
+        """An object that holds memory between calls without a slab (status words)."""
+        with self._lock:
+            self._owners.add(owner)
+
     def note_reuse(self) -> None:
         self.reuse_hits += 1
 
@@ -62,8 +67,9 @@ class SlabPool:
         in_use = sum(s.memory.numel() for s in slabs)
         reserved = sum(r.numel() for r, _ in self._reserved.values())
         own = sum(s.memory.numel() for s in slabs if not any(_inside(s.memory, r) for r, _ in self._reserved.values()))
+        words = sum(owner.words_bytes() for owner in list(self._owners))
         return {"reserved_bytes": reserved + own, "slab_count": len(slabs), "in_use_bytes": in_use,
-                "allocations": self.allocations, "reuse_hits": self.reuse_hits}
+                "allocations": self.allocations, "reuse_hits": self.reuse_hits, "status_bytes": words}
 
     def release(self) -> None:
         with self._lock:
@@ -82,6 +88,7 @@ POOL = SlabPool()
 def stats() -> dict:
     """reserved_bytes (slabs and reservations held), slab_count, in_use_bytes (bytes of live
     slabs), allocations (slabs allocated since start), reuse_hits (calls that reused one),
+    status_bytes (the status and counter words compiled functions keep, per launch),
     and tape_bytes / tape_blocks: values saved for backward that an autograd graph still
     holds (zero once backward has run, or the outputs were dropped)."""
     from ..autograd import tape

@@ -8,7 +8,7 @@ from __future__ import annotations
 import gc
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -23,10 +23,11 @@ from ..lower.codegen import ZERO_DIV_FLAG, BufferRef, KernelPlan
 from ..lower import gpu_compile
 from ..memory.donation import give_up
 from ..pipeline import Program
+from ..memory.peak import Allocation, PeakMemory, allocated_bytes, release, strided_bytes
 from ..memory.slab import POOL, Slab
 from .counters import counters
 from .interpreter import interpreting
-from .library import run_library_call
+from .library import call_allocations, run_library_call
 from .loader import load_kernel, note_launch_config
 
 
@@ -36,6 +37,18 @@ TAPE_ALIGN = 128  # bytes: each saved value starts where a vectorised load may s
 # under the lock gpu_compile holds while it swaps interpreted functions for compiler ones
 # (everything else a call touches is its thread's own: slab, status and counter words).
 INTERPRETER_LOCK = gpu_compile._lock
+
+
+@dataclass
+class RunAllocations:
+    """What one run allocates (Executable.allocations): `during` the run, in order; `at_end`,
+    the releases when the run's memory is dropped (library results no output holds);
+    `outputs` (by graph output name, library results returned as they are among them) and
+    the `tape` block outlive the run."""
+    during: list = field(default_factory=list)
+    at_end: list = field(default_factory=list)
+    outputs: dict = field(default_factory=dict)
+    tape: list = field(default_factory=list)
 
 
 @dataclass
@@ -130,6 +143,50 @@ class Executable:
     def donated(self) -> dict:
         return self.program.donated
 
+    # -- what a call allocates, predicted from the plan (tjit.memory.peak) ----------------------
+    def held_bytes(self, device_type: str) -> dict[str, int]:
+        """Memory this function keeps between calls, per device and thread: its slab, and one
+        int32 per launch of status words (with checks) and grid-reduction counters."""
+        words = allocated_bytes(4 * len(self.launches), device_type)
+        return {"slab": allocated_bytes(self.memory_plan.slab_size, device_type),
+                "status words": words * (1 + self._checked)}
+
+    def allocations(self, device_type: str, phase: str = "call") -> "RunAllocations":
+        """The allocations and releases of one run, predicted from the plan, in the order run()
+        makes them (see tjit.memory.peak). Without out=."""
+        found = RunAllocations()
+        for spec in self.conversion.outputs:  # _allocate: the outputs, then the tape block
+            if spec.kind == "computed" and spec.name not in self.program.call_outputs:
+                nbytes = strided_bytes(spec.shape, spec.stride, self.graph.outputs[spec.name].dtype.itemsize)
+                found.outputs[spec.name] = Allocation((phase, "output", spec.name), allocated_bytes(nbytes, device_type),
+                                                      "output", f"output {spec.name}", f"{phase} start")
+        found.during += found.outputs.values()
+        if self.tape:
+            found.tape = [Allocation((phase, "tape"), allocated_bytes(self.tape_bytes(), device_type), "tape",
+                                     f"tape block ({len(self.tape)} saved values)", f"{phase} start")]
+            found.during += found.tape
+        results = {}  # node id -> the library result in the call's memory
+        for k, step in enumerate(self.launches):
+            if isinstance(step, LibraryPlan):
+                during, kept = call_allocations(step, device_type, f"{phase} step {k} ({step.call.name})")
+                found.during += during
+                results.update({id(node): kept[node.op.index] for node in step.results})
+        for name, node in self.program.call_outputs.items():  # returned as the call left them
+            found.outputs[name] = results.pop(id(node))
+        # the rest lives in the call's memory (the dict run() returns) until the caller drops it
+        found.at_end = release(results.values(), f"{phase} end")
+        return found
+
+    def call_memory(self, device_type: str) -> PeakMemory:
+        """The predicted peak of a call (without out=): what this function holds between calls
+        plus the most its run's allocations hold at once."""
+        run = self.allocations(device_type)
+        return PeakMemory(self.held_bytes(device_type), run.during + run.at_end, device_type, "call")
+
+    def tape_bytes(self) -> int:
+        """Bytes of the tape block a call allocates (its saved values, each aligned)."""
+        return sum(-(-node.view.numel * node.dtype.itemsize // TAPE_ALIGN) * TAPE_ALIGN for _, node in self.tape)
+
     def _donated_views(self, tensors) -> dict:
         views = {}
         for name, placed in self.donated.items():
@@ -173,7 +230,13 @@ class Executable:
         found = table.get(key)
         if found is None:
             found = table[key] = torch.zeros(len(self.launches), dtype=torch.int32, device=device)
+            POOL.register(self)  # (memory held between calls: tjit.memory.stats() counts it)
         return found
+
+    def words_bytes(self) -> int:
+        """Bytes of the status and counter words this function holds (all devices and threads)."""
+        return sum(t.untyped_storage().nbytes() for table in (self._status, self._counters)
+                   for t in list(table.values()))
 
     def _raise_failed_checks(self, status: torch.Tensor) -> None:
         """The first launch's failed check raises as eager would: IndexError for an index out
@@ -271,6 +334,7 @@ class Executable:
         for _, node in self.tape:
             offsets.append(total)
             total += -(-node.view.numel * node.dtype.itemsize // TAPE_ALIGN) * TAPE_ALIGN
+        assert total == self.tape_bytes()  # what the peak-memory prediction counts
         block = tape.allocate(total, device)
         return {("output", name): block[start:start + node.view.numel * node.dtype.itemsize].view(node.dtype.torch)
                 .view(node.shape) for (name, node), start in zip(self.tape, offsets)}

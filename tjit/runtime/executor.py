@@ -8,7 +8,7 @@ from __future__ import annotations
 import gc
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -23,7 +23,7 @@ from ..lower.codegen import ZERO_DIV_FLAG, BufferRef, KernelPlan
 from ..lower import gpu_compile
 from ..memory.donation import give_up
 from ..pipeline import Program
-from ..memory.peak import Allocation, PeakMemory, allocated_bytes, release, strided_bytes
+from ..memory.peak import Allocation, PeakMemory, allocated_bytes, relabel, release, strided_bytes
 from ..memory.slab import POOL, Slab
 from .counters import counters
 from .interpreter import interpreting
@@ -172,7 +172,8 @@ class Executable:
                 found.during += during
                 results.update({id(node): kept[node.op.index] for node in step.results})
         for name, node in self.program.call_outputs.items():  # returned as the call left them
-            found.outputs[name] = results.pop(id(node))
+            found.outputs[name] = replace(results.pop(id(node)), kind="output")
+        found.during = relabel(found.during, {a.key for a in found.outputs.values()}, "output")
         # the rest lives in the call's memory (the dict run() returns) until the caller drops it
         found.at_end = release(results.values(), f"{phase} end")
         return found

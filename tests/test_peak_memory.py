@@ -202,3 +202,28 @@ def test_a_zoo_model_training_step_through_torch_compile():
     predicted = tjit.explain(graph, *args).peak_memory
     assert_within_1_percent(predicted, meter.peak + held_by(graph, *args))
     torch._dynamo.reset()
+
+
+def test_the_interpreter_keeps_no_argument_alive_after_a_launch():
+    """Memory the runtime lets go of is freed then, without waiting for the garbage collector
+    (Triton's interpreter held each launch's arguments in a reference cycle)."""
+    import triton
+    import triton.language as tl
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    @triton.jit
+    def double(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+        i = tl.arange(0, BLOCK)
+        tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n) * 2, mask=i < n)
+
+    tjit.compile(lambda x: x * 2)(torch.randn(3))  # (tjit's patches of the interpreter are installed)
+    x, y = torch.randn(100), torch.empty(100)
+    freed = StorageWeakRef(x.untyped_storage())
+    gc.disable()
+    try:
+        double[(1,)](x, y, 100, BLOCK=128)
+        torch.testing.assert_close(y, x * 2)
+        del x
+        assert freed.expired()
+    finally:
+        gc.enable()

@@ -5,7 +5,6 @@ layouts) was computed at trace time; a call only allocates and binds pointers.
 """
 from __future__ import annotations
 
-import gc
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -113,10 +112,6 @@ class Executable:
             # the call raises, so a later use fails loudly rather than reading other values
             for name in self.donated:
                 give_up(tensors[name])
-        if self._interpreting:
-            # Triton's interpreter keeps each launch's tensors in a closure cycle; collect it
-            # now, so memory (the tape's included) is freed when torch lets it go, as on a GPU
-            gc.collect(0)
         return memory
 
     def _run_steps(self, memory: dict) -> None:

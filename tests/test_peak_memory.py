@@ -108,6 +108,23 @@ def test_a_call_peaks_where_explain_says():
     assert_within_1_percent(predicted, got)
 
 
+def frexp_then_matmul(x, a, b):
+    mantissa, exponent = torch.frexp(x)  # the exponent in memory of its own (the mantissa in the slab)
+    rows = (mantissa * exponent).sum(1, keepdim=True)
+    return (rows * a) @ b
+
+
+def test_a_library_result_is_freed_after_its_last_reader():
+    """The exponent dies once the kernel that reads it has run: the matmul after it, whose
+    result (64 KB) is returned, allocates with the exponent freed (it would add 32 KB)."""
+    args = (torch.randn(64, 128), torch.randn(64, 16), torch.randn(16, 256))
+    compiled = tjit.compile(frexp_then_matmul)
+    got = measured(lambda: compiled(*args), compiled, args)
+    predicted = tjit.explain(compiled, *args).peak_memory
+    assert "library result" not in predicted.alive_at_peak and "mm" in predicted.at
+    assert_within_1_percent(predicted, got)
+
+
 def test_the_measurement_sees_one_allocation_more():
     """An extra tensor held through the backward shows in the measured peak, byte for byte:
     a prediction that missed it would be off by that much."""

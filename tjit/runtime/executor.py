@@ -26,7 +26,7 @@ from ..memory.peak import Allocation, PeakMemory, allocated_bytes, relabel, rele
 from ..memory.slab import POOL, Slab
 from .counters import counters
 from .interpreter import interpreting
-from .library import call_allocations, run_library_call
+from .library import call_allocations, memory_key, run_library_call
 from .loader import load_kernel, note_launch_config
 
 
@@ -82,6 +82,7 @@ class Executable:
                                  for step in self.launches for check in _plan(step).checks)
         self._status: dict[torch.device, torch.Tensor] = {}
         self._counters: dict[torch.device, torch.Tensor] = {}
+        self._dead_after = _dead_library_results(program)
 
     def __call__(self, tensors: dict[str, torch.Tensor], out=None):
         device = _device_of(tensors)
@@ -121,6 +122,8 @@ class Executable:
                     run_library_call(step, memory)
                 else:
                     self._launch(step, memory, k)
+                for key in self._dead_after[k]:  # a library result in memory of its own, read for the last time
+                    del memory[key]
         except BaseException:
             memory["counter"].zero_()  # a grid reduction cut short must not skew the next call's count
             raise
@@ -160,16 +163,18 @@ class Executable:
             found.tape = [Allocation((phase, "tape"), allocated_bytes(self.tape_bytes(), device_type), "tape",
                                      f"tape block ({len(self.tape)} saved values)", f"{phase} start")]
             found.during += found.tape
-        results = {}  # node id -> the library result in the call's memory
+        results = {}  # memory key -> the library result in memory of its own
         for k, step in enumerate(self.launches):
             if isinstance(step, LibraryPlan):
                 during, kept = call_allocations(step, device_type, f"{phase} step {k} ({step.call.name})")
                 found.during += during
-                results.update({id(node): kept[node.op.index] for node in step.results})
+                results.update({memory_key(node): kept[node.op.index] for node in step.results})
+            found.during += release([results.pop(key) for key in self._dead_after[k]], f"{phase} step {k}")
         for name, node in self.program.call_outputs.items():  # returned as the call left them
-            found.outputs[name] = replace(results.pop(id(node)), kind="output")
+            found.outputs[name] = replace(results.pop(memory_key(node)), kind="output")
         found.during = relabel(found.during, {a.key for a in found.outputs.values()}, "output")
-        # the rest lives in the call's memory (the dict run() returns) until the caller drops it
+        # the rest (results no step reads: in the slab, so none today) lives in the call's
+        # memory (the dict run() returns) until the caller drops it
         found.at_end = release(results.values(), f"{phase} end")
         return found
 
@@ -386,6 +391,27 @@ class Executable:
         if (tuple(base.shape), tuple(base.stride()), base.storage_offset()) == (spec.shape, spec.stride, offset):
             return base
         return base.as_strided(spec.shape, spec.stride, offset)
+
+
+def _dead_library_results(program: Program) -> list[list]:
+    """Per step, the memory keys of library results in memory of their own (not the slab's,
+    and not returned) that no later step reads: the run lets go of them after that step, so
+    they are freed then rather than when the run ends."""
+    returned = {id(node) for node in program.call_outputs.values()}
+    last: dict[int, int] = {}
+    nodes: dict[int, object] = {}
+    for k, step in enumerate(program.steps):
+        if isinstance(step, LibraryPlan):
+            for node in step.torch_allocated:
+                if id(node) not in returned:
+                    last[id(node)], nodes[id(node)] = k, node
+        for access in step.accesses:
+            if access.buffer.kind == "buffer" and id(access.buffer.node) in last and not access.store:
+                last[id(access.buffer.node)] = k
+    dead: list[list] = [[] for _ in program.steps]
+    for key, k in last.items():
+        dead[k].append(memory_key(nodes[key]))
+    return dead
 
 
 def _plan(step) -> "KernelPlan | LibraryPlan":

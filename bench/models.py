@@ -43,8 +43,8 @@ process, so nothing is reused from an earlier run; it compiles in-process (compi
 Peak memory of a training step (forward + loss + backward), eager against tjit: the most bytes of
 tensor storages allocated during the step and alive at once, tracked op by op with a dispatch mode
 (gc at each op; allocations Triton's interpreter makes inside a launch are left out), plus for tjit
-the slabs its compiled graphs hold between calls (tjit.memory.stats()["in_use_bytes"] grown by this
-model's compile). That counts tjit's slabs, its tape (allocated through torch), its library calls'
+the arena its compiled graphs' slabs share between calls (tjit.memory.stats()["in_use_bytes"], after
+the eval graphs are gone). That counts tjit's slabs, its tape (allocated through torch), its library calls'
 results and the gradients; parameters and inputs, alive before the step, are not counted for
 either. Inductor allocates its buffers with empty_strided_cpu, which bypasses the dispatcher, so the
 same instrument cannot see them: its peak is reported as n/a.
@@ -319,7 +319,6 @@ def run_one(name: str, compiler: str, memory: bool = True, timing_only: bool = F
     x = spec.inputs(torch.Generator().manual_seed(1))
     target = target_for(spec, x, eager)
     row: dict = {"model": name, "compiler": compiler}
-    slab0 = tjit.memory.stats()["in_use_bytes"]
     stage = "eval"
     try:
         model.eval(), eager.eval()
@@ -346,7 +345,7 @@ def run_one(name: str, compiler: str, memory: bool = True, timing_only: bool = F
         del compiled  # its graphs' slabs are not the training step's
         torch._dynamo.reset()
         gc.collect()
-        slab0 = tjit.memory.stats()["in_use_bytes"]
+        tjit.memory.release()  # (the arena is allocated again at the size the training graphs need)
         model.train(), eager.train()
         wrapped = torch.compile(WithLoss(model), backend=backend(compiler))
         eager_loss_fn = WithLoss(eager)
@@ -364,7 +363,7 @@ def run_one(name: str, compiler: str, memory: bool = True, timing_only: bool = F
             eager_peak = peak_step_bytes(eager_loss_fn, eager_params, x, target, compiled=False)
             row["eager_peak_bytes"] = eager_peak
             if compiler == "tjit":
-                slabs = tjit.memory.stats()["in_use_bytes"] - slab0
+                slabs = tjit.memory.stats()["in_use_bytes"]  # the arena the step's graphs share
                 row["slab_bytes"] = slabs
                 row["peak_bytes"] = peak_step_bytes(wrapped, params, x, target, compiled=True) + slabs
             else:

@@ -113,8 +113,12 @@ class GradExecutable:
         # the gradients are the caller's (as eager's are), whether a kernel or a call wrote them
         events = relabel(events, {a.key for a in grads.values()}, "gradient")
         events = relabel(events, {a.key for a in saved}, "saved library result")
-        held = {f"forward {k}": v for k, v in self.forward.held_bytes(device_type).items()}
-        held.update({f"backward {k}": v for k, v in backward.executable.held_bytes(device_type).items()})
+        forward_held, backward_held = self.forward.held_bytes(device_type), backward.executable.held_bytes(device_type)
+        if device_type == "cpu":  # autograd runs a CPU backward on the calling thread: one arena for both
+            held = {"slab": max(forward_held["slab"], backward_held["slab"])}
+        else:  # a device's backward runs on autograd's thread for that device: an arena there too
+            held = {"forward slab": forward_held["slab"], "backward slab": backward_held["slab"]}
+        held["status words"] = forward_held["status words"] + backward_held["status words"]
         return PeakMemory(held, events, device_type, "training step")
 
     def dense_layouts(self) -> dict[str, GradLayout]:

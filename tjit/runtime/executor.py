@@ -96,19 +96,22 @@ class Executable:
         device = _device_of(tensors)
         memory = dict(tensors)
         memory.update(self.constants_on(device))
-        memory.update(self._allocate(device, destinations))
-        if self.donated:
-            memory.update(self._donated_views(tensors))
-        if self._checked:
-            memory["status"] = self._status_on(device)
-        memory["counter"] = self._counters_on(device)
+        slab = self._slab_for(device)
         try:
+            memory.update(self._allocate(device, destinations, slab))
+            if self.donated:
+                memory.update(self._donated_views(tensors))
+            if self._checked:
+                memory["status"] = self._status_on(device)
+            memory["counter"] = self._counters_on(device)
             self._run_steps(memory)
             for name, node in self.program.call_outputs.items():
                 memory[("output", name)] = memory[("buffer", id(node))]
             if self._reads_status:
                 self._raise_failed_checks(memory["status"])
         finally:
+            if slab.arena is not None:
+                POOL.done(slab.arena)  # (its views in `memory` are dead now: the next run may reuse them)
             # the caller gave the donated inputs up: they may hold intermediates now, even when
             # the call raises, so a later use fails loudly rather than reading other values
             for name in self.donated:
@@ -143,8 +146,10 @@ class Executable:
 
     # -- what a call allocates, predicted from the plan (tjit.memory.peak) ----------------------
     def held_bytes(self, device_type: str) -> dict[str, int]:
-        """Memory this function keeps between calls, per device and thread: its slab, and one
-        int32 per launch of status words (with checks) and grid-reduction counters."""
+        """Memory this function keeps between calls, per device and thread: its slab (the arena
+        of the thread holds it, shared with the other graphs the thread runs: it is at least
+        this large), and one int32 per launch of status words (with checks) and grid-reduction
+        counters."""
         words = allocated_bytes(4 * len(self.launches), device_type)
         return {"slab": allocated_bytes(self.memory_plan.slab_size, device_type),
                 "status words": words * (1 + self._checked)}
@@ -198,23 +203,39 @@ class Executable:
         return views
 
     def _slab_for(self, device) -> Slab:
-        """This thread's slab on this device: allocated on the first call, then reused."""
-        key = (torch.device(device), threading.get_ident())
-        slab = self._slabs.get(key)
-        if slab is not None:
-            POOL.note_reuse()
-            return slab
+        """This run's slab on this device: the start of its thread's arena (tjit/memory/slab.py),
+        held until the run ends; the typed views are made on the first run (and again after the
+        arena grew), then reused."""
         plan = self.memory_plan
-        memory = POOL.allocate(plan.slab_size, device, self) if plan.slab_size else \
-            torch.empty(0, dtype=torch.uint8, device=device)
-        slab = self._slabs[key] = Slab(memory, _typed_views(memory, zip(self.slab_buffers, plan.offsets)))
+        key = (torch.device(device), threading.get_ident())
+        if not plan.slab_size:  # (zero-size buffers only: views of nothing, made once)
+            slab = self._slabs.get(key)
+            if slab is None:
+                memory = torch.empty(0, dtype=torch.uint8, device=device)
+                slab = self._slabs[key] = Slab(memory, _typed_views(memory, zip(self.slab_buffers, plan.offsets)))
+            return slab
+        arena = POOL.acquire(plan.slab_size, device, self)
+        if arena is None:  # a run on this thread holds the arena: a slab of its own for this run
+            memory = torch.empty(plan.slab_size, dtype=torch.uint8, device=device)
+            return Slab(memory, _typed_views(memory, zip(self.slab_buffers, plan.offsets)))
+        slab = self._slabs.get(key)
+        if slab is None or slab.arena is not arena:
+            memory = arena.memory[:plan.slab_size]
+            slab = self._slabs[key] = Slab(memory, _typed_views(memory, zip(self.slab_buffers, plan.offsets)), arena)
         return slab
 
     def slabs(self) -> list[Slab]:
+        """This function's slabs (one per device and thread it ran on; each the start of that
+        thread's arena, shared with the other compiled graphs the thread runs)."""
         return [s for s in list(self._slabs.values()) if s.memory.numel()]  # (other threads may add one)
 
-    def release_slabs(self) -> None:
-        self._slabs.clear()
+    def forget_slab(self, key) -> None:
+        """Drop the views into the arena of (device, thread) `key` (None: every arena's): the
+        pool lets go of it."""
+        if key is None:
+            self._slabs.clear()
+        else:
+            self._slabs.pop(key, None)
 
     def _status_on(self, device) -> torch.Tensor:
         """One int32 per launch where a kernel reports a failed check (index out of range);
@@ -311,7 +332,7 @@ class Executable:
                 o.copy_(r)
         return out
 
-    def _allocate(self, device, destinations=None) -> dict[str, torch.Tensor]:
+    def _allocate(self, device, destinations, slab: Slab) -> dict[str, torch.Tensor]:
         out = {}
         poison = debug.poisoning()
         for k, spec in enumerate(self.conversion.outputs):
@@ -324,7 +345,7 @@ class Executable:
                 out[("output", spec.name)] = torch.empty_strided(spec.shape, spec.stride, dtype=dtype, device=device)
         if self.tape:
             out.update(self._tape_views(device))
-        out.update(self._slab_for(device).views)
+        out.update(slab.views)
         if poison:
             for t in out.values():
                 debug.poison(t)

@@ -89,8 +89,13 @@ class GradExecutable:
         tjit.memory.peak: what the forward and backward hold between calls, plus what the step
         allocates and has not released yet; inputs and parameters are not counted."""
         forward = self.forward.allocations(device_type, "forward")
+        saved = [a for name, a in forward.outputs.items() if name in self.plan.saved]
+        # the backward frees each saved intermediate once it has read it (_Compiled.backward):
+        # the library results saved as they are one by one, the tape block after its last value
+        consumable = {name: forward.outputs.get(name, forward.tape[0] if forward.tape else None)
+                      for name in self.plan.saved}
         backward = self.backward_executable(self.dense_layouts())
-        run = backward.executable.allocations(device_type, "backward")
+        run = backward.executable.allocations(device_type, "backward", consumable)
         outputs = self.plan.graph.outputs
         incoming = [Allocation(("incoming", name), allocated_bytes(outputs[name].view.numel * outputs[name].dtype.itemsize,
                                                                    device_type),
@@ -103,12 +108,10 @@ class GradExecutable:
             zeros.append(Allocation(("zeros", name), allocated_bytes(node.view.numel * node.dtype.itemsize, device_type),
                                     "gradient", f"zero gradient of {name}", "backward end"))
         kept_by_backward = set(run.outputs.values()) - set(grads.values())  # scatter indices and values
-        saved = [a for name, a in forward.outputs.items() if name in self.plan.saved]
         events = (forward.during + forward.at_end + incoming + run.during + zeros
                   + release([a for a in run.outputs.values() if a in kept_by_backward], "backward end")
                   + run.at_end
-                  # torch releases the saved tensors once the backward has run (no retain_graph)
-                  + release(forward.tape + saved, "after backward: saved values released")
+                  # (torch lets go of the saved tensors once the backward has run: freed already)
                   + release(incoming, "after backward"))
         # the gradients are the caller's (as eager's are), whether a kernel or a call wrote them
         events = relabel(events, {a.key for a in grads.values()}, "gradient")
@@ -157,9 +160,11 @@ class _Backward:
     def __getattr__(self, name):  # graph, lowered, launches, slabs...: the kernels'
         return getattr(self.executable, name)
 
-    def run(self, tensors: dict[str, torch.Tensor], inputs: dict[str, tuple]) -> dict[str, torch.Tensor]:
-        """Input name -> its gradient. `inputs`: name -> (shape, dtype) of each input."""
-        memory = self.executable.run(tensors)
+    def run(self, tensors: dict[str, torch.Tensor], inputs: dict[str, tuple],
+            consumable: frozenset = frozenset()) -> dict[str, torch.Tensor]:
+        """Input name -> its gradient. `inputs`: name -> (shape, dtype) of each input;
+        consumable: saved values whose memory may be freed once read (see Executable.run)."""
+        memory = self.executable.run(tensors, consumable=consumable)
         found = {name[len("grad_"):]: t for (kind, name), t in _outputs(memory) if name.startswith("grad_")}
         def zeros(name):
             shape, dtype = inputs[name]
@@ -224,5 +229,9 @@ class _Compiled(torch.autograd.Function):
         if not layouts:
             return (None, None) + (None,) * len(ctx.names)
         backward = compiled.backward_executable(layouts)
-        found = backward.run(tensors, ctx.input_layouts)
+        # the saved intermediates are tjit's alone; a backward that runs once (no retain_graph)
+        # frees each as soon as its kernels have read it, as eager's frees an op's saved tensors
+        # after that op's backward, rather than all of them once the whole backward is done
+        consumable = frozenset() if torch._C._autograd._get_current_graph_task_keep_graph() else frozenset(plan.saved)
+        found = backward.run(tensors, ctx.input_layouts, consumable)
         return (None, None) + tuple(found.get(name) for name in ctx.names)

@@ -83,6 +83,15 @@ class Executable:
         self._status: dict[torch.device, torch.Tensor] = {}
         self._counters: dict[torch.device, torch.Tensor] = {}
         self._dead_after = _dead_library_results(program)
+        # each computed output is allocated right before the first step that touches it (a
+        # backward's gradients as they are computed, not all before the first kernel)
+        self._outputs_before: list[list[int]] = [[] for _ in self.launches]
+        self._outputs_at_start: list[int] = []  # (those no step touches: a zero-size output)
+        first = _first_access(program.steps, "output")
+        for k, spec in enumerate(conversion.outputs):
+            if spec.kind == "computed" and spec.name not in program.call_outputs:
+                (self._outputs_before[first[spec.name]] if spec.name in first else self._outputs_at_start).append(k)
+        self._last_input_read = _last_read_of_inputs(program.steps)
 
     def __call__(self, tensors: dict[str, torch.Tensor], out=None):
         device = _device_of(tensors)
@@ -90,21 +99,24 @@ class Executable:
         result = self.assemble(self.run(tensors, destinations))
         return result if out is None else self._into(out, result)
 
-    def run(self, tensors: dict[str, torch.Tensor], destinations: Optional[dict] = None) -> dict:
+    def run(self, tensors: dict[str, torch.Tensor], destinations: Optional[dict] = None,
+            consumable: frozenset = frozenset()) -> dict:
         """Launch every kernel; returns the call's memory: ("output", name) -> each computed
-        output (tape outputs included), plus the inputs and this call's buffers."""
+        output (tape outputs included), plus the inputs and this call's buffers. consumable:
+        inputs the caller gives up (values saved for a backward that runs once): the memory
+        of each is freed after the last step that reads it, unless another input shares it."""
         device = _device_of(tensors)
         memory = dict(tensors)
         memory.update(self.constants_on(device))
         slab = self._slab_for(device)
         try:
-            memory.update(self._allocate(device, destinations, slab))
+            memory.update(self._allocate(device, destinations or {}, slab))
             if self.donated:
                 memory.update(self._donated_views(tensors))
             if self._checked:
                 memory["status"] = self._status_on(device)
             memory["counter"] = self._counters_on(device)
-            self._run_steps(memory)
+            self._run_steps(memory, device, destinations or {}, self._consumed_after(tensors, consumable))
             for name, node in self.program.call_outputs.items():
                 memory[("output", name)] = memory[("buffer", id(node))]
             if self._reads_status:
@@ -118,15 +130,21 @@ class Executable:
                 give_up(tensors[name])
         return memory
 
-    def _run_steps(self, memory: dict) -> None:
+    def _run_steps(self, memory: dict, device, destinations: dict, consumed_after: dict) -> None:
+        poison = debug.poisoning()
         try:
             for k, step in enumerate(self.launches):
+                for index in self._outputs_before[k]:
+                    memory[("output", self.conversion.outputs[index].name)] = \
+                        self._output_memory(index, device, destinations, poison)
                 if isinstance(step, LibraryPlan):
                     run_library_call(step, memory)
                 else:
                     self._launch(step, memory, k)
                 for key in self._dead_after[k]:  # a library result in memory of its own, read for the last time
                     del memory[key]
+                for storage in consumed_after.get(k, ()):  # a value saved for backward, read for the last time
+                    storage.resize_(0)
         except BaseException:
             memory["counter"].zero_()  # a grid reduction cut short must not skew the next call's count
             raise
@@ -154,27 +172,42 @@ class Executable:
         return {"slab": allocated_bytes(self.memory_plan.slab_size, device_type),
                 "status words": words * (1 + self._checked)}
 
-    def allocations(self, device_type: str, phase: str = "call") -> "RunAllocations":
+    def allocations(self, device_type: str, phase: str = "call", consumable: Optional[dict] = None) -> "RunAllocations":
         """The allocations and releases of one run, predicted from the plan, in the order run()
-        makes them (see tjit.memory.peak). Without out=."""
+        makes them (see tjit.memory.peak). Without out=. consumable: input name -> the
+        allocation holding it, for the inputs run() is told it may free (run's consumable)."""
         found = RunAllocations()
-        for spec in self.conversion.outputs:  # _allocate: the outputs, then the tape block
-            if spec.kind == "computed" and spec.name not in self.program.call_outputs:
-                nbytes = strided_bytes(spec.shape, spec.stride, self.graph.outputs[spec.name].dtype.itemsize)
-                found.outputs[spec.name] = Allocation((phase, "output", spec.name), allocated_bytes(nbytes, device_type),
-                                                      "output", f"output {spec.name}", f"{phase} start")
-        found.during += found.outputs.values()
-        if self.tape:
+
+        def output(index: int, where: str) -> Allocation:
+            spec = self.conversion.outputs[index]
+            nbytes = strided_bytes(spec.shape, spec.stride, self.graph.outputs[spec.name].dtype.itemsize)
+            found.outputs[spec.name] = Allocation((phase, "output", spec.name), allocated_bytes(nbytes, device_type),
+                                                  "output", f"output {spec.name}", where)
+            return found.outputs[spec.name]
+
+        if self.tape:  # _allocate: the tape block, then the outputs no step touches
             found.tape = [Allocation((phase, "tape"), allocated_bytes(self.tape_bytes(), device_type), "tape",
                                      f"tape block ({len(self.tape)} saved values)", f"{phase} start")]
             found.during += found.tape
+        found.during += [output(index, f"{phase} start") for index in self._outputs_at_start]
+        consumed: dict[int, list] = {}  # step -> the consumable allocations it reads last (_consumed_after)
+        last: dict[object, tuple[int, Allocation]] = {}
+        for name, allocation in (consumable or {}).items():
+            step = self._last_input_read.get(name, 0)
+            if allocation.key not in last or step > last[allocation.key][0]:
+                last[allocation.key] = (step, allocation)
+        for step, allocation in last.values():
+            consumed.setdefault(step, []).append(allocation)
         results = {}  # memory key -> the library result in memory of its own
         for k, step in enumerate(self.launches):
+            where = f"{phase} step {k} ({step.call.name if isinstance(step, LibraryPlan) else step.plan.name})"
+            found.during += [output(index, where) for index in self._outputs_before[k]]
             if isinstance(step, LibraryPlan):
-                during, kept = call_allocations(step, device_type, f"{phase} step {k} ({step.call.name})")
+                during, kept = call_allocations(step, device_type, where)
                 found.during += during
                 results.update({memory_key(node): kept[node.op.index] for node in step.results})
-            found.during += release([results.pop(key) for key in self._dead_after[k]], f"{phase} step {k}")
+            found.during += release([results.pop(key) for key in self._dead_after[k]], where)
+            found.during += release(consumed.get(k, []), where)
         for name, node in self.program.call_outputs.items():  # returned as the call left them
             found.outputs[name] = replace(results.pop(memory_key(node)), kind="output")
         found.during = relabel(found.during, {a.key for a in found.outputs.values()}, "output")
@@ -332,24 +365,51 @@ class Executable:
                 o.copy_(r)
         return out
 
-    def _allocate(self, device, destinations, slab: Slab) -> dict[str, torch.Tensor]:
-        out = {}
+    def _allocate(self, device, destinations: dict, slab: Slab) -> dict[str, torch.Tensor]:
+        """The memory a run binds before its first step: the tape block and the slab (the
+        outputs are allocated right before the first step that touches each: _run_steps; a
+        call's result is the output, bound after the call)."""
         poison = debug.poisoning()
-        for k, spec in enumerate(self.conversion.outputs):
-            if spec.kind != "computed" or spec.name in self.program.call_outputs:
-                continue  # (a call's result is the output: it is bound after the call)
-            if destinations and k in destinations:
-                out[("output", spec.name)] = destinations[k]
-            else:
-                dtype = self.graph.outputs[spec.name].dtype.torch
-                out[("output", spec.name)] = torch.empty_strided(spec.shape, spec.stride, dtype=dtype, device=device)
-        if self.tape:
-            out.update(self._tape_views(device))
+        out = self._tape_views(device) if self.tape else {}
         out.update(slab.views)
         if poison:
             for t in out.values():
                 debug.poison(t)
+        out.update({("output", self.conversion.outputs[k].name): self._output_memory(k, device, destinations, poison)
+                    for k in self._outputs_at_start})
         return out
+
+    def _output_memory(self, index: int, device, destinations: dict, poison: bool) -> torch.Tensor:
+        """Computed output `index`: the caller's out= tensor for it, or new memory."""
+        if index in destinations:
+            found = destinations[index]
+        else:
+            spec = self.conversion.outputs[index]
+            found = torch.empty_strided(spec.shape, spec.stride, dtype=self.graph.outputs[spec.name].dtype.torch,
+                                        device=device)
+        if poison:
+            debug.poison(found)
+        return found
+
+    def _consumed_after(self, tensors: dict, consumable: frozenset) -> dict[int, list]:
+        """Step -> the storages of consumable inputs that step reads for the last time (a
+        storage that an input the caller keeps shares is not freed; one that several
+        consumable inputs share, the tape block, is freed after the last of them)."""
+        if not consumable:
+            return {}
+        kept = {t.untyped_storage().data_ptr() for name, t in tensors.items() if name not in consumable}
+        last: dict[int, tuple] = {}
+        for name in consumable:
+            storage = tensors[name].untyped_storage()
+            key = storage.data_ptr()
+            if key in kept or not storage.nbytes():
+                continue
+            step = self._last_input_read.get(name, 0)
+            last[key] = (max(step, last[key][0]) if key in last else step, storage)
+        found: dict[int, list] = {}
+        for step, storage in last.values():
+            found.setdefault(step, []).append(storage)
+        return found
 
     def _tape_views(self, device) -> dict:
         offsets, total = [], 0
@@ -433,6 +493,26 @@ def _dead_library_results(program: Program) -> list[list]:
     for key, k in last.items():
         dead[k].append(memory_key(nodes[key]))
     return dead
+
+
+def _first_access(steps, kind: str) -> dict[str, int]:
+    """Name -> the first step that reads or writes that input or output."""
+    found: dict[str, int] = {}
+    for k, step in enumerate(steps):
+        for access in step.accesses:
+            if access.buffer.kind == kind:
+                found.setdefault(access.buffer.name, k)
+    return found
+
+
+def _last_read_of_inputs(steps) -> dict[str, int]:
+    """Input name -> the last step that reads it."""
+    found: dict[str, int] = {}
+    for k, step in enumerate(steps):
+        for access in step.accesses:
+            if access.buffer.kind == "input" and not access.store:
+                found[access.buffer.name] = k
+    return found
 
 
 def _plan(step) -> "KernelPlan | LibraryPlan":

@@ -92,8 +92,8 @@ class GradExecutable:
         saved = [a for name, a in forward.outputs.items() if name in self.plan.saved]
         # the backward frees each saved intermediate once it has read it (_Compiled.backward):
         # the library results saved as they are one by one, the tape block after its last value
-        consumable = {name: forward.outputs.get(name, forward.tape[0] if forward.tape else None)
-                      for name in self.plan.saved}
+        consumable = {name: forward.outputs[name] if name in forward.outputs else forward.tape[0]
+                      for name in self.plan.saved if name in forward.outputs or forward.tape}
         backward = self.backward_executable(self.dense_layouts())
         run = backward.executable.allocations(device_type, "backward", consumable)
         outputs = self.plan.graph.outputs
@@ -185,6 +185,13 @@ class _Backward:
         return found
 
 
+def _backward_runs_once() -> bool:
+    """Whether the backward running now lets go of the graph (no retain_graph): then nothing
+    reads the saved values after it."""
+    keeps = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
+    return keeps is not None and not keeps()
+
+
 def _outputs(memory: dict):
     return [(k, t) for k, t in memory.items() if isinstance(k, tuple) and k[0] == "output"]
 
@@ -232,6 +239,6 @@ class _Compiled(torch.autograd.Function):
         # the saved intermediates are tjit's alone; a backward that runs once (no retain_graph)
         # frees each as soon as its kernels have read it, as eager's frees an op's saved tensors
         # after that op's backward, rather than all of them once the whole backward is done
-        consumable = frozenset() if torch._C._autograd._get_current_graph_task_keep_graph() else frozenset(plan.saved)
+        consumable = frozenset(plan.saved) if _backward_runs_once() else frozenset()
         found = backward.run(tensors, ctx.input_layouts, consumable)
         return (None, None) + tuple(found.get(name) for name in ctx.names)

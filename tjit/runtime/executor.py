@@ -399,7 +399,7 @@ class Executable:
             return {}
         kept = {t.untyped_storage().data_ptr() for name, t in tensors.items() if name not in consumable}
         last: dict[int, tuple] = {}
-        for name in consumable:
+        for name in consumable & tensors.keys():
             storage = tensors[name].untyped_storage()
             key = storage.data_ptr()
             if key in kept or not storage.nbytes():

@@ -108,10 +108,12 @@ class GradExecutable:
             zeros.append(Allocation(("zeros", name), allocated_bytes(node.view.numel * node.dtype.itemsize, device_type),
                                     "gradient", f"zero gradient of {name}", "backward end"))
         kept_by_backward = set(run.outputs.values()) - set(grads.values())  # scatter indices and values
+        freed = {a.key for a in run.during if a.bytes < 0}
         events = (forward.during + forward.at_end + incoming + run.during + zeros
                   + release([a for a in run.outputs.values() if a in kept_by_backward], "backward end")
                   + run.at_end
-                  # (torch lets go of the saved tensors once the backward has run: freed already)
+                  # torch lets go of the saved tensors once the backward has run (those it read are freed)
+                  + release([a for a in forward.tape + saved if a.key not in freed], "after backward")
                   + release(incoming, "after backward"))
         # the gradients are the caller's (as eager's are), whether a kernel or a call wrote them
         events = relabel(events, {a.key for a in grads.values()}, "gradient")

@@ -1,15 +1,16 @@
 """Peak memory, predicted from the plan: what a call (or a training step) allocates, in order.
 
-The runtime's allocations are all decided at compile time: a call allocates its outputs and
-its tape block when it starts, its library calls allocate the results the slab does not hold
-(and copies some operands) at their step, and it lets go of the call results it does not
-return when it ends. Autograd adds the incoming gradient, the backward's own call, and the
-release of the saved values after backward. Each of those is an `Allocation` event here (the
-code that allocates says what it allocates: Executable.allocations, library.call_allocations,
-GradExecutable.training_step_memory); folding them in order gives the most bytes alive at once.
+The runtime's allocations are all decided at compile time: a call allocates its tape block
+when it starts and each output right before the step that first writes it; its library
+calls allocate the results the slab does not hold (and copy some operands) at their step,
+and it lets go of each such result after its last reader. Autograd adds the incoming
+gradient and the backward's own call, which frees each saved value after its last reader.
+Each of those is an `Allocation` event here (the code that allocates says what it allocates:
+Executable.allocations, library.call_allocations, GradExecutable.training_step_memory);
+folding them in order gives the most bytes alive at once.
 
-What is counted: memory tjit keeps between calls (`held`: the slabs and the per-launch status
-and counter words) plus everything a call allocates and has not released yet: outputs,
+What is counted: memory tjit keeps between calls (`held`: the arena that holds the slabs, and
+the per-launch status and counter words) plus everything a call allocates and has not released yet: outputs,
 gradients handed back, the tape (values saved for backward), library calls' results and the
 operand copies they make, the incoming gradient of `loss.backward()`. What is not: inputs and
 parameters (alive before the call), and memory an aten op allocates and frees inside itself

@@ -22,7 +22,8 @@ and tjit's plan is checked against them. Per workload it reports
   * peak memory of a step: the most bytes of tensors allocated during the step and alive at
     once (tracked op by op with a dispatch mode; on CPU the garbage collector runs at each op,
     so no reference cycle of Triton's interpreter holds memory longer than on a GPU). tjit's
-    column adds the slabs its compiled forward and backward keep between calls;
+    column adds the slabs its compiled forward and backward keep between calls (the larger of
+    the two: they start one arena, which a thread's compiled graphs share);
   * whether the output and the gradients match eager's (torch.allclose, rtol 1e-4, atol 1e-5);
   * the training loop: tape bytes after the last step (tjit.memory.stats), resident memory
     growth between a warm step and the last one, and the kernels of the last step (forward,
@@ -305,7 +306,9 @@ def measure(w: Workload, rows: int, cols: int) -> Row:
     if saved != planned_saved:
         failures.append(f"{where}: tjit's plan saves {planned_saved} B for backward (GradExecutable.saved_bytes), "
                         f"autograd was handed {saved} B")
-    slabs = sum(s.memory.numel() for ex in [executable.forward, *executable._backward.values()] for s in ex.slabs())
+    # the forward's and backward's slabs start one arena (a thread's graphs share it): the larger counts
+    slabs = max((s.memory.numel() for ex in [executable.forward, *executable._backward.values()] for s in ex.slabs()),
+                default=0)
     return Row(
         w.name, f"{rows}x{cols}", fwd.total, back.total, len(explanation.kernels), len(bwd.kernels),
         fwd.aten.kernels + back.aten.kernels, eager_fwd.kernels, eager_bwd.kernels,

@@ -40,14 +40,13 @@ torch, tjit and the zoo, and the same difference is taken there ("cold": include
 compiler's lazy imports). Inductor's on-disk caches point at a fresh temporary directory per
 process, so nothing is reused from an earlier run; it compiles in-process (compile_threads=1).
 
-Peak memory of a training step (forward + loss + backward), eager against tjit: the most bytes of
-tensor storages allocated during the step and alive at once, tracked op by op with a dispatch mode
-(gc at each op; allocations Triton's interpreter makes inside a launch are left out), plus for tjit
-the slabs its compiled graphs hold between calls (tjit.memory.stats()["in_use_bytes"] grown by this
-model's compile). That counts tjit's slabs, its tape (allocated through torch), its library calls'
-results and the gradients; parameters and inputs, alive before the step, are not counted for
-either. Inductor allocates its buffers with empty_strided_cpu, which bypasses the dispatcher, so the
-same instrument cannot see them: its peak is reported as n/a.
+Peak memory of a training step (forward + loss + backward), eager, tjit and Inductor: the peak of
+the bytes allocated during the step and alive at once, as the allocator counts them
+(tjit.memory.measure_peak: torch's profiler's record of every CPU allocation and release, whoever
+makes it: tjit's runtime, Inductor's empty_strided_cpu, autograd, the library calls), plus for tjit
+the arena its compiled graphs' slabs share between calls (tjit.memory.stats()["in_use_bytes"],
+after the eval graphs are gone). Parameters and inputs, alive before the step, are not counted.
+tjit.explain(...).peak_memory predicts the same from the plan (tests/test_peak_memory.py).
 
 Correctness is checked too (max abs difference to eager of the eval output, the loss and every
 gradient of the first training step); a compiler that fails on a model has its error in the row.
@@ -91,8 +90,6 @@ import tjit  # noqa: E402  (before triton: chooses the interpreter without CUDA)
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402
-from torch.utils._pytree import tree_leaves  # noqa: E402
 
 import measure  # noqa: E402
 from measure import AtenKernels, TritonLaunches  # noqa: E402
@@ -236,47 +233,16 @@ def train_step(fn, params, x, target):
     return loss
 
 
-class Allocations(torch.utils._python_dispatch.TorchDispatchMode):
-    """Storages allocated while active (outside Triton launches): live bytes and their peak."""
-
-    def __init__(self):
-        super().__init__()
-        self.live: dict = {}
-        self.peak = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if measure._inside_launch:
-            return out
-        given = {a.untyped_storage().data_ptr() for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)}
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes():
-                storage = t.untyped_storage()
-                key = storage.data_ptr()
-                if key in given:
-                    continue
-                if key not in self.live or self.live[key][0].expired():
-                    self.live[key] = (StorageWeakRef(storage), storage.nbytes())
-        if not self.live:
-            return out
-        gc.collect()
-        self.live = {k: v for k, v in self.live.items() if not v[0].expired()}
-        self.peak = max(self.peak, sum(n for _, n in self.live.values()))
-        return out
-
-
-def peak_step_bytes(fn, params, x, target, compiled: bool) -> int:
-    gc.collect()
-    mode = Allocations()
-    with TritonLaunches(bytes=False):  # marks what runs inside a launch
-        if compiled:
-            train_step_measured(fn, params, x, target, [mode])
-        else:
-            with mode:
-                train_step(fn, params, x, target)
+def peak_step_bytes(fn, params, x, target) -> int:
+    """The allocator's peak over one training step (see the module text)."""
     for p in params:
         p.grad = None
-    return mode.peak
+    gc.collect()
+    with tjit.memory.measure_peak(x.device) as meter:
+        train_step(fn, params, x, target)
+    for p in params:
+        p.grad = None
+    return meter.peak
 
 
 def counted(call) -> dict:
@@ -319,7 +285,6 @@ def run_one(name: str, compiler: str, memory: bool = True, timing_only: bool = F
     x = spec.inputs(torch.Generator().manual_seed(1))
     target = target_for(spec, x, eager)
     row: dict = {"model": name, "compiler": compiler}
-    slab0 = tjit.memory.stats()["in_use_bytes"]
     stage = "eval"
     try:
         model.eval(), eager.eval()
@@ -346,7 +311,7 @@ def run_one(name: str, compiler: str, memory: bool = True, timing_only: bool = F
         del compiled  # its graphs' slabs are not the training step's
         torch._dynamo.reset()
         gc.collect()
-        slab0 = tjit.memory.stats()["in_use_bytes"]
+        tjit.memory.release()  # (the arena is allocated again at the size the training graphs need)
         model.train(), eager.train()
         wrapped = torch.compile(WithLoss(model), backend=backend(compiler))
         eager_loss_fn = WithLoss(eager)
@@ -361,15 +326,12 @@ def run_one(name: str, compiler: str, memory: bool = True, timing_only: bool = F
         row["train"] = counted(lambda modes: train_step_measured(wrapped, params, x, target, modes))
         if memory:
             stage = "memory"
-            eager_peak = peak_step_bytes(eager_loss_fn, eager_params, x, target, compiled=False)
-            row["eager_peak_bytes"] = eager_peak
+            row["eager_peak_bytes"] = peak_step_bytes(eager_loss_fn, eager_params, x, target)
+            row["peak_bytes"] = peak_step_bytes(wrapped, params, x, target)
             if compiler == "tjit":
-                slabs = tjit.memory.stats()["in_use_bytes"] - slab0
+                slabs = tjit.memory.stats()["in_use_bytes"]  # the arena the step's graphs share
                 row["slab_bytes"] = slabs
-                row["peak_bytes"] = peak_step_bytes(wrapped, params, x, target, compiled=True) + slabs
-            else:
-                row["peak_bytes"] = None
-                row["peak_note"] = "n/a: Inductor's buffers (empty_strided_cpu) bypass the dispatcher"
+                row["peak_bytes"] += slabs
     except Exception as e:  # noqa: BLE001  (recorded in the row)
         row["error"] = f"{stage}: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
         row["traceback"] = traceback.format_exc()[-3000:]
@@ -432,7 +394,7 @@ def print_table(results: dict, with_cold: bool) -> None:
     header = ["model"]
     for title, _, _ in cols:
         header += [f"{title} tjit", "ind"] if title != "tjit lib" else ["tjit lib (train)"]
-    header += ["peak MB eager", "tjit", "ok"]
+    header += ["peak MB eager", "tjit", "ind", "ok"]
     rows = []
     for name, per in results.items():
         t, i = per.get("tjit", {}), per.get("inductor", {})
@@ -451,6 +413,7 @@ def print_table(results: dict, with_cold: bool) -> None:
                     line.append(cell(r, *path, fmt=fmt))
         line.append(f"{t['eager_peak_bytes'] / MB:.3f}" if t.get("eager_peak_bytes") else "n/a")
         line.append(f"{t['peak_bytes'] / MB:.3f}" if t.get("peak_bytes") else "n/a")
+        line.append(f"{i['peak_bytes'] / MB:.3f}" if i.get("peak_bytes") else "n/a")
         oks = []
         for comp, r in (("tjit", t), ("ind", i)):
             if "error" in r:
@@ -466,13 +429,11 @@ def print_table(results: dict, with_cold: bool) -> None:
     print("\nkernels = Triton launches (counted in Triton) + aten ops run outside them (library / extern calls and "
           "autograd's eager ops), one steady-state call; train = forward+loss+backward.\nMB moved: distinct bytes the "
           "Triton launches loaded+stored (interpreter, measured). compile s: first call minus a steady call "
-          "(warm process). peak: tensor bytes alive at once during a train step (dispatch mode) + tjit's slabs.")
+          "(warm process). peak: the allocator's peak over a train step (tjit.memory.measure_peak) + tjit's arena.")
     for name, per in results.items():
         for comp, r in per.items():
             if "error" in r:
                 print(f"  {name}/{comp} error: {r['error']}")
-            if r.get("peak_note") and name == next(iter(results)):
-                print(f"  inductor peak memory: {r['peak_note']}")
 
 
 def print_targets(results: dict) -> None:

@@ -98,6 +98,58 @@ def test_preallocated_pool_holds_the_slabs(monkeypatch):
     assert stats["in_use_bytes"] == tjit.explain(cf, x).memory.slab_size > 0
 
 
+def mlp_loss(x, w1, w2):
+    return torch.relu(x @ w1).softmax(1).t().contiguous().matmul(w2).square().mean()
+
+
+def test_forward_and_backward_share_one_arena_as_large_as_the_larger_slab():
+    x, w1, w2 = torch.randn(16, 32), torch.randn(32, 64, requires_grad=True), torch.randn(16, 8, requires_grad=True)
+    cf = tjit.compile(mlp_loss)
+    for _ in range(2):
+        cf(x, w1, w2).backward()
+    explanation = tjit.explain(cf, x, w1, w2)
+    forward, backward = explanation.memory.slab_size, explanation.backward.memory.slab_size
+    assert forward > 0 and backward > 0
+    stats = tjit.memory.stats()
+    assert stats["slab_count"] == 1 and stats["in_use_bytes"] == max(forward, backward)
+    assert explanation.peak_memory.held["slab"] == max(forward, backward)
+
+
+def test_the_arena_grows_for_a_larger_graph_and_is_let_go_of_when_that_graph_is_gone():
+    import gc
+    small, large = torch.randn(9, 7), torch.randn(90, 70)
+    f, g = tjit.compile(three_kernels), tjit.compile(three_kernels)
+    f_slab, g_slab = tjit.explain(f, small).memory.slab_size, tjit.explain(g, large).memory.slab_size
+    assert f_slab < g_slab
+    check_against_eager(three_kernels, small, compiled=f)
+    assert tjit.memory.stats()["in_use_bytes"] == f_slab
+    check_against_eager(three_kernels, large, compiled=g)
+    check_against_eager(three_kernels, small, compiled=f)  # its views moved to the grown arena
+    assert tjit.memory.stats()["in_use_bytes"] == g_slab
+    del g
+    gc.collect()
+    assert tjit.memory.stats()["in_use_bytes"] == 0  # larger than f needs: let go of
+    check_against_eager(three_kernels, small, compiled=f)
+    assert tjit.memory.stats()["in_use_bytes"] == f_slab
+
+
+def test_a_run_while_the_arena_is_held_gets_a_slab_of_its_own():
+    """A compiled function run inside another's run on the same thread (a library call that
+    calls one) must not write the arena the outer run is using."""
+    from tjit.memory.slab import POOL
+    x = torch.randn(9, 7)
+    cf = tjit.compile(three_kernels)
+    check_against_eager(three_kernels, x, compiled=cf)  # (the arena exists, at this size)
+    outer = cf.entry_for(x).executable
+    arena = POOL.acquire(outer.memory_plan.slab_size, "cpu", outer)
+    try:
+        arena.memory.fill_(7)
+        check_against_eager(three_kernels, x, compiled=cf)
+        assert bool((arena.memory == 7).all())
+    finally:
+        POOL.done(arena)
+
+
 def buffered(x):
     return (x.t().contiguous() * 2).t().cumsum(1) + x
 

@@ -9,6 +9,7 @@ from .ir import Graph
 from .lower import LibraryPlan
 from .lower.codegen import KernelPlan
 from .memory import MemoryPlan
+from .memory.peak import PeakMemory
 from .runtime.split import SplitFunction
 
 
@@ -62,6 +63,9 @@ class Explanation:
     saved: tuple[str, ...] = ()
     library_calls: list[LibraryCallReport] = field(default_factory=list)
     steps: list = field(default_factory=list)  # kernels and library calls, in the order they run
+    # the predicted peak of a call, or of a training step (forward + backward) when inputs
+    # require grad: memory held between calls plus what the call allocates (tjit.memory.peak)
+    peak_memory: Optional[PeakMemory] = None
 
     @property
     def bytes_moved(self) -> int:
@@ -82,6 +86,8 @@ class Explanation:
             lines.append(k.source)
         if self.memory is not None and self.memory.intervals:
             lines += ["", "memory plan (steps are kernel launches and library calls, in order):", self.memory.format()]
+        if self.peak_memory is not None:
+            lines += ["", str(self.peak_memory)]
         if self.backward is not None:
             lines += ["", f"saved for backward: {', '.join(self.saved) or 'nothing'}", "", "backward:",
                       str(self.backward)]
@@ -125,10 +131,21 @@ def explain(fn, *args, **kwargs) -> Explanation:
         return _explain_split(entry.executable, args, kwargs)
     explanation = _explain(entry.executable, entry.eager_ops)
     plan = getattr(entry.executable, "plan", None)  # a GradExecutable: inputs require grad
+    device_type = _device_type(args, kwargs)
     if plan is not None:
         explanation.backward = _explain(entry.executable.backward_executable(entry.executable.dense_layouts()), 0)
         explanation.saved = plan.saved_inputs + plan.saved_outputs + tuple(plan.saved)
+        explanation.peak_memory = entry.executable.training_step_memory(device_type)
+    else:
+        explanation.peak_memory = entry.executable.call_memory(device_type)
     return explanation
+
+
+def _device_type(args, kwargs) -> str:
+    """The device type of the call's tensors (the CPU without tensors, as the runtime)."""
+    import torch
+    tensors = [v for v in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(v, torch.Tensor)]
+    return tensors[0].device.type if tensors else "cpu"
 
 
 def _explain_split(split: SplitFunction, args, kwargs) -> SplitExplanation:

@@ -19,6 +19,7 @@ from ..errors import CompileArgumentError
 from ..frontend.convert import Conversion, OutputSpec
 from ..ir import contiguous_strides
 from ..pipeline import build_program
+from ..memory.peak import Allocation, PeakMemory, allocated_bytes, relabel, release
 from ..runtime.executor import Executable
 from .backward import AutogradPlan, GradLayout, backward_graph, incoming_grad_name, saved_layouts
 
@@ -81,6 +82,51 @@ class GradExecutable:
         known = {**self.forward.conversion.constants, **tensors}
         return held + sum(known[n].numel() * known[n].element_size() for n in self.plan.saved_inputs)
 
+    def training_step_memory(self, device_type: str) -> PeakMemory:
+        """The predicted peak of a training step: this call, then backward from every
+        differentiable output with a dense incoming gradient (`loss.backward()` of a scalar
+        loss), the gradients handed back to the caller (and kept: autograd moves them into
+        .grad without a copy when they have the input's layout). Counted as in
+        tjit.memory.peak: what the forward and backward hold between calls, plus what the step
+        allocates and has not released yet; inputs and parameters are not counted."""
+        forward = self.forward.allocations(device_type, "forward")
+        saved = [a for name, a in forward.outputs.items() if name in self.plan.saved]
+        # the backward frees each saved intermediate once it has read it (_Compiled.backward):
+        # the library results saved as they are one by one, the tape block after its last value
+        consumable = {name: forward.outputs[name] if name in forward.outputs else forward.tape[0]
+                      for name in self.plan.saved if name in forward.outputs or forward.tape}
+        backward = self.backward_executable(self.dense_layouts())
+        run = backward.executable.allocations(device_type, "backward", consumable)
+        outputs = self.plan.graph.outputs
+        incoming = [Allocation(("incoming", name), allocated_bytes(outputs[name].view.numel * outputs[name].dtype.itemsize,
+                                                                   device_type),
+                               "incoming gradient", f"gradient of output {name}", "backward start")
+                    for name in self.plan.differentiable_outputs]
+        grads = {name[len("grad_"):]: a for name, a in run.outputs.items() if name.startswith("grad_")}
+        zeros = []  # _Backward.run: a zero gradient for each input no path reaches
+        for name in backward.zeros + tuple(n for n in backward.scatters if n not in grads):
+            node = self.plan.graph.input_node(name)
+            zeros.append(Allocation(("zeros", name), allocated_bytes(node.view.numel * node.dtype.itemsize, device_type),
+                                    "gradient", f"zero gradient of {name}", "backward end"))
+        kept_by_backward = set(run.outputs.values()) - set(grads.values())  # scatter indices and values
+        freed = {a.key for a in run.during if a.bytes < 0}
+        events = (forward.during + forward.at_end + incoming + run.during + zeros
+                  + release([a for a in run.outputs.values() if a in kept_by_backward], "backward end")
+                  + run.at_end
+                  # torch lets go of the saved tensors once the backward has run (those it read are freed)
+                  + release([a for a in forward.tape + saved if a.key not in freed], "after backward")
+                  + release(incoming, "after backward"))
+        # the gradients are the caller's (as eager's are), whether a kernel or a call wrote them
+        events = relabel(events, {a.key for a in grads.values()}, "gradient")
+        events = relabel(events, {a.key for a in saved}, "saved library result")
+        forward_held, backward_held = self.forward.held_bytes(device_type), backward.executable.held_bytes(device_type)
+        if device_type == "cpu":  # autograd runs a CPU backward on the calling thread: one arena for both
+            held = {"slab": max(forward_held["slab"], backward_held["slab"])}
+        else:  # a device's backward runs on autograd's thread for that device: an arena there too
+            held = {"forward slab": forward_held["slab"], "backward slab": backward_held["slab"]}
+        held["status words"] = forward_held["status words"] + backward_held["status words"]
+        return PeakMemory(held, events, device_type, "training step")
+
     def dense_layouts(self) -> dict[str, GradLayout]:
         """Gradients arriving dense (as loss.backward() gives a scalar loss's)."""
         outputs = self.plan.graph.outputs
@@ -119,9 +165,11 @@ class _Backward:
     def __getattr__(self, name):  # graph, lowered, launches, slabs...: the kernels'
         return getattr(self.executable, name)
 
-    def run(self, tensors: dict[str, torch.Tensor], inputs: dict[str, tuple]) -> dict[str, torch.Tensor]:
-        """Input name -> its gradient. `inputs`: name -> (shape, dtype) of each input."""
-        memory = self.executable.run(tensors)
+    def run(self, tensors: dict[str, torch.Tensor], inputs: dict[str, tuple],
+            consumable: frozenset = frozenset()) -> dict[str, torch.Tensor]:
+        """Input name -> its gradient. `inputs`: name -> (shape, dtype) of each input;
+        consumable: saved values whose memory may be freed once read (see Executable.run)."""
+        memory = self.executable.run(tensors, consumable=consumable)
         found = {name[len("grad_"):]: t for (kind, name), t in _outputs(memory) if name.startswith("grad_")}
         def zeros(name):
             shape, dtype = inputs[name]
@@ -140,6 +188,13 @@ class _Backward:
                 else:
                     grad.scatter_add_(axis, index, values)
         return found
+
+
+def _backward_runs_once() -> bool:
+    """Whether the backward running now lets go of the graph (no retain_graph): then nothing
+    reads the saved values after it."""
+    keeps = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
+    return keeps is not None and not keeps()
 
 
 def _outputs(memory: dict):
@@ -186,5 +241,9 @@ class _Compiled(torch.autograd.Function):
         if not layouts:
             return (None, None) + (None,) * len(ctx.names)
         backward = compiled.backward_executable(layouts)
-        found = backward.run(tensors, ctx.input_layouts)
+        # the saved intermediates are tjit's alone; a backward that runs once (no retain_graph)
+        # frees each as soon as its kernels have read it, as eager's frees an op's saved tensors
+        # after that op's backward, rather than all of them once the whole backward is done
+        consumable = frozenset(plan.saved) if _backward_runs_once() else frozenset()
+        found = backward.run(tensors, ctx.input_layouts, consumable)
         return (None, None) + tuple(found.get(name) for name in ctx.names)

@@ -6,6 +6,8 @@ against, lower_bound the floor no plan can beat, check_plan the checker every pl
 MemoryPlan (from make_plan) keeps a plan with its text form (format_plan) and picture (plot,
 which needs matplotlib). A compiled function's intermediates live in one slab per device and
 thread (liveness.py plans it, slab.py holds it); stats() and release() manage the pool.
+peak.py predicts a call's or training step's peak memory from the plan (what explain shows),
+measure.py measures it with the allocator (measure_peak).
 """
 from .planner import (
     MemoryPlan,
@@ -16,6 +18,8 @@ from .planner import (
     make_plan,
     plan_offsets,
 )
+from .measure import measure_peak
+from .peak import PeakMemory
 from .plot import format_plan, plot
 from .slab import release, stats
 
@@ -27,6 +31,8 @@ __all__ = [
     "greedy_by_size",
     "lower_bound",
     "make_plan",
+    "measure_peak",
+    "PeakMemory",
     "plan_offsets",
     "plot",
     "release",

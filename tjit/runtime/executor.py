@@ -5,10 +5,9 @@ layouts) was computed at trace time; a call only allocates and binds pointers.
 """
 from __future__ import annotations
 
-import gc
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -23,10 +22,11 @@ from ..lower.codegen import ZERO_DIV_FLAG, BufferRef, KernelPlan
 from ..lower import gpu_compile
 from ..memory.donation import give_up
 from ..pipeline import Program
+from ..memory.peak import Allocation, PeakMemory, allocated_bytes, relabel, release, strided_bytes
 from ..memory.slab import POOL, Slab
 from .counters import counters
 from .interpreter import interpreting
-from .library import run_library_call
+from .library import call_allocations, memory_key, run_library_call
 from .loader import load_kernel, note_launch_config
 
 
@@ -36,6 +36,18 @@ TAPE_ALIGN = 128  # bytes: each saved value starts where a vectorised load may s
 # under the lock gpu_compile holds while it swaps interpreted functions for compiler ones
 # (everything else a call touches is its thread's own: slab, status and counter words).
 INTERPRETER_LOCK = gpu_compile._lock
+
+
+@dataclass
+class RunAllocations:
+    """What one run allocates (Executable.allocations): `during` the run, in order; `at_end`,
+    the releases when the run's memory is dropped (library results no output holds);
+    `outputs` (by graph output name, library results returned as they are among them) and
+    the `tape` block outlive the run."""
+    during: list = field(default_factory=list)
+    at_end: list = field(default_factory=list)
+    outputs: dict = field(default_factory=dict)
+    tape: list = field(default_factory=list)
 
 
 @dataclass
@@ -70,6 +82,16 @@ class Executable:
                                  for step in self.launches for check in _plan(step).checks)
         self._status: dict[torch.device, torch.Tensor] = {}
         self._counters: dict[torch.device, torch.Tensor] = {}
+        self._dead_after = _dead_library_results(program)
+        # each computed output is allocated right before the first step that touches it (a
+        # backward's gradients as they are computed, not all before the first kernel)
+        self._outputs_before: list[list[int]] = [[] for _ in self.launches]
+        self._outputs_at_start: list[int] = []  # (those no step touches: a zero-size output)
+        first = {**_first_access(program.steps, "output"), **_first_buffer_access(program.steps, program.buffer_outputs)}
+        for k, spec in enumerate(conversion.outputs):
+            if spec.kind == "computed" and spec.name not in program.call_outputs:
+                (self._outputs_before[first[spec.name]] if spec.name in first else self._outputs_at_start).append(k)
+        self._last_input_read = _last_read_of_inputs(program.steps)
 
     def __call__(self, tensors: dict[str, torch.Tensor], out=None):
         device = _device_of(tensors)
@@ -77,35 +99,35 @@ class Executable:
         result = self.assemble(self.run(tensors, destinations))
         return result if out is None else self._into(out, result)
 
-    def run(self, tensors: dict[str, torch.Tensor], destinations: Optional[dict] = None) -> dict:
+    def run(self, tensors: dict[str, torch.Tensor], destinations: Optional[dict] = None,
+            consumable: frozenset = frozenset()) -> dict:
         """Launch every kernel; returns the call's memory: ("output", name) -> each computed
-        output (tape outputs included), plus the inputs and this call's buffers."""
+        output (tape outputs included), plus the inputs and this call's buffers. consumable:
+        inputs the caller gives up (values saved for a backward that runs once): the memory
+        of each is freed after the last step that reads it, unless another input shares it."""
         device = _device_of(tensors)
         memory = dict(tensors)
         memory.update(self.constants_on(device))
-        memory.update(self._allocate(device, destinations))
-        for name, node in self.program.buffer_outputs.items():
-            memory[("buffer", id(node))] = memory[("output", name)]
-        if self.donated:
-            memory.update(self._donated_views(tensors))
-        if self._checked:
-            memory["status"] = self._status_on(device)
-        memory["counter"] = self._counters_on(device)
+        slab = self._slab_for(device)
         try:
-            self._run_steps(memory)
+            memory.update(self._allocate(device, destinations or {}, slab))
+            if self.donated:
+                memory.update(self._donated_views(tensors))
+            if self._checked:
+                memory["status"] = self._status_on(device)
+            memory["counter"] = self._counters_on(device)
+            self._run_steps(memory, device, destinations or {}, self._consumed_after(tensors, consumable))
             for name, node in self.program.call_outputs.items():
                 memory[("output", name)] = self._as_output(name, memory[("buffer", id(node))])
             if self._reads_status:
                 self._raise_failed_checks(memory["status"])
         finally:
+            if slab.arena is not None:
+                POOL.done(slab.arena)  # (its views in `memory` are dead now: the next run may reuse them)
             # the caller gave the donated inputs up: they may hold intermediates now, even when
             # the call raises, so a later use fails loudly rather than reading other values
             for name in self.donated:
                 give_up(tensors[name])
-        if self._interpreting:
-            # Triton's interpreter keeps each launch's tensors in a closure cycle; collect it
-            # now, so memory (the tape's included) is freed when torch lets it go, as on a GPU
-            gc.collect(0)
         return memory
 
     def _as_output(self, name: str, result: torch.Tensor) -> torch.Tensor:
@@ -115,13 +137,21 @@ class Executable:
             return result
         return result.as_strided(out.shape, out.view.strides, result.storage_offset())
 
-    def _run_steps(self, memory: dict) -> None:
+    def _run_steps(self, memory: dict, device, destinations: dict, consumed_after: dict) -> None:
+        poison = debug.poisoning()
         try:
             for k, step in enumerate(self.launches):
+                for index in self._outputs_before[k]:
+                    self._bind_output(memory, self.conversion.outputs[index].name,
+                                      self._output_memory(index, device, destinations, poison))
                 if isinstance(step, LibraryPlan):
                     run_library_call(step, memory)
                 else:
                     self._launch(step, memory, k)
+                for key in self._dead_after[k]:  # a library result in memory of its own, read for the last time
+                    del memory[key]
+                for storage in consumed_after.get(k, ()):  # a value saved for backward, read for the last time
+                    storage.resize_(0)
         except BaseException:
             memory["counter"].zero_()  # a grid reduction cut short must not skew the next call's count
             raise
@@ -139,6 +169,70 @@ class Executable:
     def donated(self) -> dict:
         return self.program.donated
 
+    # -- what a call allocates, predicted from the plan (tjit.memory.peak) ----------------------
+    def held_bytes(self, device_type: str) -> dict[str, int]:
+        """Memory this function keeps between calls, per device and thread: its slab (the arena
+        of the thread holds it, shared with the other graphs the thread runs: it is at least
+        this large), and one int32 per launch of status words (with checks) and grid-reduction
+        counters."""
+        words = allocated_bytes(4 * len(self.launches), device_type)
+        return {"slab": allocated_bytes(self.memory_plan.slab_size, device_type),
+                "status words": words * (1 + self._checked)}
+
+    def allocations(self, device_type: str, phase: str = "call", consumable: Optional[dict] = None) -> "RunAllocations":
+        """The allocations and releases of one run, predicted from the plan, in the order run()
+        makes them (see tjit.memory.peak). Without out=. consumable: input name -> the
+        allocation holding it, for the inputs run() is told it may free (run's consumable)."""
+        found = RunAllocations()
+
+        def output(index: int, where: str) -> Allocation:
+            spec = self.conversion.outputs[index]
+            nbytes = strided_bytes(spec.shape, spec.stride, self.graph.outputs[spec.name].dtype.itemsize)
+            found.outputs[spec.name] = Allocation((phase, "output", spec.name), allocated_bytes(nbytes, device_type),
+                                                  "output", f"output {spec.name}", where)
+            return found.outputs[spec.name]
+
+        if self.tape:  # _allocate: the tape block, then the outputs no step touches
+            found.tape = [Allocation((phase, "tape"), allocated_bytes(self.tape_bytes(), device_type), "tape",
+                                     f"tape block ({len(self.tape)} saved values)", f"{phase} start")]
+            found.during += found.tape
+        found.during += [output(index, f"{phase} start") for index in self._outputs_at_start]
+        consumed: dict[int, list] = {}  # step -> the consumable allocations it reads last (_consumed_after)
+        last: dict[object, tuple[int, Allocation]] = {}
+        for name, allocation in (consumable or {}).items():
+            step = self._last_input_read.get(name, 0)
+            if allocation.key not in last or step > last[allocation.key][0]:
+                last[allocation.key] = (step, allocation)
+        for step, allocation in last.values():
+            consumed.setdefault(step, []).append(allocation)
+        results = {}  # memory key -> the library result in memory of its own
+        for k, step in enumerate(self.launches):
+            where = f"{phase} step {k} ({step.call.name if isinstance(step, LibraryPlan) else step.plan.name})"
+            found.during += [output(index, where) for index in self._outputs_before[k]]
+            if isinstance(step, LibraryPlan):
+                during, kept = call_allocations(step, device_type, where)
+                found.during += during
+                results.update({memory_key(node): kept[node.op.index] for node in step.results})
+            found.during += release([results.pop(key) for key in self._dead_after[k]], where)
+            found.during += release(consumed.get(k, []), where)
+        for name, node in self.program.call_outputs.items():  # returned as the call left them
+            found.outputs[name] = replace(results.pop(memory_key(node)), kind="output")
+        found.during = relabel(found.during, {a.key for a in found.outputs.values()}, "output")
+        # the rest (results no step reads: in the slab, so none today) lives in the call's
+        # memory (the dict run() returns) until the caller drops it
+        found.at_end = release(results.values(), f"{phase} end")
+        return found
+
+    def call_memory(self, device_type: str) -> PeakMemory:
+        """The predicted peak of a call (without out=): what this function holds between calls
+        plus the most its run's allocations hold at once."""
+        run = self.allocations(device_type)
+        return PeakMemory(self.held_bytes(device_type), run.during + run.at_end, device_type, "call")
+
+    def tape_bytes(self) -> int:
+        """Bytes of the tape block a call allocates (its saved values, each aligned)."""
+        return sum(-(-node.view.numel * node.dtype.itemsize // TAPE_ALIGN) * TAPE_ALIGN for _, node in self.tape)
+
     def _donated_views(self, tensors) -> dict:
         views = {}
         for name, placed in self.donated.items():
@@ -149,23 +243,39 @@ class Executable:
         return views
 
     def _slab_for(self, device) -> Slab:
-        """This thread's slab on this device: allocated on the first call, then reused."""
-        key = (torch.device(device), threading.get_ident())
-        slab = self._slabs.get(key)
-        if slab is not None:
-            POOL.note_reuse()
-            return slab
+        """This run's slab on this device: the start of its thread's arena (tjit/memory/slab.py),
+        held until the run ends; the typed views are made on the first run (and again after the
+        arena grew), then reused."""
         plan = self.memory_plan
-        memory = POOL.allocate(plan.slab_size, device, self) if plan.slab_size else \
-            torch.empty(0, dtype=torch.uint8, device=device)
-        slab = self._slabs[key] = Slab(memory, _typed_views(memory, zip(self.slab_buffers, plan.offsets)))
+        key = (torch.device(device), threading.get_ident())
+        if not plan.slab_size:  # (zero-size buffers only: views of nothing, made once)
+            slab = self._slabs.get(key)
+            if slab is None:
+                memory = torch.empty(0, dtype=torch.uint8, device=device)
+                slab = self._slabs[key] = Slab(memory, _typed_views(memory, zip(self.slab_buffers, plan.offsets)))
+            return slab
+        arena = POOL.acquire(plan.slab_size, device, self)
+        if arena is None:  # a run on this thread holds the arena: a slab of its own for this run
+            memory = torch.empty(plan.slab_size, dtype=torch.uint8, device=device)
+            return Slab(memory, _typed_views(memory, zip(self.slab_buffers, plan.offsets)))
+        slab = self._slabs.get(key)
+        if slab is None or slab.arena is not arena:
+            memory = arena.memory[:plan.slab_size]
+            slab = self._slabs[key] = Slab(memory, _typed_views(memory, zip(self.slab_buffers, plan.offsets)), arena)
         return slab
 
     def slabs(self) -> list[Slab]:
+        """This function's slabs (one per device and thread it ran on; each the start of that
+        thread's arena, shared with the other compiled graphs the thread runs)."""
         return [s for s in list(self._slabs.values()) if s.memory.numel()]  # (other threads may add one)
 
-    def release_slabs(self) -> None:
-        self._slabs.clear()
+    def forget_slab(self, key) -> None:
+        """Drop the views into the arena of (device, thread) `key` (None: every arena's): the
+        pool lets go of it."""
+        if key is None:
+            self._slabs.clear()
+        else:
+            self._slabs.pop(key, None)
 
     def _status_on(self, device) -> torch.Tensor:
         """One int32 per launch where a kernel reports a failed check (index out of range);
@@ -182,7 +292,13 @@ class Executable:
         found = table.get(key)
         if found is None:
             found = table[key] = torch.zeros(len(self.launches), dtype=torch.int32, device=device)
+            POOL.register(self)  # (memory held between calls: tjit.memory.stats() counts it)
         return found
+
+    def words_bytes(self) -> int:
+        """Bytes of the status and counter words this function holds (all devices and threads)."""
+        return sum(t.untyped_storage().nbytes() for table in (self._status, self._counters)
+                   for t in list(table.values()))
 
     def _raise_failed_checks(self, status: torch.Tensor) -> None:
         """The first launch's failed check raises as eager would: IndexError for an index out
@@ -256,30 +372,68 @@ class Executable:
                 o.copy_(r)
         return out
 
-    def _allocate(self, device, destinations=None) -> dict[str, torch.Tensor]:
-        out = {}
+    def _allocate(self, device, destinations: dict, slab: Slab) -> dict[str, torch.Tensor]:
+        """The memory a run binds before its first step: the tape block and the slab (the
+        outputs are allocated right before the first step that touches each: _run_steps; a
+        call's result is the output, bound after the call)."""
         poison = debug.poisoning()
-        for k, spec in enumerate(self.conversion.outputs):
-            if spec.kind != "computed" or spec.name in self.program.call_outputs:
-                continue  # (a call's result is the output: it is bound after the call)
-            if destinations and k in destinations:
-                out[("output", spec.name)] = destinations[k]
-            else:
-                dtype = self.graph.outputs[spec.name].dtype.torch
-                out[("output", spec.name)] = torch.empty_strided(spec.shape, spec.stride, dtype=dtype, device=device)
-        if self.tape:
-            out.update(self._tape_views(device))
-        out.update(self._slab_for(device).views)
+        out = self._tape_views(device) if self.tape else {}
+        out.update(slab.views)
         if poison:
             for t in out.values():
                 debug.poison(t)
+        for k in self._outputs_at_start:
+            self._bind_output(out, self.conversion.outputs[k].name, self._output_memory(k, device, destinations, poison))
+        for name, _ in self.tape:
+            self._bind_output(out, name, out[("output", name)])
         return out
+
+    def _bind_output(self, memory: dict, name: str, tensor: torch.Tensor) -> None:
+        """Output `name`'s memory, which is also the memory of the buffer it is (if it is one:
+        the steps write and read it as that buffer)."""
+        memory[("output", name)] = tensor
+        node = self.program.buffer_outputs.get(name)
+        if node is not None:
+            memory[("buffer", id(node))] = tensor
+
+    def _output_memory(self, index: int, device, destinations: dict, poison: bool) -> torch.Tensor:
+        """Computed output `index`: the caller's out= tensor for it, or new memory."""
+        if index in destinations:
+            found = destinations[index]
+        else:
+            spec = self.conversion.outputs[index]
+            found = torch.empty_strided(spec.shape, spec.stride, dtype=self.graph.outputs[spec.name].dtype.torch,
+                                        device=device)
+        if poison:
+            debug.poison(found)
+        return found
+
+    def _consumed_after(self, tensors: dict, consumable: frozenset) -> dict[int, list]:
+        """Step -> the storages of consumable inputs that step reads for the last time (a
+        storage that an input the caller keeps shares is not freed; one that several
+        consumable inputs share, the tape block, is freed after the last of them)."""
+        if not consumable:
+            return {}
+        kept = {t.untyped_storage().data_ptr() for name, t in tensors.items() if name not in consumable}
+        last: dict[int, tuple] = {}
+        for name in consumable & tensors.keys():
+            storage = tensors[name].untyped_storage()
+            key = storage.data_ptr()
+            if key in kept or not storage.nbytes():
+                continue
+            step = self._last_input_read.get(name, 0)
+            last[key] = (max(step, last[key][0]) if key in last else step, storage)
+        found: dict[int, list] = {}
+        for step, storage in last.values():
+            found.setdefault(step, []).append(storage)
+        return found
 
     def _tape_views(self, device) -> dict:
         offsets, total = [], 0
         for _, node in self.tape:
             offsets.append(total)
             total += -(-node.view.numel * node.dtype.itemsize // TAPE_ALIGN) * TAPE_ALIGN
+        assert total == self.tape_bytes()  # what the peak-memory prediction counts
         block = tape.allocate(total, device)
         return {("output", name): block[start:start + node.view.numel * node.dtype.itemsize].view(node.dtype.torch)
                 .view(node.shape) for (name, node), start in zip(self.tape, offsets)}
@@ -335,6 +489,58 @@ class Executable:
         if (tuple(base.shape), tuple(base.stride()), base.storage_offset()) == (spec.shape, spec.stride, offset):
             return base
         return base.as_strided(spec.shape, spec.stride, offset)
+
+
+def _dead_library_results(program: Program) -> list[list]:
+    """Per step, the memory keys of library results in memory of their own (not the slab's,
+    and not returned) that no later step reads: the run lets go of them after that step, so
+    they are freed then rather than when the run ends."""
+    returned = {id(node) for node in program.call_outputs.values()}
+    last: dict[int, int] = {}
+    nodes: dict[int, object] = {}
+    for k, step in enumerate(program.steps):
+        if isinstance(step, LibraryPlan):
+            for node in step.torch_allocated:
+                if id(node) not in returned:
+                    last[id(node)], nodes[id(node)] = k, node
+        for access in step.accesses:
+            if access.buffer.kind == "buffer" and id(access.buffer.node) in last and not access.store:
+                last[id(access.buffer.node)] = k
+    dead: list[list] = [[] for _ in program.steps]
+    for key, k in last.items():
+        dead[k].append(memory_key(nodes[key]))
+    return dead
+
+
+def _first_access(steps, kind: str) -> dict[str, int]:
+    """Name -> the first step that reads or writes that input or output."""
+    found: dict[str, int] = {}
+    for k, step in enumerate(steps):
+        for access in step.accesses:
+            if access.buffer.kind == kind:
+                found.setdefault(access.buffer.name, k)
+    return found
+
+
+def _first_buffer_access(steps, buffer_outputs: dict) -> dict[str, int]:
+    """Output name -> the first step that writes or reads the buffer that output is."""
+    names = {id(node): name for name, node in buffer_outputs.items()}
+    found: dict[str, int] = {}
+    for k, step in enumerate(steps):
+        for access in step.accesses:
+            if access.buffer.kind == "buffer" and id(access.buffer.node) in names:
+                found.setdefault(names[id(access.buffer.node)], k)
+    return found
+
+
+def _last_read_of_inputs(steps) -> dict[str, int]:
+    """Input name -> the last step that reads it."""
+    found: dict[str, int] = {}
+    for k, step in enumerate(steps):
+        for access in step.accesses:
+            if access.buffer.kind == "input" and not access.store:
+                found[access.buffer.name] = k
+    return found
 
 
 def _plan(step) -> "KernelPlan | LibraryPlan":

@@ -74,8 +74,42 @@ def _patched(lang) -> bool:
 def install_patches() -> None:
     """Everything tjit changes in Triton's interpreter (once per process, when interpreting)."""
     restore_patches_after_device_calls()
+    pass_cpu_tensors_as_they_are()
     vectorise_custom_reductions_and_scans()
     round_float32_math_from_float64()
+
+
+def pass_cpu_tensors_as_they_are() -> None:
+    """The interpreter hands a kernel host copies of its tensor arguments and copies them back
+    after the launch. For CPU tensors the "copy" is a new tensor over the same storage, copied
+    back onto itself, and it is made by a recursive closure: a reference cycle that keeps every
+    argument's storage alive until the garbage collector next runs, so memory the runtime
+    lets go of (a library call's result after its last reader) was not freed when it let go,
+    as it is on a GPU. A launch whose tensor arguments are all CPU tensors gets them as they
+    are, and nothing is copied back; any other launch (tuples, descriptors, CUDA tensors
+    interpreted) converts as before."""
+    from triton.runtime import interpreter as ti
+    executor = ti.GridExecutor
+    if getattr(executor._init_args_hst, "_tjit_as_they_are", False):
+        return
+    to_host, back = executor._init_args_hst, executor._restore_args_dev
+
+    def plain(arg) -> bool:  # (a Parameter is a CPU tensor too; Triton's TensorWrapper is none)
+        return isinstance(arg, torch.Tensor) and arg.device.type == "cpu" if hasattr(arg, "data_ptr") else \
+            not isinstance(arg, (tuple, ti.TensorDescriptor))
+
+    def init_args_hst(self, args_dev, kwargs):
+        if all(plain(a) for a in args_dev) and all(plain(a) for a in kwargs.values()):
+            return list(args_dev), dict(kwargs)
+        return to_host(self, args_dev, kwargs)
+
+    def restore_args_dev(self, args_dev, args_hst, kwargs, kwargs_hst):
+        if all(a is b for a, b in zip(args_dev, args_hst)) and all(kwargs_hst[k] is v for k, v in kwargs.items()):
+            return  # the kernel wrote the arguments themselves
+        back(self, args_dev, args_hst, kwargs, kwargs_hst)
+
+    init_args_hst._tjit_as_they_are = True
+    executor._init_args_hst, executor._restore_args_dev = init_args_hst, restore_args_dev
 
 
 PRECISE_FUNCTIONS = {"create_exp": np.exp, "create_exp2": np.exp2, "create_log": np.log, "create_log2": np.log2,

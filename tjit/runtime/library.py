@@ -12,6 +12,7 @@ from ..ir import ExternCall, GraphNode, Input, Operand, ViewOp
 from ..lower.fusion import buffer_of
 from ..frontend.library import STORAGE_ADDRESSED, reads_an_input
 from ..lower.library import LibraryPlan
+from ..memory.peak import Allocation, allocated_bytes, release, strided_bytes
 from .counters import counters
 
 
@@ -122,3 +123,52 @@ def _as_planned(t: torch.Tensor, node: GraphNode, operands: list[torch.Tensor], 
         return t
     out = torch.empty_strided(node.shape, node.view.strides, dtype=t.dtype, device=t.device)
     return out.copy_(t)
+
+
+def call_allocations(plan: LibraryPlan, device_type: str, where: str) -> tuple[list[Allocation], dict[int, Allocation]]:
+    """What run_library_call allocates, predicted from the plan: the allocations and releases
+    made during the call, in order, and by result index the results it leaves in the call's
+    memory (they live until the run ends, or longer when the function returns or saves them).
+    Not known here: memory the op allocates and frees inside itself (a convolution's
+    workspace, the result an out= form that torch generates from the functional op computes
+    before copying it out: convolution.out), and what a derivative run by torch on real
+    tensors (ExternGradient) allocates."""
+    call = plan.call
+
+    def block(key, nbytes: int, what: str, kind: str = "library result") -> Allocation:
+        return Allocation((where, key), allocated_bytes(nbytes, device_type), kind, f"{call.name} {what}", where)
+
+    during: list[Allocation] = []
+    if call.target in STORAGE_ADDRESSED:  # operands copied into storages of their own (run_library_call)
+        during += [block(("operand", k), strided_bytes(node.view.shape, node.view.strides, node.dtype.itemsize),
+                         f"operand {k} copy", "library operand copy")
+                   for k, node in enumerate(plan.operands) if not reads_an_input(node)]
+    used = {node.op.index: node for node in plan.results}
+    made: dict[int, Allocation] = {}
+    if plan.out_form is not None:  # results_into: every result in memory tjit gives it
+        placed = {id(node) for node in plan.in_slab}
+        for k, node in sorted(call.results.items()):
+            made[k] = block(("result", k), 0 if id(node) in placed else _node_bytes(node), f"result {k}")
+    elif not isinstance(call.target, torch._ops.OpOverload):  # a seed draw, a derivative run by torch
+        made = {k: block(("result", k), _node_bytes(node), f"result {k}") for k, node in sorted(used.items())}
+    else:  # call_results: copies of the operands the op writes, then the op's own results
+        returns = call.target._schema.returns
+        first_copy = max(len(returns) if all(str(r.type) == "Tensor" for r in returns) else 0,
+                         max(call.results, default=-1) + 1)
+        for j, k in enumerate(call.writes):
+            operand = plan.operands[k]
+            made[first_copy + j] = block(("result", first_copy + j), operand.view.numel * operand.dtype.itemsize,
+                                         f"written copy of operand {k}")
+        for k, node in sorted(call.results.items()):
+            view = k < len(returns) and returns[k].alias_info is not None  # _as_planned copies a used view
+            made[k] = block(("result", k), _node_bytes(node) if not view or k in used else 0, f"result {k}")
+    during += made.values()
+    kept = {k: made[k] for k in used}
+    # operand copies, results no later step reads and written copies nobody reads die with the call
+    during += release([a for a in during if a not in kept.values()], where)
+    return [a for a in during if a.bytes], kept  # (a result in the slab allocates nothing)
+
+
+def _node_bytes(node: GraphNode) -> int:
+    """Bytes of a result in the layout tracing gave it (the op's own, or the one out= gets)."""
+    return strided_bytes(node.shape, node.view.strides, node.dtype.itemsize)

@@ -93,7 +93,9 @@ def test_the_slab_holds_the_results_of_a_chain_of_calls(fresh_seed):
         h = torch.tanh(x @ w1)
         h = torch.relu(h @ w2) * 2
         return (h @ w3).softmax(-1)
-    args = torch.randn(90, 64), torch.randn(64, 96), torch.randn(96, 80), torch.randn(80, 40)
+    # weights scaled by 1/sqrt(fan-in), as a model's: unscaled, the logits reach the hundreds
+    # and a tanh one ulp from eager's moved a softmax output past the tolerance (1 seed in ~60)
+    args = torch.randn(90, 64), torch.randn(64, 96) / 8, torch.randn(96, 80) / 10, torch.randn(80, 40) / 9
     cf = check_against_eager(f, *args)
     prog = program(cf)
     in_slab = [r for call in prog.library_calls for r in call.in_slab]

@@ -93,7 +93,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import measure  # noqa: E402
 from measure import AtenKernels, TritonLaunches  # noqa: E402
-from zoo import ZOO  # noqa: E402
+from zoo import ZOO, WithLoss  # noqa: E402
 
 COMPILERS = ("tjit", "inductor")
 QUICK = ("resnet", "mixer")  # the fastest two in the interpreter (a transformer takes ~10 min)
@@ -155,17 +155,6 @@ def setup_inductor() -> None:
 
 
 # -- measuring ----------------------------------------------------------------------------------------
-
-class WithLoss(nn.Module):
-    """The model and its loss, compiled together: the training step's whole forward."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, x, target):
-        out = self.model(x)
-        return F.cross_entropy(out.reshape(-1, out.shape[-1]), target.reshape(-1))
 
 
 _MODES: list = []  # dispatch modes to enter inside compiled calls (see backend)

@@ -209,23 +209,13 @@ def test_sizes_are_what_the_allocator_counts():
     assert [allocated_bytes(n, "cuda") for n in (0, 1, 512, 513)] == [0, 512, 512, 1024]  # whole blocks
 
 
-class WithLoss(torch.nn.Module):
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, x, target):
-        out = self.model(x)
-        return F.cross_entropy(out.reshape(-1, out.shape[-1]), target.reshape(-1))
-
-
 @pytest.mark.spills_at_sm90("the zoo's backward reduction kernels with many accesses spill at sm_90 (known gap, "
                             "as in test_models.py)")
 def test_a_zoo_model_training_step_through_torch_compile():
     """GPT-2 (one block) under torch.compile(..., backend=...): Dynamo hands tjit one graph;
     explain of that graph, with the arguments Dynamo passes it, predicts the step's peak."""
     import torch._dynamo
-    from zoo import GPT2, TransformerConfig
+    from zoo import GPT2, TransformerConfig, WithLoss
     torch._dynamo.reset()
     torch.manual_seed(0)
     config = TransformerConfig(layers=1, seq=8, dim=32)  # small: the interpreter runs it

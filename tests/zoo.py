@@ -286,6 +286,18 @@ class GRULanguageModel(nn.Module):
 
 # -- the zoo -------------------------------------------------------------------------------------
 
+class WithLoss(nn.Module):
+    """A zoo model and its cross-entropy loss, compiled together: a training step's whole forward."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x, target):
+        out = self.model(x)
+        return F.cross_entropy(out.reshape(-1, out.shape[-1]), target.reshape(-1))
+
+
 @dataclass(frozen=True)
 class ZooModel:
     name: str

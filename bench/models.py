@@ -234,17 +234,22 @@ def peak_step_bytes(fn, params, x, target) -> int:
     return meter.peak
 
 
-def counted(call) -> dict:
+def counted(call, record_bytes: bool = True) -> dict:
     """Kernels, library calls and bytes of one call (see the module text); call(modes) enters
-    the modes where they see what runs (inside_compiled, train_step_measured)."""
+    the modes where they see what runs (inside_compiled, train_step_measured). Recording bytes
+    runs every access through the meter (minutes on the larger models): record_bytes=False
+    counts kernels only."""
     lib0 = tjit.counters.library_calls
     aten = AtenKernels()
-    with TritonLaunches(bytes=True) as launches:
+    with TritonLaunches(bytes=record_bytes) as launches:
         call([aten])
-    r_iss, w_iss, r_dis, w_dis = launches.bytes()
-    return {"launches": launches.count, "aten": len(aten.kernels), "kernels": launches.count + len(aten.kernels),
-            "aten_ops": dict(sorted(collections.Counter(aten.kernels).items())), "tjit_library_calls": tjit.counters.library_calls - lib0,
-            "bytes_distinct": r_dis + w_dis, "bytes_issued": r_iss + w_iss}
+    row = {"launches": launches.count, "aten": len(aten.kernels), "kernels": launches.count + len(aten.kernels),
+           "aten_ops": dict(sorted(collections.Counter(aten.kernels).items())),
+           "tjit_library_calls": tjit.counters.library_calls - lib0}
+    if record_bytes:
+        r_iss, w_iss, r_dis, w_dis = launches.bytes()
+        row.update(bytes_distinct=r_dis + w_dis, bytes_issued=r_iss + w_iss)
+    return row
 
 
 def timed(call) -> float:
@@ -263,7 +268,8 @@ def maxdiff(a, b) -> float:
     return float((a.detach() - b.detach()).abs().max()) if a.numel() else 0.0
 
 
-def run_one(name: str, compiler: str, memory: bool = True, timing_only: bool = False) -> dict:
+def run_one(name: str, compiler: str, memory: bool = True, timing_only: bool = False,
+            record_bytes: bool = True) -> dict:
     """Everything measured for one model and one compiler; errors recorded, not raised."""
     import torch._dynamo
     torch._dynamo.reset()
@@ -294,7 +300,7 @@ def run_one(name: str, compiler: str, memory: bool = True, timing_only: bool = F
         def forward_measured(modes):
             with inside_compiled(*modes), torch.no_grad():
                 return compiled(x)
-        row["eval"] = counted(forward_measured)
+        row["eval"] = counted(forward_measured, record_bytes)
 
         stage = "train"
         del compiled  # its graphs' slabs are not the training step's
@@ -312,7 +318,7 @@ def run_one(name: str, compiler: str, memory: bool = True, timing_only: bool = F
         row["train_maxdiff"] = max([maxdiff(loss, want)] + [maxdiff(p.grad, q.grad) for p, q in zip(params, eager_params)
                                                              if p.grad is not None and q.grad is not None])
         row["train_missing_grads"] = sum((p.grad is None) != (q.grad is None) for p, q in zip(params, eager_params))
-        row["train"] = counted(lambda modes: train_step_measured(wrapped, params, x, target, modes))
+        row["train"] = counted(lambda modes: train_step_measured(wrapped, params, x, target, modes), record_bytes)
         if memory:
             stage = "memory"
             row["eager_peak_bytes"] = peak_step_bytes(eager_loss_fn, eager_params, x, target)
@@ -478,6 +484,8 @@ def main() -> int:
     ap.add_argument("--models", help=f"comma-separated, from {','.join(ZOO)}")
     ap.add_argument("--quick", action="store_true", help=f"only {','.join(QUICK)}")
     ap.add_argument("--cold", action="store_true", help="also time the first call in fresh processes (slow)")
+    ap.add_argument("--no-bytes", action="store_true", help="count kernels without recording the bytes they move "
+                    "(much faster on the larger models)")
     ap.add_argument("--compilers", default=",".join(COMPILERS), help=argparse.SUPPRESS)
     ap.add_argument("--json", metavar="PATH", help="write every number as JSON")
     ap.add_argument("--plot", metavar="PATH", help="bar chart of kernels per training step and compile time")
@@ -510,7 +518,7 @@ def main() -> int:
         for comp in compilers:
             progress(f"{name} / {comp} ...")
             t = time.perf_counter()
-            row = run_one(name, comp)
+            row = run_one(name, comp, record_bytes=not opts.no_bytes)
             if opts.cold:
                 progress(f"{name} / {comp}: cold process ...")
                 row["cold"] = cold(name, comp)

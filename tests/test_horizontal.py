@@ -89,3 +89,50 @@ def test_members_with_string_literals_keep_them():
     a, b = torch.randn(3000), torch.randn(17, 5)
     compiled = check_against_eager(_with_infinities, a, b)
     assert launches(compiled, a, b) == 1
+
+
+def _read_then_bump(x, y, count):
+    """Every program of the update reads `count`; the bump overwrites it afterwards."""
+    x.mul_(count)
+    y.add_(count)
+    count.add_(1)
+
+
+def _read_then_two_bumps(x, count, total):
+    x.add_(count)
+    count.add_(1)
+    total.copy_(count * 2 + total)  # reads what the first one-program kernel wrote
+
+
+def _scalar_from_updated(x, first):
+    x.mul_(3)
+    first.copy_(x[0, 0] + x[-1, -1])  # reads what two of the update's programs wrote
+
+
+@pytest.mark.parametrize("fn, shapes", [
+    (_read_then_bump, [(5000,), (33, 70), ()]),
+    (_read_then_two_bumps, [(70, 45), (), ()]),
+    (_scalar_from_updated, [(3000, 3), ()]),
+])
+def test_a_one_program_kernel_after_an_update_runs_in_its_last_program(fn, shapes):
+    """A kernel of one program that writes what the programs before it read (or reads what
+    they wrote) runs after all of them, in the last program to finish: one launch, and
+    the same results as eager at sizes of several programs, called twice (the count of
+    finished programs starts at zero again)."""
+    g = torch.Generator().manual_seed(len(shapes))
+    args = [torch.randn(s, generator=g) for s in shapes]
+    compiled = tjit.compile(fn)
+    for _ in range(2):
+        want = [a.clone() for a in args]
+        fn(*want)
+        compiled(*args)
+        for got, expected in zip(args, want):
+            torch.testing.assert_close(got, expected)
+    assert launches(compiled, *args) == 1
+
+
+def test_an_update_with_no_programs_leaves_the_one_program_kernel_to_itself():
+    x, count = torch.randn(0, 5), torch.tensor(2.0)
+    compiled = tjit.compile(_read_then_bump)
+    compiled(x, torch.randn(0), count)
+    assert count.item() == 3.0

@@ -7,6 +7,12 @@ each updating its parameters and their state. Merged, their programs are concate
 program `pid` runs the member whose range holds it, as `pid - start` of that member, so
 the launch does exactly the work of the separate kernels, in one grid.
 
+A kernel of one program that follows such a run (an optimizer's step counters, which the
+update reads and then increments) joins it too, although it depends on the run: the last
+program to finish (an atomic count, as a grid reduction's) runs it after every program has
+done its loads and stores, so it reads what they wrote and overwrites what they read
+without a second launch.
+
 Only plain pointwise kernels merge (no reduction, no check reported through the status
 word, no scratch, no zero-division flag): their source is a body over `pid` and their own
 arguments, which are renamed apart (a prefix per member).
@@ -20,7 +26,7 @@ import math
 import re
 from typing import Union
 
-from .codegen import ZERO_DIV_FLAG, KernelPlan
+from .codegen import COUNTER, ZERO_DIV_FLAG, KernelPlan
 from .fusion import ExternStep, KernelGroup
 from .library import LibraryPlan
 from .schedule import AUTO_WARPS, IterationSpace
@@ -36,17 +42,20 @@ _PROGRAM_ID = "tl.program_id(0)"
 def merge_independent_kernels(ordered: list[Union[KernelGroup, ExternStep]], steps: list[Step]
                               ) -> tuple[list[Step], list[KernelGroup]]:
     """`steps` (planned from `ordered`, one each) with each run of mergeable kernels of one
-    level made one kernel; the groups, one per kernel, the merged ones joined."""
-    out_steps, out_groups, run = [], [], []
+    level, and the one-program kernels right after it (run by its last program), made one
+    kernel; the groups, one per kernel, the merged ones joined."""
+    out_steps, out_groups, run, last = [], [], [], []
 
     def flush():
-        if len(run) > 1:
-            out_steps.append(merge([plan for _, plan in run]))
-            out_groups.append(KernelGroup(run[0][0].domain, [s for g, _ in run for s in g.stores], run[0][0].level))
+        if len(run) + len(last) > 1:
+            out_steps.append(merge([plan for _, plan in run], [plan for _, plan in last]))
+            out_groups.append(KernelGroup(run[0][0].domain, [s for g, _ in run + last for s in g.stores],
+                                          run[0][0].level))
         else:
             out_steps.extend(plan for _, plan in run)
             out_groups.extend(group for group, _ in run)
         run.clear()
+        last.clear()
 
     for item, step in zip(ordered, steps):
         if isinstance(step, KernelPlan) and not step.writes_anything:  # never launched: apart, in any place
@@ -58,7 +67,12 @@ def merge_independent_kernels(ordered: list[Union[KernelGroup, ExternStep]], ste
             out_steps.append(step)
             continue
         joins = mergeable(step)
-        if run and (not joins or item.level != run[0][0].level):
+        if joins and run and (last or item.level != run[0][0].level):
+            if step.grid == (1,) and sum(plan.grid[0] for _, plan in run) > 0:
+                last.append((item, step))  # the run's last program runs it
+                continue
+            flush()  # (and it starts the next run)
+        elif run and not joins:
             flush()
         run.append((item, step))
         if not joins:
@@ -82,33 +96,49 @@ def _program_count(plan: KernelPlan) -> int:
         return -1
 
 
-def merge(plans: list[KernelPlan]) -> KernelPlan:
-    """One kernel running each plan's programs in turn over one grid."""
+def merge(plans: list[KernelPlan], last: list[KernelPlan] = ()) -> KernelPlan:
+    """One kernel running each plan's programs in turn over one grid, then, in the last
+    program to finish, each of `last` (one program each) in order."""
     pointers, scalars, values, body, constexprs = [], [], [], ["pid = tl.program_id(0)"], {}
-    start = "0"
-    for k, plan in enumerate(plans):
+
+    def member(k: int, plan: KernelPlan, program: str) -> list[str]:
         prefix = f"m{k}_"
         n = len(plan.buffers)  # a plan's parameters are its pointers, then its scalars
-        pointers += [prefix + p for p in plan.param_names[:n]]
-        scalars += [prefix + p for p in plan.param_names[n:]]
-        values += plan.scalar_args
+        pointers.extend(prefix + p for p in plan.param_names[:n])
+        scalars.extend(prefix + p for p in plan.param_names[n:])
+        values.extend(plan.scalar_args)
         constexprs.update({prefix + name: value for name, value in plan.constexprs.items()})
+        return _member_body(plan, prefix, program)
+
+    start = "0"
+    for k, plan in enumerate(plans):
         # its range of programs, computed from its sizes as its grid is (no new argument,
         # so a new size changes neither the source nor Triton's specialisation)
-        body.append(f"{prefix}end = {start} + {programs(plan, prefix)}")
-        body.append(f"if (pid >= {start}) & (pid < {prefix}end):")
-        body += ["    " + line for line in _member_body(plan, prefix, start)]
-        start = f"{prefix}end"
+        end = f"m{k}_end"
+        body.append(f"{end} = {start} + {programs(plan, f'm{k}_')}")
+        body.append(f"if (pid >= {start}) & (pid < {end}):")
+        body += ["    " + line for line in member(k, plan, f"(pid - {start})")]
+        start = end
+    if last:
+        body += ["tl.debug_barrier()",  # every thread's loads and stores are done before the count moves
+                 f"done = tl.atomic_add({COUNTER.param}, 1, sem='acq_rel')",
+                 "if done == tl.num_programs(0) - 1:"]
+        for k, plan in enumerate(last, start=len(plans)):
+            body += ["    " + line for line in member(k, plan, "0")]
+            body.append("    tl.debug_barrier()")  # (the next one may read what this one stored)
+        body.append(f"    tl.atomic_xchg({COUNTER.param}, 0)")  # for the next call
+        pointers.append(COUNTER.param)
     params = pointers + scalars + [f"{name}: tl.constexpr" for name in constexprs]
     source = "\n".join(["@triton.jit", f"def KERNEL({', '.join(params)}):"] + ["    " + ln for ln in body])
     name = f"tjit_horizontal_{hashlib.sha1(source.encode()).hexdigest()[:12]}"
-    dims = tuple(d for plan in plans for d in plan.space.loop_dims)
+    members = list(plans) + list(last)
+    dims = tuple(d for plan in members for d in plan.space.loop_dims)
     return KernelPlan(name, source.replace("def KERNEL(", f"def {name}(", 1),
-                      [b for plan in plans for b in plan.buffers], values,
-                      constexprs, (sum(plan.grid[0] for plan in plans),), (sum(plan.numel for plan in plans),),
+                      [b for plan in members for b in plan.buffers] + ([COUNTER] if last else []), values,
+                      constexprs, (sum(plan.grid[0] for plan in plans),), (sum(plan.numel for plan in members),),
                       IterationSpace((), (), dims),
-                      [a for plan in plans for a in plan.accesses], pointers + scalars,
-                      min(AUTO_WARPS, max(plan.num_warps for plan in plans)))
+                      [a for plan in members for a in plan.accesses], pointers + scalars,
+                      min(AUTO_WARPS, max(plan.num_warps for plan in members)))
 
 
 def programs(plan: KernelPlan, prefix: str = "") -> str:
@@ -118,14 +148,14 @@ def programs(plan: KernelPlan, prefix: str = "") -> str:
                        for j, d in enumerate(plan.space.loop_dims) if d.kind == "group"] or ["1"])
 
 
-def _member_body(plan: KernelPlan, prefix: str, start: str) -> list[str]:
-    """The plan's body with its names prefixed, its program id counted from `start`."""
+def _member_body(plan: KernelPlan, prefix: str, program: str) -> list[str]:
+    """The plan's body with its names prefixed, `program` as its program id."""
     lines = plan.source.splitlines()[2:]  # after "@triton.jit" and the def line
     out = []
     for line in lines:
         code, hash_, comment = line.partition("#")
         code = _STRING_OR_NAME.sub(lambda m: _renamed(m, prefix), code)
-        code = code.replace(_PROGRAM_ID, f"(pid - {start})")
+        code = code.replace(_PROGRAM_ID, program)
         out.append((code + hash_ + comment)[4:] if line.startswith("    ") else code + hash_ + comment)
     return out
 

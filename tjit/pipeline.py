@@ -157,19 +157,29 @@ def unregistered_op(node: GraphNode) -> Optional[str]:
 
 
 def verify_steps(graph: Graph, steps: list[Step]) -> Optional[str]:
-    """Every buffer a step reads was written by an earlier step (inputs are bound by the
-    caller); no step writes an input the graph does not write."""
+    """Every buffer a step reads was written by an earlier step, or earlier in the step by
+    the programs its last program waits for (inputs are bound by the caller); no step writes
+    an input the graph does not write."""
     written: set[int] = set()
     mutated = {m.name for m in graph.mutations}
+
+    def note_stores(accesses):
+        written.update(id(a.buffer.node) for a in accesses if a.store and a.buffer.kind == "buffer")
+
     for k, step in enumerate(steps):
-        for access in step.accesses:
+        waited = len(step.accesses) - getattr(step, "last_program_accesses", 0)
+        for n, access in enumerate(step.accesses):
+            if n == waited:
+                note_stores(step.accesses[:n])
+            if n > waited:  # the last program runs those members one after another
+                note_stores([step.accesses[n - 1]])
             ref = access.buffer
             if ref.kind == "buffer" and not access.store and id(ref.node) not in written \
                     and math.prod(ref.node.shape):  # (no kernel writes a buffer of no elements: none needs to)
                 return f"step {k} ({step.name}) reads buffer {ref.name or ref.node.op} before any step writes it"
             if ref.kind == "input" and access.store and ref.name not in mutated:
                 return f"step {k} ({step.name}) writes input {ref.name!r}, which the function does not write"
-        written.update(id(a.buffer.node) for a in step.accesses if a.store and a.buffer.kind == "buffer")
+        note_stores(step.accesses)
     return None
 
 

@@ -1,7 +1,7 @@
 """A compiled form connected to torch's autograd.
 
 The forward kernels run inside a torch.autograd.Function; what backward needs is handed to
-torch as saved tensors (inputs and outputs by reference, intermediates in a tape block), so
+torch as saved tensors (inputs and outputs by reference, intermediates in tape blocks), so
 torch's own rules decide their lifetime: freed right after backward unless retain_graph,
 freed with the graph when the outputs die without backward, and checked against in-place
 changes between forward and backward. Backward runs the backward graph's fused kernels,
@@ -92,9 +92,9 @@ class GradExecutable:
         forward = self.forward.allocations(device_type, "forward")
         saved = [a for name, a in forward.outputs.items() if name in self.plan.saved]
         # the backward frees each saved intermediate once it has read it (_Compiled.backward):
-        # the library results saved as they are one by one, the tape block after its last value
-        consumable = {name: forward.outputs[name] if name in forward.outputs else forward.tape[0]
-                      for name in self.plan.saved if name in forward.outputs or forward.tape}
+        # the library results saved as they are and the tape's blocks, one by one
+        consumable = {name: forward.outputs.get(name) or forward.tape[name]
+                      for name in self.plan.saved if name in forward.outputs or name in forward.tape}
         backward = self.backward_executable(self.dense_layouts())
         run = backward.executable.allocations(device_type, "backward", consumable)
         outputs = self.plan.graph.outputs
@@ -114,7 +114,7 @@ class GradExecutable:
                   + release([a for a in run.outputs.values() if a in kept_by_backward], "backward end")
                   + run.at_end
                   # torch lets go of the saved tensors once the backward has run (those it read are freed)
-                  + release([a for a in forward.tape + saved if a.key not in freed], "after backward")
+                  + release([a for a in list(forward.tape.values()) + saved if a.key not in freed], "after backward")
                   + release(incoming, "after backward"))
         # the gradients are the caller's (as eager's are), whether a kernel or a call wrote them
         events = relabel(events, {a.key for a in grads.values()}, "gradient")

@@ -93,6 +93,9 @@ class KernelPlan:
     # scratch buffers of a grid reduction: one element per program (the grid's size)
     scratch: list[BufferRef] = field(default_factory=list)
     reduced_axes: tuple[int, ...] = ()  # of `shape`: reduced or scanned
+    # the last accesses, made by the last program to finish once every program has made the
+    # others (a horizontal kernel's one-program members: lower/horizontal.py)
+    last_program_accesses: int = 0
 
     @property
     def numel(self) -> int:

@@ -138,7 +138,8 @@ def merge(plans: list[KernelPlan], last: list[KernelPlan] = ()) -> KernelPlan:
                       constexprs, (sum(plan.grid[0] for plan in plans),), (sum(plan.numel for plan in members),),
                       IterationSpace((), (), dims),
                       [a for plan in members for a in plan.accesses], pointers + scalars,
-                      min(AUTO_WARPS, max(plan.num_warps for plan in members)))
+                      min(AUTO_WARPS, max(plan.num_warps for plan in members)),
+                      last_program_accesses=sum(len(plan.accesses) for plan in last))
 
 
 def programs(plan: KernelPlan, prefix: str = "") -> str:

@@ -30,7 +30,6 @@ from .library import call_allocations, memory_key, run_library_call
 from .loader import load_kernel, note_launch_config
 
 
-TAPE_ALIGN = 128  # bytes: each saved value starts where a vectorised load may start
 # Triton's interpreter is not thread-safe: a launch patches triton.language and keeps the
 # running program's id in process-wide state. So interpreted launches run one at a time,
 # under the lock gpu_compile holds while it swaps interpreted functions for compiler ones
@@ -43,11 +42,11 @@ class RunAllocations:
     """What one run allocates (Executable.allocations): `during` the run, in order; `at_end`,
     the releases when the run's memory is dropped (library results no output holds);
     `outputs` (by graph output name, library results returned as they are among them) and
-    the `tape` block outlive the run."""
+    the `tape` (saved value name -> its allocation) outlive the run."""
     during: list = field(default_factory=list)
     at_end: list = field(default_factory=list)
     outputs: dict = field(default_factory=dict)
-    tape: list = field(default_factory=list)
+    tape: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -63,7 +62,8 @@ class Executable:
 
     def __init__(self, conversion: Conversion, program: Program, tape: Sequence[str] = ()):
         """tape: names of graph outputs that are kept for backward rather than returned;
-        each call allocates them together in one tape block (see tjit.autograd.tape)."""
+        each call allocates each of them as an output (see tjit.autograd.tape), so that a
+        backward can free each once it has read it."""
         self.conversion, self.program = conversion, program
         self.graph = conversion.graph
         self.tape = [(name, self.graph.outputs[name]) for name in tape if name not in program.call_outputs]
@@ -91,6 +91,11 @@ class Executable:
         for k, spec in enumerate(conversion.outputs):
             if spec.kind == "computed" and spec.name not in program.call_outputs:
                 (self._outputs_before[first[spec.name]] if spec.name in first else self._outputs_at_start).append(k)
+        # so is each saved value, in a tape block of its own
+        self._tape_before: list[list[tuple]] = [[] for _ in self.launches]
+        self._tape_at_start: list[tuple] = []
+        for name, node in self.tape:
+            (self._tape_before[first[name]] if name in first else self._tape_at_start).append((name, node))
         self._last_input_read = _last_read_of_inputs(program.steps)
 
     def __call__(self, tensors: dict[str, torch.Tensor], out=None):
@@ -141,6 +146,8 @@ class Executable:
         poison = debug.poisoning()
         try:
             for k, step in enumerate(self.launches):
+                for name, node in self._tape_before[k]:
+                    self._bind_output(memory, name, _tape_memory(node, device, poison))
                 for index in self._outputs_before[k]:
                     self._bind_output(memory, self.conversion.outputs[index].name,
                                       self._output_memory(index, device, destinations, poison))
@@ -192,10 +199,13 @@ class Executable:
                                                   "output", f"output {spec.name}", where)
             return found.outputs[spec.name]
 
-        if self.tape:  # _allocate: the tape block, then the outputs no step touches
-            found.tape = [Allocation((phase, "tape"), allocated_bytes(self.tape_bytes(), device_type), "tape",
-                                     f"tape block ({len(self.tape)} saved values)", f"{phase} start")]
-            found.during += found.tape
+        def saved(name: str, node, where: str) -> Allocation:
+            found.tape[name] = Allocation((phase, "tape", name), allocated_bytes(_tape_bytes(node), device_type),
+                                          "tape", f"saved value {name}", where)
+            return found.tape[name]
+
+        # _allocate: the saved values and outputs no step touches
+        found.during += [saved(name, node, f"{phase} start") for name, node in self._tape_at_start]
         found.during += [output(index, f"{phase} start") for index in self._outputs_at_start]
         consumed: dict[int, list] = {}  # step -> the consumable allocations it reads last (_consumed_after)
         last: dict[object, tuple[int, Allocation]] = {}
@@ -208,6 +218,7 @@ class Executable:
         results = {}  # memory key -> the library result in memory of its own
         for k, step in enumerate(self.launches):
             where = f"{phase} step {k} ({step.call.name if isinstance(step, LibraryPlan) else step.plan.name})"
+            found.during += [saved(name, node, where) for name, node in self._tape_before[k]]
             found.during += [output(index, where) for index in self._outputs_before[k]]
             if isinstance(step, LibraryPlan):
                 during, kept = call_allocations(step, device_type, where)
@@ -228,10 +239,6 @@ class Executable:
         plus the most its run's allocations hold at once."""
         run = self.allocations(device_type)
         return PeakMemory(self.held_bytes(device_type), run.during + run.at_end, device_type, "call")
-
-    def tape_bytes(self) -> int:
-        """Bytes of the tape block a call allocates (its saved values, each aligned)."""
-        return sum(-(-node.view.numel * node.dtype.itemsize // TAPE_ALIGN) * TAPE_ALIGN for _, node in self.tape)
 
     def _donated_views(self, tensors) -> dict:
         views = {}
@@ -373,19 +380,18 @@ class Executable:
         return out
 
     def _allocate(self, device, destinations: dict, slab: Slab) -> dict[str, torch.Tensor]:
-        """The memory a run binds before its first step: the tape block and the slab (the
-        outputs are allocated right before the first step that touches each: _run_steps; a
+        """The memory a run binds before its first step: the slab (the outputs and saved
+        values are allocated right before the first step that touches each: _run_steps; a
         call's result is the output, bound after the call)."""
         poison = debug.poisoning()
-        out = self._tape_views(device) if self.tape else {}
-        out.update(slab.views)
+        out = dict(slab.views)
         if poison:
             for t in out.values():
                 debug.poison(t)
+        for name, node in self._tape_at_start:
+            self._bind_output(out, name, _tape_memory(node, device, poison))
         for k in self._outputs_at_start:
             self._bind_output(out, self.conversion.outputs[k].name, self._output_memory(k, device, destinations, poison))
-        for name, _ in self.tape:
-            self._bind_output(out, name, out[("output", name)])
         return out
 
     def _bind_output(self, memory: dict, name: str, tensor: torch.Tensor) -> None:
@@ -411,7 +417,7 @@ class Executable:
     def _consumed_after(self, tensors: dict, consumable: frozenset) -> dict[int, list]:
         """Step -> the storages of consumable inputs that step reads for the last time (a
         storage that an input the caller keeps shares is not freed; one that several
-        consumable inputs share, the tape block, is freed after the last of them)."""
+        consumable inputs share is freed after the last of them)."""
         if not consumable:
             return {}
         kept = {t.untyped_storage().data_ptr() for name, t in tensors.items() if name not in consumable}
@@ -428,15 +434,6 @@ class Executable:
             found.setdefault(step, []).append(storage)
         return found
 
-    def _tape_views(self, device) -> dict:
-        offsets, total = [], 0
-        for _, node in self.tape:
-            offsets.append(total)
-            total += -(-node.view.numel * node.dtype.itemsize // TAPE_ALIGN) * TAPE_ALIGN
-        assert total == self.tape_bytes()  # what the peak-memory prediction counts
-        block = tape.allocate(total, device)
-        return {("output", name): block[start:start + node.view.numel * node.dtype.itemsize].view(node.dtype.torch)
-                .view(node.shape) for (name, node), start in zip(self.tape, offsets)}
 
     def _launch(self, launch: Launch, memory, k: int) -> None:
         args = [self._bind(a, memory, k) if isinstance(a, BufferRef) else a for a in launch.args_template]
@@ -570,3 +567,15 @@ def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
 
     (a0, a1), (b0, b1) = extent(a), extent(b)
     return a0 < b1 and b0 < a1
+
+
+def _tape_bytes(node) -> int:
+    return node.view.numel * node.dtype.itemsize
+
+
+def _tape_memory(node, device, poison: bool) -> torch.Tensor:
+    """A saved value's memory: a block of its own (tjit.autograd.tape tracks it)."""
+    found = tape.allocate(_tape_bytes(node), device).view(node.dtype.torch).view(node.shape)
+    if poison:
+        debug.poison(found)
+    return found

@@ -19,7 +19,7 @@ import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..errors import LayoutError, UnsupportedOpError
-from ..ir import Const, Contiguous, DType, Extern, ExternCall, GraphNode, Input, Mutation, Operand, View, ViewOp, Graph
+from ..ir import Const, Contiguous, DType, Extern, ExternCall, GraphNode, Input, Mutation, Operand, View, ViewOp, Graph, toposort
 from .build import ValueBuilder
 from .library import WriteThroughView, in_memory, library_call
 from .overlap import check_in_place, is_non_overlapping_and_dense
@@ -64,13 +64,15 @@ def storage_key(t: torch.Tensor):
 
 
 class Converter(ValueBuilder):
-    def __init__(self, gm: fx.GraphModule, input_names: list[str]):
+    def __init__(self, gm: fx.GraphModule, input_names: list[str], requires_grad: frozenset = frozenset()):
+        """requires_grad: the inputs (by name) that get a gradient."""
         from .aten_ops import HANDLERS  # the op table imports Converter's helpers
         self.handlers = HANDLERS
         super().__init__()
         self.gm = gm
         self.env: dict[fx.Node, Any] = {}
         self.input_names = list(input_names)
+        self.requires_grad = frozenset(requires_grad)
         self.input_storage: dict[int, str] = {}
         self.input_meta: dict[str, torch.Tensor] = {}
         self.version: dict[str, int] = {}
@@ -345,10 +347,40 @@ class Converter(ValueBuilder):
                 raise UnsupportedOpError(str(self.current.target), "in-place write into an intermediate tensor that "
                                          "other views still read, and no tensor of the trace holds all its storage")
             base = self.flat(self.env[owner], owner.meta["val"])
+        # kernels write a box of the storage: a select between the old contents and a window of
+        # the value (not yet where a gradient flows through the write: the gradient of each later
+        # read of a view of the contents is an indexed read of its own, and a chain of such writes
+        # makes backward kernels with hundreds of stores; nor complex values: calls only)
+        box = None if base.dtype.is_complex or self._reads_grad_inputs(base, value) \
+            else _box_in_storage(val, base.shape[0])
+        if box is not None:
+            return self._write_box(base, value, val, *box)
         call = ExternCall(WriteThroughView(tuple(val.shape), tuple(val.stride()), val.storage_offset()),
                           (Operand(0), Operand(1)), {})
         operands = (in_memory(self, base), in_memory(self, value))
         return self.b.node(Extern(call, 0), base.dtype, operands, View.contiguous(base.shape))
+
+    def _write_box(self, base: GraphNode, value: GraphNode, val: torch.Tensor, order: list[int],
+                   shape: tuple[int, ...], low: tuple[int, ...]) -> GraphNode:
+        """The flat contents `base` with `value` written through the view `val`, which is the
+        box at `low` of the contents seen as a dense `shape`, its axes `order` (outermost
+        first; the box's size along the axes past the view's is 1)."""
+        kept = [d for d in order if val.shape[d] != 1]
+        src = self.view(value, ("permute", tuple(kept + [d for d in range(val.dim()) if val.shape[d] == 1])))
+        box = tuple(val.shape[d] for d in kept) + (1,) * (len(shape) - len(kept))
+        src = self.view(src, ("reshape", box))
+        grid = self.view(base, ("reshape", shape))
+        inside = self.in_window(low, box, shape)
+        written = self.window(src, low, shape, 0)
+        merged = self.elementwise("where", [inside, written, grid], base.dtype) if inside is not None else written
+        # (in memory: later reads are strided views of the contents, which kernels read from memory)
+        return self.view(in_memory(self, merged), ("reshape", (base.shape[0],)))
+
+    def _reads_grad_inputs(self, *values: GraphNode) -> bool:
+        """Whether a gradient may flow through these values: they read an input that gets one."""
+        if not self.requires_grad:
+            return False
+        return any(isinstance(n.op, Input) and n.op.name in self.requires_grad for n in toposort(list(values)))
 
     def flat(self, value: GraphNode, val: torch.Tensor) -> GraphNode:
         """A dense value laid out as `val` is in its storage, as the storage's flat contents."""
@@ -492,6 +524,28 @@ def _is_dense_view_of_buffer(value: GraphNode, val: torch.Tensor) -> bool:
     its source's."""
     return (isinstance(value.op, ViewOp) and type(value.src[0].op) is Contiguous and val.numel() > 0
             and value.view.strides == tuple(val.stride()))
+
+
+def _box_in_storage(val: torch.Tensor, numel: int) -> Optional[tuple[list[int], tuple[int, ...], tuple[int, ...]]]:
+    """Whether the view `val` of a dense storage of `numel` elements is a box of it seen as a
+    dense array of some shape (a slice with step 1 on every axis): (its axes outermost first,
+    that shape, the box's first index), or None (a view with a step, or one that wraps)."""
+    order = sorted((d for d in range(val.dim()) if val.shape[d] != 1), key=lambda d: -val.stride(d))
+    strides = [val.stride(d) for d in order]
+    if val.numel() == 0 or any(st <= 0 for st in strides) or len(set(strides)) < len(strides):
+        return None
+    bounds = [numel] + strides + ([1] if not strides or strides[-1] != 1 else [])
+    if any(outer % inner for outer, inner in zip(bounds, bounds[1:])):
+        return None
+    shape = tuple(outer // inner for outer, inner in zip(bounds, bounds[1:]))
+    low, rest = [], val.storage_offset()
+    for inner in bounds[1:]:
+        low.append(rest // inner)
+        rest %= inner
+    sizes = [val.shape[d] for d in order] + [1] * (len(shape) - len(order))
+    if any(lo + n > size for lo, n, size in zip(low, sizes, shape)):
+        return None
+    return order, shape, tuple(low)
 
 
 def _covers_storage(val: torch.Tensor) -> bool:

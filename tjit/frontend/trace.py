@@ -199,7 +199,7 @@ def trace(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozenset = fr
         raise error(name, f"tracing failed: {type(e).__name__}: {str(e).strip()}") from e
     check_no_data_dependence(gm, name)
     try:
-        conversion = Converter(gm, tensor_names).run()
+        conversion = Converter(gm, tensor_names, requires_grad).run()
         conversion.stops_gradients = watch.saw_no_grad
         if returned and returned[-1].num_leaves == conversion.output_tree.num_leaves:
             # eager's own structure: torch.return_types named tuples (x.max(1).values) stay named

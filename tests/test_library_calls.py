@@ -285,3 +285,45 @@ def test_vector_matrix_product_with_an_in_place_squeeze(fresh_seed):
 def test_an_in_place_view_op_on_an_input_is_refused():
     with pytest.raises(tjit.UnsupportedOpError, match="shape of an input"):
         tjit.compile(lambda x: x.unsqueeze_(0))(torch.randn(3))
+
+
+def _attention_cases():
+    g = torch.Generator().manual_seed(7)
+
+    def qkv(b, h, hk, s, d, dtype=torch.float32):
+        return [torch.randn(b, n, s, d, generator=g).to(dtype) for n in (h, hk, hk)]
+    mask = torch.randn(300, 300, generator=g) > -1.0  # a boolean mask, every row keeps something
+    return {
+        "causal": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), qkv(2, 3, 3, 300, 16)),
+        "mask": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=mask), qkv(1, 2, 2, 300, 8)),
+        "scale": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, scale=0.3) * 2, qkv(2, 2, 2, 90, 24)),
+        "gqa": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+                qkv(1, 4, 2, 70, 16)),
+        "bf16": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), qkv(1, 2, 2, 65, 16,
+                                                                                            torch.bfloat16)),
+    }
+
+
+@pytest.mark.parametrize("name", list(_attention_cases()))
+def test_attention_is_the_library_call_eager_makes_forward_and_backward(name):
+    """F.scaled_dot_product_attention runs as eager runs it on the CPU (flash attention, which
+    never holds the (seq x seq) scores): one library call forward, its backward op in the
+    backward, with eager's results and gradients; no buffer of the scores in either slab."""
+    fn, args = _attention_cases()[name]
+    ours = [a.clone().requires_grad_() for a in args]
+    theirs = [a.clone().requires_grad_() for a in args]
+    compiled = tjit.compile(fn)
+    got, want = compiled(*ours), fn(*theirs)
+    tol = {"rtol": 2e-2, "atol": 2e-2} if args[0].dtype == torch.bfloat16 else {"rtol": 1e-5, "atol": 1e-5}
+    torch.testing.assert_close(got, want, **tol)
+    seed = torch.randn(got.shape, generator=torch.Generator().manual_seed(1)).to(got.dtype)
+    (got * seed).sum().backward()
+    (want * seed).sum().backward()
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a.grad, b.grad, **tol)
+    explained = tjit.explain(fn, *ours)
+    assert [c.op for c in explained.library_calls] == ["aten._scaled_dot_product_flash_attention_for_cpu.default"]
+    assert [c.op for c in explained.backward.library_calls] == \
+        ["aten._scaled_dot_product_flash_attention_for_cpu_backward.default"]
+    scores = args[0][..., 0].numel() * args[1].shape[-2] * args[0].element_size()  # b * h * s * s
+    assert max(explained.memory.slab_size, explained.backward.memory.slab_size) < scores

@@ -79,7 +79,7 @@ def library_call(cv, node: fx.Node, target, args: tuple, kwargs: dict) -> Any:
     writes = tuple((bound_args[k] if k < len(bound_args) else bound_kwargs[arg.name]).index
                    for k, arg, _ in written)
     seed = None
-    if _differentiable_random(target, operands, writes):
+    if _differentiable_random(target, operands, writes) and not _without_dropout(target, args, kwargs):
         operands.append(draw_seed(cv, operands))
         seed = len(operands) - 1
     returns_nothing = not target._schema.returns
@@ -124,6 +124,16 @@ def _differentiable_random(target, operands: list[GraphNode], writes: tuple[int,
     again, which must draw the same numbers."""
     return torch.Tag.nondeterministic_seeded in target.tags and \
         any(o.dtype.is_float for k, o in enumerate(operands) if k not in writes)
+
+
+def _without_dropout(target, args, kwargs) -> bool:
+    """A random op whose only randomness is a dropout of probability 0 (attention's
+    dropout_p=0.0): it draws nothing."""
+    names = [a.name for a in target._schema.arguments]
+    if "dropout_p" not in names:
+        return False
+    k = names.index("dropout_p")
+    return (args[k] if k < len(args) else kwargs.get("dropout_p", target._schema.arguments[k].default_value)) == 0
 
 
 @dataclass(frozen=True)

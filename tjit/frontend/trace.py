@@ -49,7 +49,10 @@ KEPT_WHOLE = (aten.clamp_min, aten.clamp_max, aten.silu, aten.softplus, aten.mis
               # library calls rather than their decompositions, which differ from eager: multilabel
               # margin loss's ignores a -1 inside a target row, index_fill's gradient counts a
               # repeated index once per repeat, log_ndtr's where() sends NaN into the gradient
-              aten.multilabel_margin_loss_forward, aten.index_fill, aten.special_log_ndtr)
+              aten.multilabel_margin_loss_forward, aten.index_fill, aten.special_log_ndtr,
+              # attention as eager runs it on the CPU (flash attention, which never holds the
+              # (seq x seq) scores), forward and backward, until tjit generates it (tl.dot)
+              aten._scaled_dot_product_flash_attention_for_cpu)
 
 
 def fake_trace(fn: Callable, tensors: list) -> torch.fx.GraphModule:

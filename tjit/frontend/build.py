@@ -179,8 +179,9 @@ class ValueBuilder:
             new = apply_view_desc(node.view, desc)
             base = node.src[0]
             if new is not None and (not isinstance(base.op, Gather) or _keeps_elements(base.view, new)):
-                return base if new == base.view and isinstance(base.op, (Reduce, Gather)) else \
-                    self.b.node(ViewOp(), node.dtype, node.src, new)
+                # (a view back to the base's own is the base: hash-consing then finds the
+                # expressions over it equal, as a backward's formulas read saved values twice)
+                return base if new == base.view else self.b.node(ViewOp(), node.dtype, node.src, new)
             node = self.materialize(node)
         if isinstance(node.op, Gather) and not node.op.checked and _reads_memory(node.src[0]) and \
                 not _keeps_elements(node.view, apply_view_desc(node.view, desc)):

@@ -26,7 +26,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from .. import debug
 from ..errors import TjitError
 from ..frontend.convert import Converter
-from ..frontend.library import library_call_gradient
+from ..frontend.library import WriteThroughView, library_call_gradient, write_through_view_gradient
 from ..frontend.trace import decomposition_table
 from ..ir import Extern, GraphNode, Operand
 
@@ -63,6 +63,8 @@ def library_gradient(vb, node: GraphNode, grad: GraphNode, value: ValueOf, wante
     if not wrt:
         return [None] * len(node.src)
     call = node.op.call
+    if isinstance(call.target, WriteThroughView):
+        return write_through_view_gradient(vb, node, grad, wanted)
     checked = node.dtype.is_complex and node.op.index in CHECKED_ON_REAL_TENSORS.get(call.target, ())
     # (a write the op makes in place would be traced as one)
     if isinstance(call.target, torch._ops.OpOverload) and not call.target._schema.is_mutable \

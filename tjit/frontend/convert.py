@@ -351,30 +351,12 @@ class Converter(ValueBuilder):
         # the value (not yet where a gradient flows through the write: the gradient of each later
         # read of a view of the contents is an indexed read of its own, and a chain of such writes
         # makes backward kernels with hundreds of stores; nor complex values: calls only)
-        box = None if base.dtype.is_complex or self._reads_grad_inputs(base, value) \
-            else _box_in_storage(val, base.shape[0])
-        if box is not None:
-            return self._write_box(base, value, val, *box)
-        call = ExternCall(WriteThroughView(tuple(val.shape), tuple(val.stride()), val.storage_offset()),
-                          (Operand(0), Operand(1)), {})
+        write = WriteThroughView(tuple(val.shape), tuple(val.stride()), val.storage_offset())
+        if not base.dtype.is_complex and not self._reads_grad_inputs(base, value) and write.box(base.shape[0]):
+            return write.as_kernels(self, base, value)
+        call = ExternCall(write, (Operand(0), Operand(1)), {})
         operands = (in_memory(self, base), in_memory(self, value))
         return self.b.node(Extern(call, 0), base.dtype, operands, View.contiguous(base.shape))
-
-    def _write_box(self, base: GraphNode, value: GraphNode, val: torch.Tensor, order: list[int],
-                   shape: tuple[int, ...], low: tuple[int, ...]) -> GraphNode:
-        """The flat contents `base` with `value` written through the view `val`, which is the
-        box at `low` of the contents seen as a dense `shape`, its axes `order` (outermost
-        first; the box's size along the axes past the view's is 1)."""
-        kept = [d for d in order if val.shape[d] != 1]
-        src = self.view(value, ("permute", tuple(kept + [d for d in range(val.dim()) if val.shape[d] == 1])))
-        box = tuple(val.shape[d] for d in kept) + (1,) * (len(shape) - len(kept))
-        src = self.view(src, ("reshape", box))
-        grid = self.view(base, ("reshape", shape))
-        inside = self.in_window(low, box, shape)
-        written = self.window(src, low, shape, 0)
-        merged = self.elementwise("where", [inside, written, grid], base.dtype) if inside is not None else written
-        # (in memory: later reads are strided views of the contents, which kernels read from memory)
-        return self.view(in_memory(self, merged), ("reshape", (base.shape[0],)))
 
     def _reads_grad_inputs(self, *values: GraphNode) -> bool:
         """Whether a gradient may flow through these values: they read an input that gets one."""
@@ -524,28 +506,6 @@ def _is_dense_view_of_buffer(value: GraphNode, val: torch.Tensor) -> bool:
     its source's."""
     return (isinstance(value.op, ViewOp) and type(value.src[0].op) is Contiguous and val.numel() > 0
             and value.view.strides == tuple(val.stride()))
-
-
-def _box_in_storage(val: torch.Tensor, numel: int) -> Optional[tuple[list[int], tuple[int, ...], tuple[int, ...]]]:
-    """Whether the view `val` of a dense storage of `numel` elements is a box of it seen as a
-    dense array of some shape (a slice with step 1 on every axis): (its axes outermost first,
-    that shape, the box's first index), or None (a view with a step, or one that wraps)."""
-    order = sorted((d for d in range(val.dim()) if val.shape[d] != 1), key=lambda d: -val.stride(d))
-    strides = [val.stride(d) for d in order]
-    if val.numel() == 0 or any(st <= 0 for st in strides) or len(set(strides)) < len(strides):
-        return None
-    bounds = [numel] + strides + ([1] if not strides or strides[-1] != 1 else [])
-    if any(outer % inner for outer, inner in zip(bounds, bounds[1:])):
-        return None
-    shape = tuple(outer // inner for outer, inner in zip(bounds, bounds[1:]))
-    low, rest = [], val.storage_offset()
-    for inner in bounds[1:]:
-        low.append(rest // inner)
-        rest %= inner
-    sizes = [val.shape[d] for d in order] + [1] * (len(shape) - len(order))
-    if any(lo + n > size for lo, n, size in zip(low, sizes, shape)):
-        return None
-    return order, shape, tuple(low)
 
 
 def _covers_storage(val: torch.Tensor) -> bool:

@@ -8,6 +8,7 @@ work before and after the call still fuses: only the call itself is a boundary.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
@@ -229,8 +230,68 @@ class WriteThroughView:
         out.as_strided(self.size, self.stride, self.offset).copy_(src)
         return out
 
+    def box(self, numel: int) -> Optional[tuple[list[int], tuple[int, ...], tuple[int, ...]]]:
+        """Whether the view is a box of `numel` contents seen as a dense array of some shape (a
+        slice with step 1 on every axis): (its axes outermost first, that shape, the box's
+        first index), or None (a view with a step, or one that wraps)."""
+        order = sorted((d for d, n in enumerate(self.size) if n != 1), key=lambda d: -self.stride[d])
+        strides = [self.stride[d] for d in order]
+        if math.prod(self.size) == 0 or any(st <= 0 for st in strides) or len(set(strides)) < len(strides):
+            return None
+        bounds = [numel] + strides + ([1] if not strides or strides[-1] != 1 else [])
+        if any(outer % inner for outer, inner in zip(bounds, bounds[1:])):
+            return None
+        shape = tuple(outer // inner for outer, inner in zip(bounds, bounds[1:]))
+        low, rest = [], self.offset
+        for inner in bounds[1:]:
+            low.append(rest // inner)
+            rest %= inner
+        sizes = [self.size[d] for d in order] + [1] * (len(shape) - len(order))
+        if any(lo + n > size for lo, n, size in zip(low, sizes, shape)):
+            return None
+        return order, shape, tuple(low)
+
+    def as_kernels(self, vb, base: GraphNode, value: GraphNode) -> GraphNode:
+        """The write as IR, for a view that is a box (see box): the flat contents `base` with
+        the box at its place in the dense shape selected from a window of `value`."""
+        order, shape, low = self.box(base.shape[0])
+        kept = [d for d in order if self.size[d] != 1]
+        src = vb.view(value, ("permute", tuple(kept + [d for d in range(len(self.size)) if self.size[d] == 1])))
+        box = tuple(self.size[d] for d in kept) + (1,) * (len(shape) - len(kept))
+        src = vb.view(src, ("reshape", box))
+        grid = vb.view(base, ("reshape", shape))
+        inside = vb.in_window(low, box, shape)
+        written = vb.window(src, low, shape, 0)
+        merged = vb.elementwise("where", [inside, written, grid], base.dtype) if inside is not None else written
+        # (in memory: later reads are strided views of the contents, which kernels read from memory)
+        return vb.view(in_memory(vb, merged), ("reshape", (base.shape[0],)))
+
     def __str__(self) -> str:
         return "write_through_view"
+
+
+def write_through_view_gradient(vb, node: GraphNode, grad: GraphNode, wanted) -> list[Optional[GraphNode]]:
+    """The gradients of a WriteThroughView's operands (the contents before the write, the values
+    written): the result's gradient with the view's elements zeroed (the same write, of zeros,
+    into the gradient), and those elements read through the view. Not torch's derivative run
+    as a call, which runs the write again and differentiates it."""
+    write: WriteThroughView = node.op.call.target
+    base, src = node.src
+    flat = in_memory(vb, grad)
+    grads: list[Optional[GraphNode]] = [None, None]
+    if src.dtype.has_gradient and wanted(src):
+        memory = flat.src[0] if isinstance(flat.op, ViewOp) else flat
+        step, start = (flat.view.strides[0], flat.view.offset) if flat.shape else (1, flat.view.offset)
+        grads[1] = vb.b.node(ViewOp(), grad.dtype, (memory,),
+                             View(write.size, tuple(st * step for st in write.stride), start + write.offset * step))
+    if base.dtype.has_gradient and wanted(base):
+        zeros = vb.expand_to(vb.const(0, grad.dtype), src.shape)
+        if write.box(base.shape[0]) and not grad.dtype.is_complex:
+            grads[0] = write.as_kernels(vb, flat, zeros)
+        else:
+            call = ExternCall(write, (Operand(0), Operand(1)), {})
+            grads[0] = vb.b.node(Extern(call, 0), grad.dtype, (flat, in_memory(vb, zeros)), View.contiguous(base.shape))
+    return grads
 
 
 @dataclass(frozen=True, eq=False)

@@ -19,7 +19,8 @@ import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..errors import LayoutError, UnsupportedOpError
-from ..ir import Const, Contiguous, DType, Extern, ExternCall, GraphNode, Input, Mutation, Operand, View, ViewOp, Graph, toposort
+from ..ir import (Const, Contiguous, DType, Extern, ExternCall, Graph, GraphNode, Input, Mutation, Operand, View, ViewOp,
+                  toposort)
 from .build import ValueBuilder
 from .library import WriteThroughView, in_memory, library_call
 from .overlap import check_in_place, is_non_overlapping_and_dense

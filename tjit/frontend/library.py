@@ -281,7 +281,7 @@ def write_through_view_gradient(vb, node: GraphNode, grad: GraphNode, wanted) ->
     grads: list[Optional[GraphNode]] = [None, None]
     if src.dtype.has_gradient and wanted(src):
         memory = flat.src[0] if isinstance(flat.op, ViewOp) else flat
-        step, start = (flat.view.strides[0], flat.view.offset) if flat.shape else (1, flat.view.offset)
+        step, start = flat.view.strides[0], flat.view.offset  # (the contents are 1-d)
         grads[1] = vb.b.node(ViewOp(), grad.dtype, (memory,),
                              View(write.size, tuple(st * step for st in write.stride), start + write.offset * step))
     if base.dtype.has_gradient and wanted(base):

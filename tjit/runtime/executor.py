@@ -434,7 +434,6 @@ class Executable:
             found.setdefault(step, []).append(storage)
         return found
 
-
     def _launch(self, launch: Launch, memory, k: int) -> None:
         args = [self._bind(a, memory, k) if isinstance(a, BufferRef) else a for a in launch.args_template]
         if not self._interpreting:

@@ -22,7 +22,7 @@ from ..errors import LayoutError, UnsupportedOpError
 from ..ir import (Const, Contiguous, DType, Extern, ExternCall, Graph, GraphNode, Input, Mutation, Operand, View, ViewOp,
                   toposort)
 from .build import ValueBuilder
-from .library import WriteThroughView, in_memory, library_call
+from .library import WriteThroughView, in_memory, library_call, view_of_contents
 from .overlap import check_in_place, is_non_overlapping_and_dense
 
 @dataclass(frozen=True)
@@ -327,13 +327,7 @@ class Converter(ValueBuilder):
         if val.dtype != flat.dtype.torch:
             raise UnsupportedOpError("view(dtype)", f"reinterpreting a written {flat.dtype!r} intermediate as "
                                      f"{val.dtype}")
-        view = View(tuple(val.shape), tuple(val.stride()), val.storage_offset())
-        if isinstance(flat.op, ViewOp):  # the contents are a (1-d) view of memory: the view composed onto it
-            step = flat.view.strides[0] if flat.shape else 1
-            view = View(view.shape, tuple(st * step for st in view.strides), flat.view.offset + view.offset * step)
-            base = flat.src[0]
-            return base if view == base.view else self.b.node(ViewOp(), flat.dtype, (base,), view)
-        return flat if view == flat.view else self.b.node(ViewOp(), flat.dtype, (flat,), view)
+        return view_of_contents(self.b, flat, View(tuple(val.shape), tuple(val.stride()), val.storage_offset()))
 
     def storage_after_write(self, target: fx.Node, key: int, value: GraphNode) -> GraphNode:
         """The storage's contents after `value` is written through the view `target`."""

@@ -270,6 +270,15 @@ class WriteThroughView:
         return "write_through_view"
 
 
+def view_of_contents(b, contents: GraphNode, view: View) -> GraphNode:
+    """`view` (in elements of a storage's flat contents, 1-d memory or a 1-d view of it) as a
+    view of the memory that holds the contents."""
+    memory = contents.src[0] if isinstance(contents.op, ViewOp) else contents
+    step, start = contents.view.strides[0], contents.view.offset
+    composed = View(view.shape, tuple(st * step for st in view.strides), start + view.offset * step)
+    return memory if composed == memory.view else b.node(ViewOp(), contents.dtype, (memory,), composed)
+
+
 def write_through_view_gradient(vb, node: GraphNode, grad: GraphNode, wanted) -> list[Optional[GraphNode]]:
     """The gradients of a WriteThroughView's operands (the contents before the write, the values
     written): the result's gradient with the view's elements zeroed (the same write, of zeros,
@@ -280,10 +289,7 @@ def write_through_view_gradient(vb, node: GraphNode, grad: GraphNode, wanted) ->
     flat = in_memory(vb, grad)
     grads: list[Optional[GraphNode]] = [None, None]
     if src.dtype.has_gradient and wanted(src):
-        memory = flat.src[0] if isinstance(flat.op, ViewOp) else flat
-        step, start = flat.view.strides[0], flat.view.offset  # (the contents are 1-d)
-        grads[1] = vb.b.node(ViewOp(), grad.dtype, (memory,),
-                             View(write.size, tuple(st * step for st in write.stride), start + write.offset * step))
+        grads[1] = view_of_contents(vb.b, flat, View(write.size, write.stride, write.offset))
     if base.dtype.has_gradient and wanted(base):
         zeros = vb.expand_to(vb.const(0, grad.dtype), src.shape)
         if write.box(base.shape[0]) and not grad.dtype.is_complex:

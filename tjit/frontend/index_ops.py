@@ -53,8 +53,25 @@ def _index_select(cv, node, x, dim, index):
 
 
 @register(aten.embedding)
-def _embedding(cv, node, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
-    return _take_rows(cv, node, weight, _index(cv, node, indices), 0, False, "embedding (a row of weight)")
+def _embedding(cv, node, *args, **kwargs):
+    """weight's rows at indices. The gradient of the row padding_idx (>= 0) is zero, as eager's:
+    the rows read at that index pass their values through a stop_gradient. A gradient scaled
+    by each index's count in the batch is eager's: the library call. (sparse=True gets the
+    same values as a dense gradient: tjit's backward makes strided tensors only.)"""
+    weight, indices, padding_idx, scale_grad_by_freq, _ = _embedding_arguments(*args, **kwargs)
+    if scale_grad_by_freq:
+        return library_call(cv, node, node.target, args, kwargs)
+    index = _index(cv, node, indices)
+    rows = _take_rows(cv, node, weight, index, 0, False, "embedding (a row of weight)")
+    if padding_idx < 0 or not weight.dtype.is_float:
+        return rows
+    at_padding = cv.elementwise("eq", [index, cv.expand_to(cv.const(padding_idx, DType.int64), index.shape)], DType.bool)
+    at_padding = cv.expand_to(cv.view(at_padding, ("reshape", tuple(index.shape) + (1,))), rows.shape)
+    return cv.elementwise("where", [at_padding, cv.elementwise("stop_gradient", [rows], rows.dtype), rows], rows.dtype)
+
+
+def _embedding_arguments(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    return weight, indices, padding_idx, scale_grad_by_freq, sparse
 
 
 @register(aten.index)

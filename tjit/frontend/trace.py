@@ -16,7 +16,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 
 from ..errors import DataDependentError, EagerError, LayoutError, UnsupportedOpError
 from .batch_norm import batch_norm_decompositions
@@ -110,16 +110,39 @@ def _is_real(value) -> bool:
 
 
 class GradModeWatch(TorchFunctionMode):
-    """Notes whether the function calls torch with grad mode off (a `torch.no_grad()` block
-    inside it): the aten graph does not show that, and tjit's backward would not know."""
+    """Follows `torch.no_grad()` blocks inside a function traced in grad mode: the aten graph
+    does not show them, so each result computed with grad mode off is detached in the trace
+    (aten.detach: tjit's backward stops there, as eager's does). A write into an existing
+    tensor under no_grad cannot be shown that way (the written tensor may carry a gradient
+    whose path eager cuts there): `saw_no_grad_write` notes it, and a function with grad
+    inputs is then refused."""
 
     def __init__(self):
         super().__init__()
-        self.saw_no_grad = False
+        self.grad_enabled = torch.is_grad_enabled()  # the caller's mode: the trace runs in it
+        self.saw_no_grad_write = False
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if not torch.is_grad_enabled() and func is not torch._C._set_grad_enabled:  # tracing toggles it too
-            self.saw_no_grad = True
+        kwargs = kwargs or {}
+        if not self.grad_enabled or torch.is_grad_enabled() or func is torch._C._set_grad_enabled:
+            return func(*args, **kwargs)  # (tracing toggles grad mode too)
+        with WritesSeen() as writes:
+            result = func(*args, **kwargs)
+        if writes.seen:
+            self.saw_no_grad_write = True
+            return result
+        return tree_map(lambda v: v.detach() if isinstance(v, torch.Tensor) else v, result)
+
+
+class WritesSeen(TorchDispatchMode):
+    """Notes whether an aten op that writes into one of its arguments ran."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.seen = self.seen or func._schema.is_mutable
         return func(*args, **(kwargs or {}))
 
 
@@ -203,7 +226,7 @@ def trace(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozenset = fr
     check_no_data_dependence(gm, name)
     try:
         conversion = Converter(gm, tensor_names, requires_grad).run()
-        conversion.stops_gradients = watch.saw_no_grad
+        conversion.stops_gradients = watch.saw_no_grad_write
         if returned and returned[-1].num_leaves == conversion.output_tree.num_leaves:
             # eager's own structure: torch.return_types named tuples (x.max(1).values) stay named
             conversion.output_tree = returned[-1]

@@ -160,8 +160,9 @@ class CompiledFunction:
         _check_no_shared_memory(self.fn, flat, grad_inputs)
         if conversion.stops_gradients:
             raise UnsupportedOpError(getattr(self.fn, "__name__", str(self.fn)),
-                                     f"a torch.no_grad() block inside a function whose inputs {grad_inputs} require "
-                                     "grad: tjit's backward cannot see where it stops gradients (use .detach())")
+                                     f"a write into a tensor under torch.no_grad() inside a function whose inputs "
+                                     f"{grad_inputs} require grad: tjit's backward cannot see where it stops "
+                                     "gradients (write into a .detach() of it)")
         if self.donate:
             raise CompileArgumentError(f"donate={self.donate}: inputs {grad_inputs} require grad, and backward may "
                                        "need them; donate only under torch.no_grad()")

@@ -1,7 +1,7 @@
 """Small real-model architectures, built from configs with random weights (no downloads).
 
-Written here rather than imported from transformers / timm / torchvision: the same layers
-those libraries use (rotary embeddings, RMSNorm, SwiGLU, grouped-query attention, causal
+Written here rather than imported from timm / torchvision (test_hf_models runs transformers'
+own models): the same layers those libraries use (rotary embeddings, RMSNorm, SwiGLU, grouped-query attention, causal
 masks, batch norm, depthwise convolutions, patch embeddings, token mixing, a recurrent
 cell run in a Python loop), without their import cost or version pins, and torchvision's
 wheel on the registry here is a CUDA build that does not import beside the CPU torch.

@@ -409,6 +409,37 @@ def test_detach_and_no_grad_inside_the_function():
         torch.testing.assert_close(tjit.compile(writes_under_no_grad)(randn(3)).shape, torch.Size([3]))
 
 
+class _TripledGradient(torch.autograd.Function):
+    """x * x whose backward is deliberately not its derivative: eager runs the backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return 3 * x * grad
+
+
+def test_custom_autograd_function_is_refused_with_grad_never_differentiated():
+    """tjit's backward would differentiate the forward's ops (or nothing: they ran under
+    no_grad) and miss the Function's own backward: refused where a gradient is wanted, and
+    through torch.compile that graph runs eagerly, with eager's gradient."""
+    fn = lambda x: _TripledGradient.apply(x * 2).sum()  # noqa: E731
+    with pytest.raises(tjit.UnsupportedOpError, match="custom autograd.Function"):
+        tjit.compile(fn)(randn(300).requires_grad_())
+    x = randn(300)
+    leaf = x.clone().requires_grad_()
+    with pytest.warns(UserWarning, match="custom autograd.Function"):
+        got = torch.autograd.grad(torch.compile(fn, backend="tjit")(leaf), leaf)[0]
+    torch.testing.assert_close(got, 12 * x)  # (the Function's backward: the derivative is 8x)
+    with torch.no_grad():  # no gradient wanted: its forward is traced like any code
+        torch.testing.assert_close(tjit.compile(fn)(x), fn(x))
+    torch.testing.assert_close(tjit.compile(fn)(x), fn(x))  # (x does not require grad)
+
+
 # -- kernels and the tape ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name,fn,make", [
     ("layer_norm", lambda x, w, b: F.layer_norm(x, (64,), w, b), lambda: (randn(8, 64), randn(64), randn(64))),

@@ -110,28 +110,41 @@ def _is_real(value) -> bool:
 
 
 class GradModeWatch(TorchFunctionMode):
-    """Follows `torch.no_grad()` blocks inside a function traced in grad mode: the aten graph
-    does not show them, so each result computed with grad mode off is detached in the trace
-    (aten.detach: tjit's backward stops there, as eager's does). A write into an existing
-    tensor under no_grad cannot be shown that way (the written tensor may carry a gradient
-    whose path eager cuts there): `saw_no_grad_write` notes it, and a function with grad
-    inputs is then refused."""
+    """Follows what the aten graph does not show of autograd, in a function traced in grad mode.
+
+    A `torch.no_grad()` block: each result computed with grad mode off is detached in the
+    trace (aten.detach: tjit's backward stops there, as eager's does). A write into an
+    existing tensor under no_grad cannot be shown that way (the written tensor may carry a
+    gradient whose path eager cuts there), nor can a custom autograd.Function (eager runs its
+    Python backward, not the derivative of its forward): `gradient_unknown` says which was
+    seen, and a function with grad inputs is then refused."""
 
     def __init__(self):
         super().__init__()
         self.grad_enabled = torch.is_grad_enabled()  # the caller's mode: the trace runs in it
-        self.saw_no_grad_write = False
+        self.gradient_unknown: Optional[str] = None
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if not self.grad_enabled or torch.is_grad_enabled() or func is torch._C._set_grad_enabled:
-            return func(*args, **kwargs)  # (tracing toggles grad mode too)
+        if not self.grad_enabled or func is torch._C._set_grad_enabled:  # (tracing toggles grad mode too)
+            return func(*args, **kwargs)
+        if torch.is_grad_enabled():
+            self.note_custom_functions((args, kwargs))
+            return func(*args, **kwargs)
         with WritesSeen() as writes:
             result = func(*args, **kwargs)
         if writes.seen:
-            self.saw_no_grad_write = True
+            self.gradient_unknown = "a write into a tensor under torch.no_grad()"
             return result
         return tree_map(lambda v: v.detach() if isinstance(v, torch.Tensor) else v, result)
+
+    def note_custom_functions(self, values) -> None:
+        """Notes a value among `values` made by a custom autograd.Function (its forward ran
+        with grad mode off, so its results were detached above; its backward is the grad_fn)."""
+        for v in tree_leaves(values):
+            if isinstance(v, torch.Tensor) and isinstance(v.grad_fn, torch.autograd.function.BackwardCFunction):
+                self.gradient_unknown = (f"a custom autograd.Function ({type(v.grad_fn).__name__}): eager runs its "
+                                         "Python backward, which tjit does not trace")
 
 
 class WritesSeen(TorchDispatchMode):
@@ -206,6 +219,7 @@ def trace(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozenset = fr
         it = iter(traced)
         values = {name: (next(it) if isinstance(v, torch.Tensor) else v) for name, v in flat}
         result = _call_with(fn, args, kwargs, flat, values)
+        watch.note_custom_functions(result)
         returned.append(tree_flatten(result)[1])
         return result
 
@@ -226,7 +240,7 @@ def trace(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozenset = fr
     check_no_data_dependence(gm, name)
     try:
         conversion = Converter(gm, tensor_names, requires_grad).run()
-        conversion.stops_gradients = watch.saw_no_grad_write
+        conversion.gradient_unknown = watch.gradient_unknown
         if returned and returned[-1].num_leaves == conversion.output_tree.num_leaves:
             # eager's own structure: torch.return_types named tuples (x.max(1).values) stay named
             conversion.output_tree = returned[-1]

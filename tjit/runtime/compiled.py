@@ -158,11 +158,10 @@ class CompiledFunction:
     def _check_differentiable(self, conversion, flat, grad_inputs) -> None:
         """What tjit's backward cannot follow is refused before anything runs."""
         _check_no_shared_memory(self.fn, flat, grad_inputs)
-        if conversion.stops_gradients:
+        if conversion.gradient_unknown:
             raise UnsupportedOpError(getattr(self.fn, "__name__", str(self.fn)),
-                                     f"a write into a tensor under torch.no_grad() inside a function whose inputs "
-                                     f"{grad_inputs} require grad: tjit's backward cannot see where it stops "
-                                     "gradients (write into a .detach() of it)")
+                                     f"{conversion.gradient_unknown}, in a function whose inputs {grad_inputs} "
+                                     "require grad: tjit's backward cannot follow it")
         if self.donate:
             raise CompileArgumentError(f"donate={self.donate}: inputs {grad_inputs} require grad, and backward may "
                                        "need them; donate only under torch.no_grad()")

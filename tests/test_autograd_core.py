@@ -409,6 +409,18 @@ def test_detach_and_no_grad_inside_the_function():
         torch.testing.assert_close(tjit.compile(writes_under_no_grad)(randn(3)).shape, torch.Size([3]))
 
 
+def test_backward_reads_only_what_the_forward_saved():
+    """Attention scores as BLOOM makes them (a broadcast bias added, viewed per head, a mask
+    added): the softmax's exp is computed in two shapes, and while the saved values were
+    chosen the builder merged one into the other, so the backward rebuilt the second from an
+    input it was never given (KeyError). Rows span several programs."""
+    def scores(bias, mask, x, v):
+        s = (bias + x).view(4, 8, 33, 33) + mask
+        return F.softmax(s, dim=-1).view(32, 33, 33) * v
+    check_grads(scores, randn(32, 1, 33), randn(4, 1, 33, 33), randn(32, 33, 33), randn(32, 33, 33),
+                requires=[2, 3])
+
+
 class _TripledGradient(torch.autograd.Function):
     """x * x whose backward is deliberately not its derivative: eager runs the backward."""
 
@@ -423,21 +435,33 @@ class _TripledGradient(torch.autograd.Function):
         return 3 * x * grad
 
 
-def test_custom_autograd_function_is_refused_with_grad_never_differentiated():
-    """tjit's backward would differentiate the forward's ops (or nothing: they ran under
-    no_grad) and miss the Function's own backward: refused where a gradient is wanted, and
-    through torch.compile that graph runs eagerly, with eager's gradient."""
-    fn = lambda x: _TripledGradient.apply(x * 2).sum()  # noqa: E731
-    with pytest.raises(tjit.UnsupportedOpError, match="custom autograd.Function"):
-        tjit.compile(fn)(randn(300).requires_grad_())
-    x = randn(300)
+def test_custom_autograd_function_runs_eagerly_between_compiled_parts():
+    """tjit's backward would differentiate the Function's forward (or nothing: it ran under
+    no_grad) and miss its own backward. So on a gradient path the Function runs eagerly, its
+    backward the user's, and Dynamo's graph is cut around it: tjit compiles the parts before
+    and after it (tjit.compile hands such a function to Dynamo, as a data-dependent one)."""
+    fn = lambda x: _TripledGradient.apply(x * 2).sin().sum()  # noqa: E731
+    x = randn(2000)  # (several programs: 3000 makes the sum a 4096-lane block that spills 8 bytes at sm_90)
     leaf = x.clone().requires_grad_()
-    with pytest.warns(UserWarning, match="custom autograd.Function"):
-        got = torch.autograd.grad(torch.compile(fn, backend="tjit")(leaf), leaf)[0]
-    torch.testing.assert_close(got, 12 * x)  # (the Function's backward: the derivative is 8x)
+    expected = torch.autograd.grad(fn(leaf), leaf)[0]
+    torch.testing.assert_close(expected, (4 * x * x).cos() * 12 * x)  # the Function's backward: 3 * 2x * 2
+    for compiled in (tjit.compile(fn), torch.compile(fn, backend="tjit")):
+        leaf = x.clone().requires_grad_()
+        launches = tjit.counters.launches
+        got = torch.autograd.grad(compiled(leaf), leaf)[0]
+        torch.testing.assert_close(got, expected)
+        assert tjit.counters.launches - launches >= 3  # x * 2; sin and sum; their backward
+    parts = [part for graph in compiled_graphs(tjit.compile(fn), x.clone().requires_grad_()) for part in graph.parts]
+    assert len(parts) == 2 and not any(part.eager_because for part in parts)
     with torch.no_grad():  # no gradient wanted: its forward is traced like any code
         torch.testing.assert_close(tjit.compile(fn)(x), fn(x))
     torch.testing.assert_close(tjit.compile(fn)(x), fn(x))  # (x does not require grad)
+
+
+def compiled_graphs(compiled, *args):
+    """The graphs Dynamo handed tjit for a function tjit.compile runs split (runtime/split.py)."""
+    compiled(*args)
+    return compiled._split.graphs
 
 
 # -- kernels and the tape ------------------------------------------------------------------------------------

@@ -34,6 +34,12 @@ class DataDependentError(SplitError):
     tensor."""
 
 
+class CustomFunctionError(SplitError):
+    """A custom autograd.Function on a gradient path: eager runs its Python backward, which
+    tjit does not trace. Dynamo cuts the graph around each such Function, which runs eagerly
+    (runtime/split.py)."""
+
+
 class LayoutError(SplitError):
     """A sparse (or other non-strided) tensor: no strided memory for kernels or library calls
     to read. The graphs that hold one run eagerly."""

@@ -202,23 +202,32 @@ class _Recompute:
                 copy = self.vb.b.node(n.op, n.dtype, [self.memo[id(s)] for s in n.src], n.view)
             self.memo[id(n)] = copy
             if isinstance(self.vb, _ViewTracking):
-                self.vb.origin.setdefault(id(copy), n)
+                self.vb.note_origin(copy, [n])
         return self.memo[id(node)]
 
 
 class _ViewTracking(ValueBuilder):
     """A builder that knows which nodes are forward values (recomputed) or views of them,
     so the cut sees a view of a cast of a total as a read of the cast, not of the total the
-    view was pushed through."""
+    view was pushed through.
+
+    One node can stand for several forward values: the builder merges equal nodes, and a
+    view pushed through elementwise ops (a view of an exp is the exp of a view) can be the
+    recomputed copy of another forward value. A read of it is a read of each: the real
+    backward, built on saved values, rebuilds each from its own sources."""
 
     def __init__(self):
         super().__init__(indices_checked=True)
-        self.origin: dict[int, GraphNode] = {}  # backward node -> the forward value it is (a view of)
+        self.origin: dict[int, list[GraphNode]] = {}  # backward node -> the forward values it is (a view of)
+
+    def note_origin(self, node: GraphNode, forward: list[GraphNode]) -> None:
+        found = self.origin.setdefault(id(node), [])
+        found.extend(f for f in forward if all(f is not g for g in found))
 
     def view(self, node: GraphNode, desc) -> GraphNode:
         found = super().view(node, desc)
         if id(node) in self.origin:
-            self.origin.setdefault(id(found), self.origin[id(node)])
+            self.note_origin(found, self.origin[id(node)])
         return found
 
 
@@ -324,13 +333,13 @@ def _total(alg: Algebra, contributions: list[GraphNode], dtype: DType) -> Option
 INFINITE = 1 << 62
 
 
-def _read_by_backward(roots: list[GraphNode], origin: dict[int, GraphNode]) -> list[GraphNode]:
+def _read_by_backward(roots: list[GraphNode], origin: dict[int, list[GraphNode]]) -> list[GraphNode]:
     """Forward nodes whose recomputed copies the gradient formulas read directly."""
-    read = {id(r): origin[id(r)] for r in roots if id(r) in origin}
+    copies = [r for r in roots if id(r) in origin]
     for node in toposort(roots, stop=lambda n: id(n) in origin):
         if id(node) not in origin:
-            read.update((id(s), origin[id(s)]) for s in node.src if id(s) in origin)
-    return list(read.values())
+            copies += [s for s in node.src if id(s) in origin]
+    return list({id(f): f for copy in copies for f in origin[id(copy)]}.values())
 
 
 def _choose_saved(plan: AutogradPlan, read: list[GraphNode], mutated: set[str]) -> None:

@@ -57,7 +57,7 @@ class Conversion:
     output_tree: Any  # pytree spec of the outputs
     constants: dict[str, torch.Tensor]  # get_attr tensors, bound as extra inputs
     eager_ops: int  # kernels eager would launch: one per non-view aten op
-    gradient_unknown: Optional[str] = None  # what the trace saw that tjit's backward cannot follow, if any
+    gradient_unknown: Optional[tuple] = None  # (error type, reason): what the trace saw that tjit's backward cannot follow
 
 
 def storage_key(t: torch.Tensor):

@@ -18,7 +18,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 
-from ..errors import DataDependentError, EagerError, LayoutError, UnsupportedOpError
+from ..errors import CustomFunctionError, DataDependentError, EagerError, LayoutError, UnsupportedOpError
 from .batch_norm import batch_norm_decompositions
 from .convert import Conversion, Converter
 from .foreach import foreach_decompositions
@@ -116,13 +116,13 @@ class GradModeWatch(TorchFunctionMode):
     trace (aten.detach: tjit's backward stops there, as eager's does). A write into an
     existing tensor under no_grad cannot be shown that way (the written tensor may carry a
     gradient whose path eager cuts there), nor can a custom autograd.Function (eager runs its
-    Python backward, not the derivative of its forward): `gradient_unknown` says which was
-    seen, and a function with grad inputs is then refused."""
+    Python backward, not the derivative of its forward): `gradient_unknown` holds the error
+    to raise (its type and reason) for a function with grad inputs."""
 
     def __init__(self):
         super().__init__()
         self.grad_enabled = torch.is_grad_enabled()  # the caller's mode: the trace runs in it
-        self.gradient_unknown: Optional[str] = None
+        self.gradient_unknown: Optional[tuple[type, str]] = None
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -134,7 +134,7 @@ class GradModeWatch(TorchFunctionMode):
         with WritesSeen() as writes:
             result = func(*args, **kwargs)
         if writes.seen:
-            self.gradient_unknown = "a write into a tensor under torch.no_grad()"
+            self.gradient_unknown = (UnsupportedOpError, "a write into a tensor under torch.no_grad()")
             return result
         return tree_map(lambda v: v.detach() if isinstance(v, torch.Tensor) else v, result)
 
@@ -143,8 +143,8 @@ class GradModeWatch(TorchFunctionMode):
         with grad mode off, so its results were detached above; its backward is the grad_fn)."""
         for v in tree_leaves(values):
             if isinstance(v, torch.Tensor) and isinstance(v.grad_fn, torch.autograd.function.BackwardCFunction):
-                self.gradient_unknown = (f"a custom autograd.Function ({type(v.grad_fn).__name__}): eager runs its "
-                                         "Python backward, which tjit does not trace")
+                self.gradient_unknown = (CustomFunctionError, f"a custom autograd.Function ({type(v.grad_fn).__name__}): "
+                                                              "eager runs its Python backward, which tjit does not trace")
 
 
 class WritesSeen(TorchDispatchMode):

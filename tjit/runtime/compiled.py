@@ -124,7 +124,12 @@ class CompiledFunction:
             return self._split_entry(key, e, t0)
         t1 = time.perf_counter()
         if grad_inputs:
-            self._check_differentiable(conversion, flat, grad_inputs)
+            try:
+                self._check_differentiable(conversion, flat, grad_inputs)
+            except SplitError as e:  # (a custom autograd.Function: Dynamo cuts the graph around it)
+                if not self.split_data_dependent or self.donate:
+                    raise
+                return self._split_entry(key, e, t0)
             eager = None
             if may_differ_from_eager(conversion, grad_inputs):
                 eager = eager_gradient_paths(self.fn, *_detached((args, kwargs)), grad_inputs)
@@ -159,9 +164,10 @@ class CompiledFunction:
         """What tjit's backward cannot follow is refused before anything runs."""
         _check_no_shared_memory(self.fn, flat, grad_inputs)
         if conversion.gradient_unknown:
-            raise UnsupportedOpError(getattr(self.fn, "__name__", str(self.fn)),
-                                     f"{conversion.gradient_unknown}, in a function whose inputs {grad_inputs} "
-                                     "require grad: tjit's backward cannot follow it")
+            error, reason = conversion.gradient_unknown
+            raise error(getattr(self.fn, "__name__", str(self.fn)),
+                        f"{reason}, in a function whose inputs {grad_inputs} require grad: tjit's backward cannot "
+                        "follow it")
         if self.donate:
             raise CompileArgumentError(f"donate={self.donate}: inputs {grad_inputs} require grad, and backward may "
                                        "need them; donate only under torch.no_grad()")

@@ -22,9 +22,11 @@ from ..errors import DataDependentError, UnsupportedOpError
 
 @dataclass
 class SplitGraph:
-    """One graph Dynamo handed over: compiled by tjit, or run eagerly because tjit refused it."""
-    compiled: Any  # a CompiledFunction of the graph
+    """One graph Dynamo handed over: compiled by tjit, or run eagerly because tjit refused it,
+    or cut into parts around the custom autograd.Functions it applies."""
+    compiled: Any  # a CompiledFunction of the graph (None when it is cut into parts)
     eager_because: Optional[str] = None  # why the graph runs eagerly (tjit's refusal), if it does
+    parts: list = field(default_factory=list)  # the SplitGraphs of the parts tjit compiles
 
 
 @dataclass
@@ -49,6 +51,8 @@ class SplitFunction:
 def graph_backend(gm: torch.fx.GraphModule, example_inputs) -> Callable:
     """A Dynamo graph compiled by tjit on its first call; a graph tjit refuses (checked before
     anything runs, so no tensor was touched) runs eagerly instead, with a warning."""
+    if any(_is_custom_function(node) for node in gm.graph.nodes):
+        return _around_custom_functions(gm)
     from .compiled import CompiledFunction
     graph = SplitGraph(CompiledFunction(gm.forward, split_data_dependent=False))
 
@@ -66,3 +70,51 @@ def graph_backend(gm: torch.fx.GraphModule, example_inputs) -> Callable:
 
     run.split_graph = graph
     return run
+
+
+def _is_custom_function(node: torch.fx.Node) -> bool:
+    return node.op == "call_function" and node.target is torch.ops.higher_order.autograd_function_apply
+
+
+def _around_custom_functions(gm: torch.fx.GraphModule) -> Callable:
+    """The graph cut before and after each custom autograd.Function it applies (Dynamo's
+    autograd_function_apply, with the Function's forward and backward as subgraphs): the
+    Functions run eagerly, so their backward is the user's, as eager's; tjit compiles the
+    parts between them (a Function on a gradient path would make tjit refuse the whole graph)."""
+    from torch.fx.passes.split_module import split_module
+    part_of: dict[torch.fx.Node, int] = {}
+    current = 0
+    for node in gm.graph.nodes:
+        if _is_custom_function(node):
+            current += 1
+            part_of[node] = current
+            current += 1
+        elif node.op == "call_function" and node.args and part_of.get(node.args[0]) is not None \
+                and _is_custom_function(node.args[0]):
+            part_of[node] = part_of[node.args[0]]  # (a result taken out of the Function's tuple)
+        else:
+            part_of[node] = current
+    split = split_module(gm, None, lambda node: part_of[node], keep_original_order=True)
+    graph = SplitGraph(None)
+    for name, part in list(split.named_children()):
+        if not any(_is_custom_function(node) for node in part.graph.nodes):
+            compiled = graph_backend(part, None)
+            graph.parts.append(compiled.split_graph)
+            setattr(split, name, _Called(compiled))
+
+    def run(*args):
+        return split(*args)
+
+    run.split_graph = graph
+    return run
+
+
+class _Called(torch.nn.Module):
+    """A compiled part of a cut graph, as the module the cut graph calls."""
+
+    def __init__(self, fn: Callable):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)

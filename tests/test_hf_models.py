@@ -6,8 +6,9 @@ zoo.py's models are written in the same style; these are the library's own code,
 it does that hand-written modules did not: rotary embeddings computed under torch.no_grad()
 (Llama, and Mistral, Qwen2, Gemma, Phi, GPT-NeoX after it), an embedding with padding_idx
 tied to the LM head (BART), relative position buckets (T5), token-type embeddings and
-attention masks built from the inputs (BERT). Every graph Dynamo hands over must be compiled:
-a refused graph runs eagerly with a warning, and that warning fails the test.
+attention masks built from the inputs (BERT), a custom autograd.Function (BLOOM's GELU in
+training: it runs eagerly between compiled parts). Every graph Dynamo hands over must be
+compiled: a refused graph runs eagerly with a warning, and that warning fails the test.
 """
 import copy
 import warnings
@@ -37,12 +38,16 @@ def _t5():
         vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, decoder_start_token_id=0)
 
 
+def _bloom():  # ALiBi biases; in training its GELU is a custom autograd.Function, which runs eagerly
+    return transformers.BloomForCausalLM, transformers.BloomConfig(vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4)
+
+
 def _bert():
     return transformers.BertForMaskedLM, transformers.BertConfig(**SMALL, max_position_embeddings=64)
 
 
 # name -> (model class and config, label length: the decoder's for encoder-decoder models)
-MODELS = {"llama": (_llama, 11), "bart": (_bart, 7), "t5": (_t5, 7), "bert": (_bert, 11)}
+MODELS = {"llama": (_llama, 11), "bart": (_bart, 7), "t5": (_t5, 7), "bert": (_bert, 11), "bloom": (_bloom, 11)}
 RTOL, ATOL = 1e-4, 1e-5  # as test_models: matmuls and long sums in another order than eager's
 GRAD_RTOL, GRAD_ATOL = 1e-3, 1e-4  # gradients sum over every token, through every layer
 

@@ -453,6 +453,8 @@ def test_custom_autograd_function_runs_eagerly_between_compiled_parts():
         assert tjit.counters.launches - launches >= 3  # x * 2; sin and sum; their backward
     parts = [part for graph in compiled_graphs(tjit.compile(fn), x.clone().requires_grad_()) for part in graph.parts]
     assert len(parts) == 2 and not any(part.eager_because for part in parts)
+    explained = tjit.explain(fn, x.clone().requires_grad_())  # each part's kernels, and a note for the Function
+    assert explained.kernels and any("custom autograd.Function" in g for g in explained.graphs if isinstance(g, str))
     with torch.no_grad():  # no gradient wanted: its forward is traced like any code
         torch.testing.assert_close(tjit.compile(fn)(x), fn(x))
     torch.testing.assert_close(tjit.compile(fn)(x), fn(x))  # (x does not require grad)

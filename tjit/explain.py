@@ -111,7 +111,7 @@ class SplitExplanation:
         return [c for g in self.graphs if isinstance(g, Explanation) for c in g.library_calls]
 
     def __str__(self) -> str:
-        lines = [f"split by Dynamo into {len(self.graphs)} graph(s), the data-dependent ops run eagerly between "
+        lines = [f"split by Dynamo into {len(self.graphs)} graph(s), what one trace cannot hold runs eagerly between "
                  f"them; first: {self.reason}"]
         for k, g in enumerate(self.graphs):
             lines += ["", f"graph {k}:", str(g) if isinstance(g, Explanation) else f"runs eagerly: {g}"]
@@ -151,18 +151,26 @@ def _device_type(args, kwargs) -> str:
 def _explain_split(split: SplitFunction, args, kwargs) -> SplitExplanation:
     """Dynamo finds the graphs by running the function: it runs on copies of the arguments."""
     import torch
-    copies = torch.utils._pytree.tree_map(lambda v: v.detach().clone() if isinstance(v, torch.Tensor) else v,
-                                          (args, kwargs))
+    copies = torch.utils._pytree.tree_map(
+        lambda v: v.detach().clone().requires_grad_(v.requires_grad) if isinstance(v, torch.Tensor) else v, (args, kwargs))
     known = len(split.graphs)
     split(*copies)
     graphs = []
     for graph in split.graphs[known:] or split.graphs:
-        if graph.eager_because is not None:
-            graphs.append(graph.eager_because)
-        else:
-            entry = next(reversed(graph.compiled._cache.values()))
-            graphs.append(_explain(entry.executable, entry.eager_ops))
+        graphs += _explain_graph(graph)
     return SplitExplanation(split.reason, graphs)
+
+
+def _explain_graph(graph) -> list:
+    """A graph Dynamo handed over: its Explanation, why it runs eagerly, or (a graph cut
+    around custom autograd.Functions) each compiled part's and a note for the Functions."""
+    if graph.parts:
+        return [g for part in graph.parts for g in _explain_graph(part)] + \
+            ["the custom autograd.Function(s) between the parts above (their backward is the user's Python)"]
+    if graph.eager_because is not None:
+        return [graph.eager_because]
+    entry = next(reversed(graph.compiled._cache.values()))
+    return [_explain(entry.executable, entry.eager_ops)]
 
 
 def _explain(executable, eager_ops: int) -> Explanation:

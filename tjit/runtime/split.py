@@ -85,13 +85,13 @@ def _around_custom_functions(gm: torch.fx.GraphModule) -> Callable:
     part_of: dict[torch.fx.Node, int] = {}
     current = 0
     for node in gm.graph.nodes:
+        source = node.args[0] if node.op == "call_function" and node.args else None
         if _is_custom_function(node):
             current += 1
             part_of[node] = current
             current += 1
-        elif node.op == "call_function" and node.args and part_of.get(node.args[0]) is not None \
-                and _is_custom_function(node.args[0]):
-            part_of[node] = part_of[node.args[0]]  # (a result taken out of the Function's tuple)
+        elif isinstance(source, torch.fx.Node) and _is_custom_function(source):
+            part_of[node] = part_of[source]  # (a result taken out of the Function's tuple)
         else:
             part_of[node] = current
     split = split_module(gm, None, lambda node: part_of[node], keep_original_order=True)

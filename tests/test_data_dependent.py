@@ -169,3 +169,37 @@ def test_a_number_read_from_a_closed_over_tensor_is_read_on_every_call():
     torch.testing.assert_close(f(x), x * 2 + 1)
     scale.fill_(3.0)
     torch.testing.assert_close(f(x), x * 3 + 1)
+
+
+class _ScaledAttention(torch.nn.Module):
+    """Attention with a float attribute as its scale: with dynamic=True, Dynamo passes the
+    attribute as a 0-d tensor read by .item(), and attention's Python code branches on it."""
+
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+        self.proj = torch.nn.Linear(16, 16)
+
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(self.proj(q), k, v, scale=self.scale)
+
+
+def test_a_number_read_from_an_input_that_the_trace_branches_on_is_specialised():
+    """The graph is compiled with the number's value (as HF models with dynamic=True), once per
+    value, rather than run eagerly."""
+    model = _ScaledAttention(0.125)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        run = split.graph_backend(gm, example_inputs)
+        graphs.append(run.split_graph)
+        return run
+    compiled = torch.compile(model, backend=backend, dynamic=True)
+    q, k, v = (torch.randn(2, 4, 9, 16) for _ in range(3))
+    for scale in (0.125, 0.3, 0.125):
+        model.scale = scale
+        calls = tjit.counters.library_calls
+        with torch.no_grad():
+            close(compiled(q, k, v), model(q, k, v))
+        assert tjit.counters.library_calls - calls == 2  # the linear and attention: compiled, not eager
+    assert graphs and all(graph.eager_because is None for graph in graphs)

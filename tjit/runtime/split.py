@@ -55,21 +55,81 @@ def graph_backend(gm: torch.fx.GraphModule, example_inputs) -> Callable:
         return _around_custom_functions(gm)
     from .compiled import CompiledFunction
     graph = SplitGraph(CompiledFunction(gm.forward, split_data_dependent=False))
+    by_values: dict[tuple, SplitGraph] = {}  # per tuple of values read by .item(), once they are specialised
+    reads = _item_reads(gm)
 
     def run(*args):
+        if by_values:
+            return _specialised(gm, reads, by_values, graph, args)
         if graph.eager_because is None:
             try:
                 graph.compiled.entry_for(*args)
+            except DataDependentError as e:
+                if reads and _branched_on_data(e):  # on a number read from an input: specialise on it
+                    return _specialised(gm, reads, by_values, graph, args)
+                graph.eager_because = f"{type(e).__name__}: {e}"
             except UnsupportedOpError as e:
                 graph.eager_because = f"{type(e).__name__}: {e}"
-                if not isinstance(e, DataDependentError):
-                    warnings.warn(f"tjit runs a graph of {len(gm.graph.nodes)} nodes eagerly: {e}", stacklevel=2)
+                warnings.warn(f"tjit runs a graph of {len(gm.graph.nodes)} nodes eagerly: {e}", stacklevel=2)
         if graph.eager_because is not None:
             return gm(*args)
         return graph.compiled(*args)
 
     run.split_graph = graph
     return run
+
+
+def _item_reads(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, int]:
+    """`.item()` calls on the graph's inputs (node -> the input's position): with
+    dynamic=True, Dynamo passes a module's float attributes (attention's scale, a norm's eps)
+    as 0-d tensors read by .item(), and Python code that branches on such a number cannot be
+    traced without its value."""
+    positions = {node: k for k, node in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
+    return {node: positions[node.args[0]] for node in gm.graph.nodes
+            if node.op == "call_method" and node.target == "item" and node.args[0] in positions}
+
+
+def _branched_on_data(error: DataDependentError) -> bool:
+    """Python code branched on a number read from a tensor (the trace could not go on). A
+    number that only feeds arithmetic (a learning rate, which changes every step) is not
+    specialised on: one compile per value would cost more than running the graph eagerly."""
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+    return isinstance(error.__cause__, GuardOnDataDependentSymNode)
+
+
+def _specialised(gm, reads: dict, by_values: dict, graph: SplitGraph, args) -> Any:
+    """The graph with each .item() of an input replaced by its value in this call, compiled
+    once per tuple of values (a new value compiles anew; `graph` shows the latest); eager
+    where that is refused too."""
+    from .compiled import CompiledFunction
+    values = tuple(args[k].item() for k in reads.values())
+    found = by_values.get(values)
+    if found is None:
+        found = by_values[values] = SplitGraph(CompiledFunction(_with_values(gm, reads, values).forward,
+                                                                split_data_dependent=False))
+        try:
+            found.compiled.entry_for(*args)
+        except UnsupportedOpError as e:
+            found.eager_because = f"{type(e).__name__}: {e}"
+            if isinstance(e, DataDependentError):  # the values were not what it needs: eager from now on
+                by_values.clear()
+            else:
+                warnings.warn(f"tjit runs a graph of {len(gm.graph.nodes)} nodes eagerly: {e}", stacklevel=3)
+    graph.compiled, graph.eager_because = found.compiled, found.eager_because
+    return gm(*args) if found.eager_because is not None else found.compiled(*args)
+
+
+def _with_values(gm, reads: dict, values: tuple) -> torch.fx.GraphModule:
+    """A copy of gm whose .item() reads of inputs are the given Python numbers."""
+    graph = torch.fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))
+    nodes = [n for n in graph.nodes if n.op == "call_method" and n.target == "item" and n.args[0].op == "placeholder"]
+    for node, value in zip(nodes, values):
+        for user in list(node.users):
+            user.args = torch.fx.node.map_arg(user.args, lambda a: value if a is node else a)
+            user.kwargs = torch.fx.node.map_arg(user.kwargs, lambda a: value if a is node else a)
+        graph.erase_node(node)
+    return torch.fx.GraphModule(gm, graph)
 
 
 def _is_custom_function(node: torch.fx.Node) -> bool:

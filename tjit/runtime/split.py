@@ -105,7 +105,7 @@ def _specialised(gm, reads: dict, by_values: dict, graph: SplitGraph, args) -> A
     values = tuple(args[k].item() for k in reads.values())
     found = by_values.get(values)
     if found is None:
-        found = by_values[values] = SplitGraph(CompiledFunction(_with_values(gm, reads, values).forward,
+        found = by_values[values] = SplitGraph(CompiledFunction(_with_values(gm, values).forward,
                                                                 split_data_dependent=False))
         try:
             found.compiled.entry_for(*args)
@@ -119,8 +119,9 @@ def _specialised(gm, reads: dict, by_values: dict, graph: SplitGraph, args) -> A
     return gm(*args) if found.eager_because is not None else found.compiled(*args)
 
 
-def _with_values(gm, reads: dict, values: tuple) -> torch.fx.GraphModule:
-    """A copy of gm whose .item() reads of inputs are the given Python numbers."""
+def _with_values(gm, values: tuple) -> torch.fx.GraphModule:
+    """A copy of gm whose .item() reads of inputs are the given Python numbers (in the order
+    the reads come in the graph, as _item_reads lists them)."""
     graph = torch.fx.Graph()
     graph.output(graph.graph_copy(gm.graph, {}))
     nodes = [n for n in graph.nodes if n.op == "call_method" and n.target == "item" and n.args[0].op == "placeholder"]

@@ -74,6 +74,7 @@ class Converter(ValueBuilder):
         self.env: dict[fx.Node, Any] = {}
         self.input_names = list(input_names)
         self.requires_grad = frozenset(requires_grad)
+        self._reads_grad: dict[int, bool] = {}  # node -> whether it reads an input in requires_grad
         self.input_storage: dict[int, str] = {}
         self.input_meta: dict[str, torch.Tensor] = {}
         self.version: dict[str, int] = {}
@@ -349,15 +350,19 @@ class Converter(ValueBuilder):
         write = WriteThroughView(tuple(val.shape), tuple(val.stride()), val.storage_offset())
         if not base.dtype.is_complex and not self._reads_grad_inputs(base, value) and write.box(base.shape[0]):
             return write.as_kernels(self, base, value)
-        call = ExternCall(write, (Operand(0), Operand(1)), {})
-        operands = (in_memory(self, base), in_memory(self, value))
-        return self.b.node(Extern(call, 0), base.dtype, operands, View.contiguous(base.shape))
+        return write.as_call(self, base, value)
 
     def _reads_grad_inputs(self, *values: GraphNode) -> bool:
-        """Whether a gradient may flow through these values: they read an input that gets one."""
+        """Whether a gradient may flow through these values: they read an input that gets one.
+        (Memoised per node: a loop of writes asks it of ever longer chains.)"""
         if not self.requires_grad:
             return False
-        return any(isinstance(n.op, Input) and n.op.name in self.requires_grad for n in toposort(list(values)))
+        known = self._reads_grad
+        for n in toposort(values, stop=lambda n: id(n) in known):
+            if id(n) not in known:
+                known[id(n)] = isinstance(n.op, Input) and n.op.name in self.requires_grad or \
+                    any(known[id(s)] for s in n.src)
+        return any(known[id(v)] for v in values)
 
     def flat(self, value: GraphNode, val: torch.Tensor) -> GraphNode:
         """A dense value laid out as `val` is in its storage, as the storage's flat contents."""

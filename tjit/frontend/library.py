@@ -266,6 +266,13 @@ class WriteThroughView:
         # (in memory: later reads are strided views of the contents, which kernels read from memory)
         return vb.view(in_memory(vb, merged), ("reshape", (base.shape[0],)))
 
+    def as_call(self, vb, base: GraphNode, value: GraphNode) -> GraphNode:
+        """The write as a library call: a copy of the flat contents `base` with `value`
+        written through the view."""
+        call = ExternCall(self, (Operand(0), Operand(1)), {})
+        operands = (in_memory(vb, base), in_memory(vb, value))
+        return vb.b.node(Extern(call, 0), base.dtype, operands, View.contiguous(base.shape))
+
     def __str__(self) -> str:
         return "write_through_view"
 
@@ -292,11 +299,8 @@ def write_through_view_gradient(vb, node: GraphNode, grad: GraphNode, wanted) ->
         grads[1] = view_of_contents(vb.b, flat, View(write.size, write.stride, write.offset))
     if base.dtype.has_gradient and wanted(base):
         zeros = vb.expand_to(vb.const(0, grad.dtype), src.shape)
-        if write.box(base.shape[0]) and not grad.dtype.is_complex:
-            grads[0] = write.as_kernels(vb, flat, zeros)
-        else:
-            call = ExternCall(write, (Operand(0), Operand(1)), {})
-            grads[0] = vb.b.node(Extern(call, 0), grad.dtype, (flat, in_memory(vb, zeros)), View.contiguous(base.shape))
+        grads[0] = write.as_kernels(vb, flat, zeros) if write.box(base.shape[0]) and not grad.dtype.is_complex \
+            else write.as_call(vb, flat, zeros)
     return grads
 
 

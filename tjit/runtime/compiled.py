@@ -118,18 +118,14 @@ class CompiledFunction:
             # the forward only (tjit differentiates it), traced as eager runs it: the inputs that get a
             # gradient require grad (an op's Python wrapper may skip work for inputs that do not)
             conversion = trace_and_convert(self.fn, *_detached((args, kwargs)), frozenset(grad_inputs))
+            if grad_inputs:  # (a custom autograd.Function is a SplitError: Dynamo cuts the graph around it)
+                self._check_differentiable(conversion, flat, grad_inputs)
         except SplitError as e:
             if not self.split_data_dependent or self.donate:
                 raise
             return self._split_entry(key, e, t0)
         t1 = time.perf_counter()
         if grad_inputs:
-            try:
-                self._check_differentiable(conversion, flat, grad_inputs)
-            except SplitError as e:  # (a custom autograd.Function: Dynamo cuts the graph around it)
-                if not self.split_data_dependent or self.donate:
-                    raise
-                return self._split_entry(key, e, t0)
             eager = None
             if may_differ_from_eager(conversion, grad_inputs):
                 eager = eager_gradient_paths(self.fn, *_detached((args, kwargs)), grad_inputs)

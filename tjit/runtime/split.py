@@ -56,7 +56,7 @@ def graph_backend(gm: torch.fx.GraphModule, example_inputs) -> Callable:
     from .compiled import CompiledFunction
     graph = SplitGraph(CompiledFunction(gm.forward, split_data_dependent=False))
     by_values: dict[tuple, SplitGraph] = {}  # per tuple of values read by .item(), once they are specialised
-    reads = _item_reads(gm)
+    reads = _item_reads(gm.graph)
 
     def run(*args):
         if by_values:
@@ -79,13 +79,13 @@ def graph_backend(gm: torch.fx.GraphModule, example_inputs) -> Callable:
     return run
 
 
-def _item_reads(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, int]:
+def _item_reads(graph: torch.fx.Graph) -> dict[torch.fx.Node, int]:
     """`.item()` calls on the graph's inputs (node -> the input's position): with
     dynamic=True, Dynamo passes a module's float attributes (attention's scale, a norm's eps)
     as 0-d tensors read by .item(), and Python code that branches on such a number cannot be
     traced without its value."""
-    positions = {node: k for k, node in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
-    return {node: positions[node.args[0]] for node in gm.graph.nodes
+    positions = {node: k for k, node in enumerate(n for n in graph.nodes if n.op == "placeholder")}
+    return {node: positions[node.args[0]] for node in graph.nodes
             if node.op == "call_method" and node.target == "item" and node.args[0] in positions}
 
 
@@ -124,8 +124,7 @@ def _with_values(gm, values: tuple) -> torch.fx.GraphModule:
     the reads come in the graph, as _item_reads lists them)."""
     graph = torch.fx.Graph()
     graph.output(graph.graph_copy(gm.graph, {}))
-    nodes = [n for n in graph.nodes if n.op == "call_method" and n.target == "item" and n.args[0].op == "placeholder"]
-    for node, value in zip(nodes, values):
+    for node, value in zip(list(_item_reads(graph)), values):
         for user in list(node.users):
             user.args = torch.fx.node.map_arg(user.args, lambda a: value if a is node else a)
             user.kwargs = torch.fx.node.map_arg(user.kwargs, lambda a: value if a is node else a)

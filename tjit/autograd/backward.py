@@ -115,8 +115,6 @@ def plan_autograd(graph: Graph, grad_inputs, eager: Optional[dict[str, frozenset
 class BackwardGraph:
     graph: Graph
     constants: dict[str, torch.Tensor]  # index tables the graph reads
-    # input name -> (axis, index output, values output) to scatter-add into its gradient
-    scatters: dict[str, list[tuple[int, str, str]]]
     # inputs an output depends on only through piecewise-constant ops (round, floor...):
     # their gradient is zeros, as eager's is
     zeros: tuple[str, ...] = ()
@@ -126,30 +124,27 @@ def backward_graph(plan: AutogradPlan, layouts: dict[str, GradLayout],
                    output_strides: Optional[dict[str, tuple[int, ...]]] = None) -> BackwardGraph:
     """The backward graph for gradients arriving with these layouts: inputs are the
     gradients (incoming_grad_name), the saved values and forward inputs it reads, and index
-    tables; outputs are "grad_<input>" for each input that gets a gradient, and the indices
-    and values of each scatter-add into an input's gradient."""
+    tables; outputs are "grad_<input>" for each input that gets a gradient (scatter-adds into
+    it included, as IR Scatters)."""
     vb = ValueBuilder(indices_checked=True)
     alg = Algebra(vb)
     needs = _needs_grad(plan.graph, set(plan.grad_inputs))
     strides = {**saved_layouts(plan), **(output_strides or {})}
     grads = _sweep(alg, plan, layouts, _Recompute(vb, plan._saved_ids, strides), needs)
-    outputs, scatters = {}, {}
+    outputs = {}
     for name, (dense, scattered) in grads.items():
-        dtype = plan.graph.input_node(name).dtype
-        if dense is not None:
-            outputs[f"grad_{name}"] = as_call_result(vb, dense) if dtype.is_complex else alg.cast(dense, dtype)
-        for s in scattered:
-            k = len(outputs)
-            outputs[f"tjit_index{k}"] = alg.cast(s.index, DType.int64)
-            outputs[f"tjit_values{k}"] = alg.cast(s.values, dtype)
-            scatters.setdefault(name, []).append((s.axis, f"tjit_index{k}", f"tjit_values{k}"))
+        node = plan.graph.input_node(name)
+        if scattered:
+            outputs[f"grad_{name}"] = scatter_added(alg, node, scattered, dense)
+        elif dense is not None:
+            outputs[f"grad_{name}"] = as_call_result(vb, dense) if node.dtype.is_complex else alg.cast(dense, node.dtype)
     names = sorted({n.op.name for n in toposort(outputs.values()) if isinstance(n.op, Input)})
     arriving = [n for n in plan.differentiable_outputs if layouts.get(n) is not None]
     reached = _reached_through_floats([plan.graph.outputs[n] for n in arriving], needs)
     eager = {name for n in arriving for name in plan.eager_reaches.get(n, ())}
     zeros = tuple(name for name in plan.grad_inputs if name not in grads
                   and (id(plan.graph.input_node(name)) in reached or name in eager))
-    return BackwardGraph(vb.b.finish(names, outputs), alg.constants, scatters, zeros)
+    return BackwardGraph(vb.b.finish(names, outputs), alg.constants, zeros)
 
 
 def saved_layouts(plan: AutogradPlan) -> dict[str, tuple[int, ...]]:
@@ -282,7 +277,7 @@ def _sweep(alg: Algebra, plan: AutogradPlan, layouts: dict[str, GradLayout], val
         for s in scattered:  # moved back through views and copies to the input they read
             moved = scatter_into_source(alg, node, s)
             if moved is None:  # a computed value: the scatter-add is part of its gradient
-                dense.append(scatter_added(alg, node, s))
+                dense.append(scatter_added(alg, node, [s]))
             else:
                 pending.setdefault(id(node.src[0]), []).append(moved)
         return _total(alg, dense, node.dtype) if dense else None

@@ -104,14 +104,12 @@ class GradExecutable:
                     for name in self.plan.differentiable_outputs]
         grads = {name[len("grad_"):]: a for name, a in run.outputs.items() if name.startswith("grad_")}
         zeros = []  # _Backward.run: a zero gradient for each input no path reaches
-        for name in backward.zeros + tuple(n for n in backward.scatters if n not in grads):
+        for name in backward.zeros:
             node = self.plan.graph.input_node(name)
             zeros.append(Allocation(("zeros", name), allocated_bytes(node.view.numel * node.dtype.itemsize, device_type),
                                     "gradient", f"zero gradient of {name}", "backward end"))
-        kept_by_backward = set(run.outputs.values()) - set(grads.values())  # scatter indices and values
         freed = {a.key for a in run.during if a.bytes < 0}
         events = (forward.during + forward.at_end + incoming + run.during + zeros
-                  + release([a for a in run.outputs.values() if a in kept_by_backward], "backward end")
                   + run.at_end
                   # torch lets go of the saved tensors once the backward has run (those it read are freed)
                   + release([a for a in list(forward.tape.values()) + saved if a.key not in freed], "after backward")
@@ -152,15 +150,15 @@ class GradExecutable:
         executable = Executable(Conversion(graph, specs, tree, found.constants, 0), program)
         debug.log(1, f"compiled a backward: {len(program.kernels)} kernel(s)")
         debug.log_program(graph, program)
-        self._backward[key] = _Backward(executable, found.scatters, found.zeros)
+        self._backward[key] = _Backward(executable, found.zeros)
         return self._backward[key]
 
 
 class _Backward:
-    """The backward kernels, then the scatter-adds into input gradients (torch's)."""
+    """The backward kernels, and zero gradients for the inputs only piecewise-constant ops reach."""
 
-    def __init__(self, executable, scatters: dict[str, list[tuple[int, str, str]]], zeros: tuple[str, ...]):
-        self.executable, self.scatters, self.zeros = executable, scatters, zeros
+    def __init__(self, executable, zeros: tuple[str, ...]):
+        self.executable, self.zeros = executable, zeros
 
     def __getattr__(self, name):  # graph, lowered, launches, slabs...: the kernels'
         return getattr(self.executable, name)
@@ -171,22 +169,9 @@ class _Backward:
         consumable: saved values whose memory may be freed once read (see Executable.run)."""
         memory = self.executable.run(tensors, consumable=consumable)
         found = {name[len("grad_"):]: t for (kind, name), t in _outputs(memory) if name.startswith("grad_")}
-        def zeros(name):
-            shape, dtype = inputs[name]
-            return torch.zeros(shape, dtype=dtype, device=_device(tensors))
-
         for name in self.zeros:
-            found[name] = zeros(name)
-        for name, scatters in self.scatters.items():
-            grad = found.get(name)
-            if grad is None:
-                grad = found[name] = zeros(name)
-            for axis, index, values in scatters:
-                index, values = memory[("output", index)], memory[("output", values)]
-                if axis is None:  # into the gradient's elements in row-major order
-                    grad.view(-1).scatter_add_(0, index.reshape(-1), values.reshape(-1))
-                else:
-                    grad.scatter_add_(axis, index, values)
+            shape, dtype = inputs[name]
+            found[name] = torch.zeros(shape, dtype=dtype, device=_device(tensors))
         return found
 
 

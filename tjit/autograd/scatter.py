@@ -5,14 +5,13 @@ A gather's table is an input seen through a view (embedding and index_select ins
 broadcast axes so that the table has the result's rank; `w[1:]`, `w.t()` are views too),
 sometimes through a dense copy of one (a reshape that no view expresses) or a cast. The
 scatter-add the gather's gradient is (vjp.ScatterGrad) is therefore aimed at the view, and
-moved back to the input it reads: the runtime adds it into the input's gradient (torch's
-scatter_add_ after the backward kernels). Moving it back is index arithmetic, fused into the
+moved back to the input it reads. Moving it back is index arithmetic, fused into the
 backward kernels like any other: each gathered element's storage offset in the viewed
 buffer (offset + sum of coordinate * stride, with the data index on the gathered axis),
 turned into the buffer's own row-major element index, which is where its gradient goes.
 The moved scatter-add is "flat" (axis None): into the gradient viewed as one dimension.
-Where the source is a computed value, the scatter-add becomes part of that value's
-gradient as an IR Scatter (scatter_added), computed by the backward's kernels.
+Into an input's or a computed value's gradient alike, the scatter-adds then become IR
+Scatters (scatter_added), computed by the backward's kernels.
 """
 from __future__ import annotations
 
@@ -43,15 +42,19 @@ def scatter_into_source(alg: Algebra, node: GraphNode, s: ScatterGrad) -> Option
     return None if index is None else ScatterGrad(None, index, s.values, s.what)
 
 
-def scatter_added(alg: Algebra, node: GraphNode, s: ScatterGrad) -> GraphNode:
-    """The scatter-add `s` into a computed value's gradient, as a value: zeros of node's shape
-    with s.values added at their elements (an IR Scatter: the backward fills a buffer and
-    adds into it with tl.atomic_add, in float32 for 16-bit floats)."""
+def scatter_added(alg: Algebra, node: GraphNode, scattered: list[ScatterGrad],
+                  base: Optional[GraphNode] = None) -> GraphNode:
+    """The scatter-adds into node's gradient, as a value: `base` (node's dense gradient, or
+    zeros) with each one's values added at their elements (IR Scatters: the backward fills a
+    buffer and adds into it with tl.atomic_add, fused with the work computing the values, in
+    float32 for 16-bit floats)."""
     work = DType.float32 if node.dtype.is_low_precision else node.dtype
-    offsets = _storage_offsets(alg, View.contiguous(node.shape), s)
-    added = alg.vb.b.node(Scatter(accumulate=True, checked=False, what=s.what), work,
-                          (alg.zeros(node.shape, work), offsets, alg.cast(s.values, work)), View.contiguous(node.shape))
-    return alg.cast(added, node.dtype)
+    total = alg.zeros(node.shape, work) if base is None else alg.cast(base, work)
+    for s in scattered:
+        offsets = _storage_offsets(alg, View.contiguous(node.shape), s)
+        total = alg.vb.b.node(Scatter(accumulate=True, checked=False, what=s.what), work,
+                              (total, offsets, alg.cast(s.values, work)), View.contiguous(node.shape))
+    return alg.cast(total, node.dtype)
 
 
 def _storage_offsets(alg: Algebra, view: View, s: ScatterGrad) -> GraphNode:

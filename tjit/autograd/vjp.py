@@ -23,9 +23,9 @@ from .views import view_transpose
 @dataclass(frozen=True)
 class ScatterGrad:
     """A gradient that is a scatter-add: zeros of the source's shape, plus `values` added at
-    `index` along `axis`. Built by the runtime (torch's scatter_add_) after the backward
-    kernels, so only an input of the function can receive one."""
-    axis: int
+    `index` along `axis` (None: into the elements in row-major order). Moved back through
+    views to the value they read, where it becomes an IR Scatter (autograd/scatter.py)."""
+    axis: Optional[int]
     index: GraphNode  # int64, in range
     values: GraphNode
     what: str
@@ -34,8 +34,11 @@ class ScatterGrad:
 Grads = list[Optional[Union[GraphNode, ScatterGrad]]]
 ValueOf = Callable[[GraphNode], GraphNode]
 
-# above this many indices per gathered line, the table's gradient would need a scatter-add kernel
-MAX_ONE_HOT_INDICES = 16
+# A gather's gradient as one-hot selects costs (indices per line) x (table extent) per line,
+# against a scatter-add's (indices per line): one index per line is the dense gradient itself
+# (cross-entropy's target), more are one-hot only while the product stays this small (an
+# embedding's one-hot over its vocabulary would evaluate the incoming gradient vocab times).
+MAX_ONE_HOT_WORK = 64
 
 
 def differentiable(node: GraphNode) -> bool:
@@ -283,8 +286,8 @@ def _scatter(alg: Algebra, node: GraphNode, g: GraphNode, value: ValueOf) -> Gra
 
 def _gather(alg: Algebra, node: GraphNode, g: GraphNode, value: ValueOf):
     """table[..., j, ...] gets the sum of g over the positions whose index is j: for each of
-    the (few) indices per line, a one-hot select over the table, all fused; with more, a
-    scatter-add."""
+    the (few) indices per line, a one-hot select over the table, all fused; with more, or
+    over a long table axis, a scatter-add."""
     table, index = node.src
     if not differentiable(table):
         return None
@@ -293,7 +296,7 @@ def _gather(alg: Algebra, node: GraphNode, g: GraphNode, value: ValueOf):
     idx = value(index)
     if node.op.wrap_negative:
         idx = alg.where(alg.test("lt", idx, 0), alg.add(idx, n), idx)
-    if count > MAX_ONE_HOT_INDICES or node.op.flat:  # a one-hot sum per index would cost too much: scatter
+    if node.op.flat or count > 1 and count * n > MAX_ONE_HOT_WORK:  # one-hot sums would cost too much: scatter
         return ScatterGrad(axis, idx, g, node.op.what)
     where_j = alg.coordinate(table.shape, axis)
     total = None

@@ -8,6 +8,8 @@ reports to torch's profiler (`profile_memory=True`), folded in order. Memory all
 (inputs, parameters, slabs already held) is not counted; memory it frees is counted as freed
 on a GPU (the allocator's total drops), and left out on the CPU (the profiler knows the size
 of blocks allocated while it runs only): measure code that frees only what it allocates.
+On the CPU, `.planned_peak` is the peak without the memory an aten op allocates and frees
+before it returns (a flash attention's workspace): what a plan can see, and predicts.
 
 This is what `tjit.explain(...).peak_memory` predicts, measured: the tests compare them.
 """
@@ -23,6 +25,7 @@ class measure_peak:
         self.device = torch.device(device)
         self.peak: Optional[int] = None
         self.allocations = 0  # how many allocations were made inside (CPU only: the profiler's count)
+        self.planned_peak: Optional[int] = None  # (CPU only) the peak without aten ops' own workspace
         self._profile = None
 
     def __enter__(self) -> "measure_peak":
@@ -42,12 +45,16 @@ class measure_peak:
             self.peak = torch.cuda.max_memory_allocated(self.device) - self._base
             return
         self._profile.__exit__(*exc)
-        self.peak, self.allocations = _fold(_allocation_events(self._profile))
+        events = _allocation_events(self._profile)
+        self.peak, self.allocations = _fold(events)
+        self.planned_peak = _fold([e for e in events if not e[3]])[0]
 
 
-def _allocation_events(prof) -> list[tuple[int, int, int]]:
-    """(time, bytes, address) of every CPU allocation (bytes > 0) and release (< 0) the
-    profiler saw, in the order they happened."""
+def _allocation_events(prof) -> list[tuple[int, int, int, bool]]:
+    """(time, bytes, address, inside one op) of every CPU allocation (bytes > 0) and release
+    (< 0) the profiler saw, in the order they happened; `inside one op`: the block was
+    released before the outermost aten op that allocated it returned (the op's workspace),
+    and so was its release."""
     from torch._C._profiler import _EventType
     found = []
     stack = list(prof.profiler.kineto_results.experimental_event_tree())
@@ -56,8 +63,27 @@ def _allocation_events(prof) -> list[tuple[int, int, int]]:
         stack.extend(event.children)
         if event.tag == _EventType.Allocation and event.extra_fields.device.type == "cpu":
             fields = event.extra_fields
-            found.append((event.start_time_ns, fields.alloc_size, fields.ptr))
-    return sorted(found)
+            found.append((event.start_time_ns, fields.alloc_size, fields.ptr, _outermost_op_end(event)))
+    found.sort(key=lambda e: e[:3])
+    workspace, open_blocks = set(), {}  # indices of workspace events; address -> its allocation's index
+    for k, (time, nbytes, address, _) in enumerate(found):
+        if nbytes > 0:
+            open_blocks[address] = k
+        elif address in open_blocks:
+            start = open_blocks.pop(address)
+            if found[start][3] is not None and time <= found[start][3]:
+                workspace.update((start, k))
+    return [(time, nbytes, address, k in workspace) for k, (time, nbytes, address, _) in enumerate(found)]
+
+
+def _outermost_op_end(event) -> Optional[int]:
+    """When the outermost aten op around an allocation returned (None outside any)."""
+    end, parent = None, event.parent
+    while parent is not None:
+        if parent.name.startswith("aten::"):
+            end = parent.end_time_ns
+        parent = parent.parent
+    return end
 
 
 def _fold(events) -> tuple[int, int]:
@@ -65,7 +91,7 @@ def _fold(events) -> tuple[int, int]:
     allocated before the window, whose size the profiler does not know, is left out)."""
     live: dict[int, int] = {}
     current = peak = count = 0
-    for _, nbytes, address in events:
+    for _, nbytes, address, *_ in events:
         if nbytes > 0:
             live[address] = nbytes
             current += nbytes

@@ -877,11 +877,17 @@ RESHAPED_NORMS = {
     "softmax_heads_merged": (lambda x: torch.softmax(x, -1).flatten(0, 1) * 2, (3, 4, 33, 33)),
     "rms_norm_three_axes_merged": (lambda x: F.rms_norm(x, (37,)).reshape(-1, 37), (2, 3, 5, 37)),
     "long_rows_looped": (lambda x: torch.log_softmax(x, -1).reshape(-1, 5000), (2, 3, 5000)),
+    # ... or in its axes permuted (nn.MultiheadAttention reads a norm's [b, t, d] as [t, b, d]):
+    # computed in the reduction's shape and written through the permuted view
+    "layer_norm_read_transposed": (lambda x: F.layer_norm(x, (37,)).transpose(0, 1) * 2, (5, 33, 37)),
+    "layer_norm_equal_sizes_transposed": (lambda x: F.layer_norm(x, (16,)).transpose(0, 1) * 2, (16, 16, 16)),
+    "softmax_reduced_axis_first": (lambda x: torch.softmax(x, -1).permute(2, 0, 1) + 1, (3, 70, 33)),
+    "long_rows_looped_transposed": (lambda x: torch.log_softmax(x, -1).transpose(0, 1) * 2, (3, 2, 5000)),
 }
 
 
 @pytest.mark.parametrize("name", RESHAPED_NORMS)
-def test_a_norm_read_through_merged_axes_is_one_kernel(name):
+def test_a_norm_read_through_merged_or_permuted_axes_is_one_kernel(name):
     fn, shape = RESHAPED_NORMS[name]
     x = randn(*shape)
     cf = check_against_eager(fn, x)

@@ -260,7 +260,9 @@ class _Emitter(GridReductionEmitter):
             else:
                 m = t.mutation
                 ref, view = self._buffer("input", m.name, m.value.dtype), m.view
-            if store.target_shape is not None:
+            if store.target_dims is not None:
+                view = view.permute(store.target_dims)
+            elif store.target_shape is not None:
                 view = view.reshape(store.shape)  # (an axis split: always a strided view)
             if store.totals:  # one element, written by the last program: no index reaches it
                 view = View(self.shape, (0,) * len(self.shape), view.offset)

@@ -11,6 +11,7 @@ into a buffer that a later kernel loads.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Optional
@@ -219,12 +220,15 @@ def splits_into(shape: tuple[int, ...], finer: tuple[int, ...]) -> bool:
     return all(m == 1 for m in finer[k:])
 
 
-def reshaped_expression(value: GraphNode, shape: tuple[int, ...]) -> Optional[GraphNode]:
+def reshaped_expression(value: GraphNode, shape: tuple[int, ...],
+                        dims: Optional[tuple[int, ...]] = None) -> Optional[GraphNode]:
     """The value's fused expression computed in `shape`, an axis split of its own (a norm's
-    output read as [b*t, d] computed over the norm's [b, t, d]): each read through the split
-    view, elementwise work as it is; None where a part has no such form (a gather, a window,
-    a scan over the value's shape)."""
+    output read as [b*t, d] computed over the norm's [b, t, d]) or, with `dims`, its own axes
+    in another order (value.permute(dims) has `shape`: a norm's output read as [t, b, d]):
+    each read through the split or permuted view, elementwise work as it is; None where a
+    part has no such form (a gather, a window, a scan over the value's shape)."""
     new: dict[int, GraphNode] = {}
+    relaid = (lambda view: view.reshape(shape)) if dims is None else (lambda view: view.permute(dims))
 
     def split(node: GraphNode) -> Optional[GraphNode]:
         if id(node) in new:
@@ -235,15 +239,35 @@ def reshaped_expression(value: GraphNode, shape: tuple[int, ...]) -> Optional[Gr
             if all(s is not None for s in src):
                 found = GraphNode(node.op, node.dtype, tuple(src), View.contiguous(shape))
         elif isinstance(node.op, (ViewOp, Iota)):
-            view = node.view.reshape(shape)
+            view = relaid(node.view)
             found = None if view is None else GraphNode(node.op, node.dtype, node.src, view)
         elif isinstance(node.op, (Input, Const, Contiguous, Extern)):
-            view = node.view.reshape(shape)
+            view = relaid(node.view)
             found = None if view is None else GraphNode(ViewOp(), node.dtype, (node,), view)
         new[id(node)] = found
         return found
 
     return split(value)
+
+
+def aligned_permutation(value: GraphNode, domain: Domain) -> Optional[tuple[int, ...]]:
+    """The axis order `dims` in which value (a full-shape value whose shape is a permutation of
+    the domain's, as a norm's output read transposed) reads each reduction of `domain` as its
+    broadcast over the domain: value.permute(dims) is then computed in the reduction's
+    kernel. None when no order does (or value reads none of domain's reductions)."""
+    shape = value.shape
+    if len(shape) != len(domain.shape) or sorted(shape) != sorted(domain.shape) or len(shape) > 6:
+        return None
+    # (the views of the value's own expression; a reduction's input is in the domain's shape)
+    refs = [n for n in toposort([value], stop=lambda n: is_kernel_input(n) or is_reduce_ref(n))
+            if is_reduce_ref(n) and domain_of_reduce(n.src[0]) == domain]
+    if not refs:
+        return None
+    for dims in itertools.permutations(range(len(shape))):
+        if all(shape[d] == n for d, n in zip(dims, domain.shape)) and \
+                all(reference_space(GraphNode(ViewOp(), r.dtype, r.src, r.view.permute(dims))) == "full" for r in refs):
+            return None if dims == tuple(range(len(shape))) else dims  # (in order already: nothing to permute)
+    return None
 
 
 def read_from_buffers(value: GraphNode, buffers: dict[int, GraphNode]) -> GraphNode:

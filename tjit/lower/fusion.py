@@ -13,8 +13,8 @@ from typing import Optional, Union
 
 from ..errors import TjitError
 from ..ir import Contiguous, Extern, ExternCall, Graph, GraphNode, Input, Mutation, Scatter, View, ViewOp, toposort
-from .domains import (Domain, Placement, domain_of_reduce, is_kernel_input, read_from_buffers, reduces_in,
-                      reshaped_expression, splits_into, store_domain, totals_fit, totals_of)
+from .domains import (Domain, Placement, aligned_permutation, domain_of_reduce, is_kernel_input, read_from_buffers,
+                      reduces_in, reshaped_expression, splits_into, store_domain, totals_fit, totals_of)
 from .hazards import gather_tables, reads_older_version, same_program_access, stage
 
 
@@ -58,9 +58,11 @@ class Store:
     value: GraphNode
     domain: Domain = None
     totals: tuple = ()  # grid reductions: the store is written once all programs are done
-    # the target's own shape, when the value is computed in an axis split of it (the shape of
-    # the reduction it reads: see in_reduction_shape); None when the value has the target's shape
+    # the target's own shape, when the value is computed in an axis split of it or in its
+    # axes permuted by target_dims (the shape of the reduction it reads: see
+    # in_reduction_shape); None when the value has the target's shape
     target_shape: Optional[tuple[int, ...]] = None
+    target_dims: Optional[tuple[int, ...]] = None
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -200,17 +202,21 @@ def place_in_domains(stores: list[Store]) -> list[Store]:
 def in_reduction_shape(store: Store) -> None:
     """A store of a full-shape value of a reduction whose input has an axis split of the
     value's shape (layer_norm over [b, t, d] read by a matmul as [b*t, d]; softmax over
-    [b, h, s, s] read as [b*h, s, s]) computes the value in the reduction's shape, so it
-    joins the reduction's kernel instead of reading its results from a buffer."""
+    [b, h, s, s] read as [b*h, s, s]) or the value's axes in another order (layer_norm's
+    output read as [t, b, d] by nn.MultiheadAttention) computes the value in the reduction's
+    shape, so it joins the reduction's kernel instead of reading its results from a buffer."""
     reduces = reduces_in(store.value)
     if not reduces or isinstance(store.target, (InputTarget, ScatterTarget)) or store.target_shape is not None:
         return
     domain = domain_of_reduce(reduces[0])
+    dims = None
     if not splits_into(store.shape, domain.shape):
-        return
-    value = reshaped_expression(store.value, domain.shape)
+        dims = aligned_permutation(store.value, domain)
+        if dims is None:
+            return
+    value = reshaped_expression(store.value, domain.shape, dims)
     if value is not None:
-        store.target_shape, store.value = store.shape, value
+        store.target_shape, store.target_dims, store.value = store.shape, dims, value
 
 
 def stage_hazardous_reads(stores: list[Store]) -> list[Store]:

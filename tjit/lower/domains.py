@@ -16,8 +16,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..ir import (Const, Contiguous, Cumulative, Elementwise, Extern, Gather, GraphNode, Input, Iota, Reduce, View, ViewOp,
-                  toposort)
+from ..ir import (Const, Contiguous, Cumulative, Elementwise, Extern, Gather, GraphBuilder, GraphNode, Input, Iota, Reduce,
+                  View, ViewOp, toposort)
 
 
 @dataclass(frozen=True)
@@ -270,21 +270,43 @@ def aligned_permutation(value: GraphNode, domain: Domain) -> Optional[tuple[int,
     return None
 
 
-def read_from_buffers(value: GraphNode, buffers: dict[int, GraphNode]) -> GraphNode:
+class Copies:
+    """The copies read_from_buffers makes during one lowering, hash-consed (a part two stores
+    copy alike is one node, computed once in their kernel) and each mapped to the node it
+    copies: a copy computes its original's value, so the two share one buffer."""
+
+    def __init__(self):
+        self._builder = GraphBuilder()
+        self._origin: dict[int, GraphNode] = {}  # id of a copy -> the graph's node it copies
+
+    def original(self, node: GraphNode) -> GraphNode:
+        return self._origin.get(id(node), node)
+
+    def copy(self, node: GraphNode, src: tuple[GraphNode, ...]) -> GraphNode:
+        made = self._builder.node(node.op, node.dtype, src, node.view)
+        self._origin[id(made)] = self.original(node)  # (the builder keeps `made`: its id names no other)
+        return made
+
+
+def read_from_buffers(value: GraphNode, buffers: dict[int, GraphNode], copies: Optional[Copies] = None) -> GraphNode:
     """A copy of value's expression in which each node with an entry in `buffers` (its id ->
     a Contiguous node of it) is read from that buffer instead of computed. The value itself
     is always computed: its store may be the one that fills its buffer. A buffer the
     expression already reads stays that node, even when its source was rewritten on another
-    path: a copy of it would be a buffer no store fills."""
+    path: a copy of it would be a buffer no store fills. With `copies` (shared by the stores
+    of one lowering), `buffers` is keyed by original nodes and a copy reads its original's."""
+    key = (lambda node: id(copies.original(node))) if copies is not None else id
     new: dict[int, GraphNode] = {}
     for node in toposort([value], stop=is_kernel_input):
-        if id(node) in buffers and node is not value:
-            new[id(node)] = buffers[id(node)]
+        if key(node) in buffers and node is not value:
+            new[id(node)] = buffers[key(node)]
             continue
         if is_kernel_input(node):
             new[id(node)] = node
             continue
         src = tuple(new.get(id(s), s) for s in node.src)
-        same = all(a is b for a, b in zip(src, node.src))
-        new[id(node)] = node if same else GraphNode(node.op, node.dtype, src, node.view)
+        if all(a is b for a, b in zip(src, node.src)):
+            new[id(node)] = node
+        else:
+            new[id(node)] = copies.copy(node, src) if copies is not None else GraphNode(node.op, node.dtype, src, node.view)
     return new[id(value)]

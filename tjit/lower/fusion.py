@@ -13,8 +13,9 @@ from typing import Optional, Union
 
 from ..errors import TjitError
 from ..ir import Contiguous, Extern, ExternCall, Graph, GraphNode, Input, Mutation, Scatter, View, ViewOp, toposort
-from .domains import (Domain, Placement, aligned_permutation, domain_of_reduce, is_kernel_input, read_from_buffers,
-                      reduces_in, reshaped_expression, splits_into, store_domain, totals_fit, totals_of)
+from .domains import (Copies, Domain, Placement, aligned_permutation, domain_of_reduce, is_kernel_input,
+                      read_from_buffers, reduces_in, reshaped_expression, splits_into, store_domain, totals_fit,
+                      totals_of)
 from .hazards import gather_tables, reads_older_version, same_program_access, stage
 
 
@@ -176,7 +177,8 @@ def place_in_domains(stores: list[Store]) -> list[Store]:
     in its domain is written to a buffer by a store of its own, and that store reads the
     buffer; stores that can keep it in registers still do (softmax's max stays fused with
     its sum even when another kernel also needs it)."""
-    buffers: dict[int, GraphNode] = {}
+    buffers: dict[int, GraphNode] = {}  # the graph's node (a copy's original) -> the buffer it is written to
+    copies = Copies()
     pending, placed = list(stores), []
     while pending:
         store = pending.pop(0)
@@ -190,10 +192,11 @@ def place_in_domains(stores: list[Store]) -> list[Store]:
             placed.append(store)
             continue
         for node in placement.foreign:
-            if id(node) not in buffers:
-                buffers[id(node)] = GraphNode(Contiguous(), node.dtype, (node,), node.view)
-                pending.append(Store(BufferTarget(buffers[id(node)]), node))
-        store.value = read_from_buffers(store.value, buffers)
+            key = id(copies.original(node))
+            if key not in buffers:
+                buffers[key] = GraphNode(Contiguous(), node.dtype, (node,), node.view)
+                pending.append(Store(BufferTarget(buffers[key]), node))
+        store.value = read_from_buffers(store.value, buffers, copies)
         pending.append(store)
     order = {id(s): k for k, s in enumerate(stores)}
     return sorted(placed, key=lambda s: order.get(id(s), len(order)))

@@ -50,6 +50,18 @@ def test_a_norm_feeding_a_matmul_through_merged_axes_is_one_kernel():
     assert steps(cf, x, w, b) == (1, 1)
 
 
+def test_an_operand_a_late_call_reads_is_written_by_the_last_kernel_of_its_shape_before_it():
+    # sin(x) is ready at once but only the last mm reads it: it joins cos(z)'s kernel, the last
+    # one over [64, 96] before that mm, instead of a kernel of its own whose buffer would
+    # live through the two mm calls between
+    def fn(x, w1, w2, v):
+        y = torch.relu(x @ w1) @ w2
+        return x.sin().t() @ (y.cos() @ v)
+    x, w1, w2, v = torch.randn(64, 96), *(torch.randn(96, 96) / 10 for _ in range(3))
+    cf = check_against_eager(fn, x, w1, w2, v)
+    assert steps(cf, x, w1, w2, v) == (2, 4)
+
+
 def test_a_call_result_returned_reshaped_is_the_output_itself():
     # logits [b*t, v] returned as [b, t, v]: a view of the call's tensor, no copy kernel
     x, w = torch.randn(2, 35, 30), torch.randn(30, 50)

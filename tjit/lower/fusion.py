@@ -8,6 +8,7 @@ kernel, so a function's pointwise work over one shape is one kernel.
 """
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
@@ -255,7 +256,9 @@ def group_kernels(graph: Graph, unstored: frozenset = frozenset()) -> list[Union
     externs = collect_externs(graph)
     stores = stage_hazardous_reads(place_in_domains(collect_stores(graph, unstored)))
     stores = without_overwritten_writes(stores, externs)
-    levels = _levels(stores, externs)
+    edges = _dependencies(stores, externs)
+    levels = _levels([*stores, *externs], edges)
+    levels = _sink_buffers(stores, edges, levels)
     levels = _sink_outputs(stores, levels)
     _join_reduction_kernels(stores, levels)
     groups: dict[tuple, KernelGroup] = {}
@@ -278,6 +281,31 @@ def _sink_outputs(stores: list[Store], levels: dict[int, int]) -> dict[int, int]
     for s in stores:
         last[s.domain] = max(last.get(s.domain, 0), levels[id(s)])
     return {**levels, **{id(s): last[s.domain] for s in stores if isinstance(s.target, OutputTarget)}}
+
+
+def _sink_buffers(stores: list[Store], edges: dict[int, list], levels: dict[int, int]) -> dict[int, int]:
+    """A buffer written early and read late holds its memory in between (a backward that
+    recomputes forward values at its start for its last kernels): its store joins the
+    latest kernel of its domain that still runs before its first reader, if there is one
+    (so no kernel is added, and its own may go)."""
+    if any(written_input(s) for s in stores):
+        return levels  # kernel order then also protects inputs from early overwrites: keep it as placed
+    readers: dict[int, list[tuple[int, bool]]] = {}  # store id -> (id of a store or call reading it, strict?)
+    for item, deps in edges.items():
+        for dep, strict in deps:
+            readers.setdefault(id(dep), []).append((item, strict))
+    levels = dict(levels)
+    kernels = collections.Counter((levels[id(s)], s.domain) for s in stores)
+    buffers = [s for s in stores if isinstance(s.target, BufferTarget) and id(s) in readers]
+    for store in sorted(buffers, key=lambda s: -levels[id(s)]):  # the last first: what it reads may follow it
+        level = levels[id(store)]
+        latest = min(levels[reader] - strict for reader, strict in readers[id(store)])
+        later = [k for k in range(latest, level, -1) if kernels[(k, store.domain)]]
+        if later:
+            kernels[(level, store.domain)] -= 1
+            kernels[(later[0], store.domain)] += 1
+            levels[id(store)] = later[0]
+    return levels
 
 
 def _join_reduction_kernels(stores: list[Store], levels: dict[int, int]) -> None:
@@ -363,8 +391,8 @@ def without_overwritten_writes(stores: list[Store], externs: list[ExternStep]) -
     return [s for s in stores if not (isinstance(s.target, InputTarget) and overwritten(s.target.mutation))]
 
 
-def _levels(stores: list[Store], externs: list[ExternStep] = ()) -> dict[int, int]:
-    """Level of a store or library call = the earliest slot its dependencies allow.
+def _dependencies(stores: list[Store], externs: list[ExternStep] = ()) -> dict[int, list[tuple[object, bool]]]:
+    """Per store or library call (by id), what it depends on: (store or call, strict?) pairs.
 
     Strict dependencies (the store must run in a later kernel): reading a buffer another
     store writes or a library call's result; reading an input version a mutation produces;
@@ -412,11 +440,14 @@ def _levels(stores: list[Store], externs: list[ExternStep] = ()) -> dict[int, in
                         if any(reads_older_version(op, name, version) for op, _ in reads[id(e)])
                         or version > dict(e.call.versions).get(name, version))  # a check eager runs first
 
-    # the longest path, by relaxation: two stores that each read what the other overwrites,
-    # in the same program (a momentum buffer and its parameter), depend on each other
-    # without strictness and share a level; a cycle through a strict dependency has no order
-    items = [*stores, *externs]
-    edges = {id(item): list(deps(item)) for item in items}
+    return {id(item): list(deps(item)) for item in [*stores, *externs]}
+
+
+def _levels(items: list, edges: dict[int, list[tuple[object, bool]]]) -> dict[int, int]:
+    """Level of a store or library call = the earliest slot its dependencies allow: the
+    longest path, by relaxation. Two stores that each read what the other overwrites, in
+    the same program (a momentum buffer and its parameter), depend on each other without
+    strictness and share a level; a cycle through a strict dependency has no order."""
     level = {id(item): 0 for item in items}
     for _ in range(len(items) + 1):
         changed = False

@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 
 from ..ir import (Const, Contiguous, Cumulative, DType, Elementwise, Extern, Gather, GraphBuilder, GraphNode, Input, Iota,
-                  Reduce, View, ViewOp, Window)
+                  Reduce, View, ViewOp, Window, toposort)
 from ..ir.ops import op_def
 from ..ir.view import _infer_reshape
 
@@ -144,6 +144,10 @@ class ValueBuilder:
             else:
                 coords.append(self.cast(self.coordinate(shape, d), DType.int64))
         return self.read_at(table, coords, checked=not in_range, what=what)
+
+    def loads(self, node: GraphNode) -> int:
+        """How many leaves in memory node's fused expression reads."""
+        return sum(_reads_memory(n) for n in toposort([node], stop=_reads_memory))
 
     def materialize(self, node: GraphNode) -> GraphNode:
         if isinstance(node.op, (Contiguous, Input, Const, Extern)):
@@ -618,7 +622,6 @@ def in_range_or_minus_one(vb: ValueBuilder, index: GraphNode, size: int, wrap: b
 
 def _checks_an_index(value: GraphNode) -> bool:
     """Some indexed read in value's expression checks its index."""
-    from ..ir import toposort
     stop = lambda n: n.is_leaf or isinstance(n.op, (Contiguous, Gather))  # noqa: E731
     return any(isinstance(n.op, Gather) and n.op.checked for n in toposort([value], stop=stop))
 

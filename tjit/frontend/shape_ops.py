@@ -75,6 +75,12 @@ def _float_arange(cv, n: int, start: float, step: float, dtype: DType, device: s
     return cv.cast(ew("where", vector, lane, scalar, t=acc), dtype)
 
 
+# Each lane of a cat's kernel selects one operand, but the kernel's code computes every
+# operand's fused expression (masked): past this many loads in all, an operand that reads
+# more than one leaf is read from a buffer of its own (shared with any other reader's).
+MAX_CAT_LOADS = 64
+
+
 @register(aten.cat)
 def _cat(cv, node, tensors, dim=0):
     """A where-chain over the coordinate along dim, each operand read shifted to its place
@@ -86,6 +92,9 @@ def _cat(cv, node, tensors, dim=0):
     dim %= len(shape)
     if len(parts) == 1:
         return parts[0]
+    loads = [cv.loads(p) for p in parts]
+    if sum(loads) > MAX_CAT_LOADS:  # (an unrolled RNN's stacked hidden states, each read from its buffer)
+        parts = [cv.materialize(p) if n > 1 else p for p, n in zip(parts, loads)]
     starts = [0]
     for p in parts:
         starts.append(starts[-1] + p.shape[dim])

@@ -22,6 +22,7 @@ from ..errors import CustomFunctionError, DataDependentError, EagerError, Layout
 from .batch_norm import batch_norm_decompositions
 from .convert import Conversion, Converter
 from .foreach import foreach_decompositions
+from .rnn_cells import FunctionalCells
 
 
 @functools.lru_cache(maxsize=None)
@@ -229,7 +230,7 @@ def trace(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozenset = fr
     # parameters that require grad in place, which grad mode forbids
     grad_mode = torch.enable_grad() if torch.is_grad_enabled() else torch.no_grad()
     try:
-        with grad_mode, watch:
+        with grad_mode, watch, FunctionalCells():
             gm = fake_trace(with_tensors, [t.detach().requires_grad_(name in requires_grad)
                                            for name, t in zip(tensor_names, tensors)])
     except (UnsupportedOpError, EagerError):  # (EagerError: eager's error for these inputs, raised by a decomposition)

@@ -258,6 +258,8 @@ def group_kernels(graph: Graph, unstored: frozenset = frozenset()) -> list[Union
     stores = without_overwritten_writes(stores, externs)
     edges = _dependencies(stores, externs)
     levels = _levels([*stores, *externs], edges)
+    if _read_earlier_buffers(stores, levels):  # (the levels still hold: each buffer read is of an earlier one)
+        edges = _dependencies(stores, externs)
     levels = _sink_buffers(stores, edges, levels)
     levels = _sink_outputs(stores, levels)
     _join_reduction_kernels(stores, levels)
@@ -281,6 +283,28 @@ def _sink_outputs(stores: list[Store], levels: dict[int, int]) -> dict[int, int]
     for s in stores:
         last[s.domain] = max(last.get(s.domain, 0), levels[id(s)])
     return {**levels, **{id(s): last[s.domain] for s in stores if isinstance(s.target, OutputTarget)}}
+
+
+RECOMPUTED_LOADS = 4  # a value computed from more loads than this is read from its buffer where one is written
+
+
+def _read_earlier_buffers(stores: list[Store], levels: dict[int, int]) -> bool:
+    """A store whose expression computes a value that an earlier kernel writes to a buffer
+    anyway (a matmul's operand) reads the buffer instead: an unrolled RNN's step computes
+    its hidden state from the previous one, which the step's matmul read from memory, and
+    recomputed, each step would compute every step before it. Whether any store changed."""
+    if any(written_input(s) for s in stores):
+        return False  # kernel order then also protects inputs from early overwrites: keep it as placed
+    filled = {id(s.target.node.src[0]): (s.target.node, levels[id(s)]) for s in stores
+              if isinstance(s.target, BufferTarget) and s.target.node.src[0] is s.value
+              and len(expression_leaves(s.value)) > RECOMPUTED_LOADS}
+    changed = False
+    for store in stores:
+        earlier = {key: buffer for key, (buffer, level) in filled.items() if level < levels[id(store)]}
+        if earlier and any(id(n) in earlier for n in toposort([store.value], stop=is_kernel_input) if n is not store.value):
+            store.value = read_from_buffers(store.value, earlier)
+            changed = True
+    return changed
 
 
 def _sink_buffers(stores: list[Store], edges: dict[int, list], levels: dict[int, int]) -> dict[int, int]:

@@ -301,7 +301,8 @@ def _read_earlier_buffers(stores: list[Store], levels: dict[int, int]) -> bool:
     changed = False
     for store in stores:
         earlier = {key: buffer for key, (buffer, level) in filled.items() if level < levels[id(store)]}
-        if earlier and any(id(n) in earlier for n in toposort([store.value], stop=is_kernel_input) if n is not store.value):
+        if earlier and any(id(n) in earlier and n is not store.value
+                           for n in toposort([store.value], stop=is_kernel_input)):
             store.value = read_from_buffers(store.value, earlier)
             changed = True
     return changed

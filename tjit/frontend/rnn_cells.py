@@ -41,6 +41,6 @@ class FunctionalCells(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         functional = FUNCTIONAL.get(func)
-        if functional is not None and isinstance(args[0], torch.Tensor) and args[0].dim() == 2:
+        if functional is not None and args and isinstance(args[0], torch.Tensor) and args[0].dim() == 2:
             return functional(*args, **kwargs)
         return func(*args, **kwargs)

@@ -258,11 +258,14 @@ def group_kernels(graph: Graph, unstored: frozenset = frozenset()) -> list[Union
     stores = without_overwritten_writes(stores, externs)
     edges = _dependencies(stores, externs)
     levels = _levels([*stores, *externs], edges)
-    if _read_earlier_buffers(stores, levels):  # (the levels still hold: each buffer read is of an earlier one)
-        edges = _dependencies(stores, externs)
-    levels = _sink_buffers(stores, edges, levels)
-    levels = _sink_outputs(stores, levels)
-    _join_reduction_kernels(stores, levels)
+    # the passes below move stores between kernels; with a write into an input, kernel order
+    # also protects the input from early overwrites: the stores then stay as placed
+    if not any(written_input(s) for s in stores):
+        if _read_earlier_buffers(stores, levels):  # (the levels still hold: each buffer read is of an earlier one)
+            edges = _dependencies(stores, externs)
+        levels = _sink_buffers(stores, edges, levels)
+        levels = _sink_outputs(stores, levels)
+        _join_reduction_kernels(stores, levels)
     groups: dict[tuple, KernelGroup] = {}
     for store in stores:
         key = (levels[id(store)], store.domain)
@@ -277,8 +280,6 @@ def _sink_outputs(stores: list[Store], levels: dict[int, int]) -> dict[int, int]
     """An output store may run in any kernel from its earliest level on (no store reads an
     output), so it joins the last kernel of its domain: a layer_norm backward's bias
     gradient shares the weight gradient's kernel, which must wait for the row statistics."""
-    if any(written_input(s) for s in stores):
-        return levels  # a later kernel may overwrite an input the store reads
     last = {}
     for s in stores:
         last[s.domain] = max(last.get(s.domain, 0), levels[id(s)])
@@ -293,8 +294,6 @@ def _read_earlier_buffers(stores: list[Store], levels: dict[int, int]) -> bool:
     anyway (a matmul's operand) reads the buffer instead: an unrolled RNN's step computes
     its hidden state from the previous one, which the step's matmul read from memory, and
     recomputed, each step would compute every step before it. Whether any store changed."""
-    if any(written_input(s) for s in stores):
-        return False  # kernel order then also protects inputs from early overwrites: keep it as placed
     filled = {id(s.target.node.src[0]): (s.target.node, levels[id(s)]) for s in stores
               if isinstance(s.target, BufferTarget) and s.target.node.src[0] is s.value
               and len(expression_leaves(s.value)) > RECOMPUTED_LOADS}
@@ -313,8 +312,6 @@ def _sink_buffers(stores: list[Store], edges: dict[int, list], levels: dict[int,
     recomputes forward values at its start for its last kernels): its store joins the
     latest kernel of its domain that still runs before its first reader, if there is one
     (so no kernel is added, and its own may go)."""
-    if any(written_input(s) for s in stores):
-        return levels  # kernel order then also protects inputs from early overwrites: keep it as placed
     readers: dict[int, list[tuple[int, bool]]] = {}  # store id -> (id of a store or call reading it, strict?)
     for item, deps in edges.items():
         for dep, strict in deps:
@@ -340,8 +337,6 @@ def _join_reduction_kernels(stores: list[Store], levels: dict[int, int]) -> None
     `x + x` beside `x.sum(-1)`), so each row is loaded once; and a scalar of totals over
     plain row values (cross-entropy's count of targets, kept for backward) with the totals
     that kernel already combines."""
-    if any(written_input(s) for s in stores):
-        return  # kernel order then also protects inputs from early overwrites: keep it as placed
     hosts: dict[tuple, list[Store]] = {}
     for s in stores:
         if s.domain.axes:

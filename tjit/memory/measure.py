@@ -63,7 +63,8 @@ def _allocation_events(prof) -> list[tuple[int, int, int, bool]]:
         stack.extend(event.children)
         if event.tag == _EventType.Allocation and event.extra_fields.device.type == "cpu":
             fields = event.extra_fields
-            found.append((event.start_time_ns, fields.alloc_size, fields.ptr, _outermost_op_end(event)))
+            op_end = _outermost_op_end(event) if fields.alloc_size > 0 else None  # (a release's is not needed)
+            found.append((event.start_time_ns, fields.alloc_size, fields.ptr, op_end))
     found.sort(key=lambda e: e[:3])
     workspace, open_blocks = set(), {}  # indices of workspace events; address -> its allocation's index
     for k, (time, nbytes, address, _) in enumerate(found):

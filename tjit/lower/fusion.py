@@ -9,6 +9,7 @@ kernel, so a function's pointwise work over one shape is one kernel.
 from __future__ import annotations
 
 import collections
+import math
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
@@ -264,7 +265,7 @@ def group_kernels(graph: Graph, unstored: frozenset = frozenset()) -> list[Union
         if _read_earlier_buffers(stores, levels):  # (the levels still hold: each buffer read is of an earlier one)
             edges = _dependencies(stores, externs)
         levels = _sink_buffers(stores, edges, levels)
-        levels = _sink_outputs(stores, levels)
+        levels = _sink_outputs(stores, externs, levels)
         _join_reduction_kernels(stores, levels)
     groups: dict[tuple, KernelGroup] = {}
     for store in stores:
@@ -276,14 +277,41 @@ def group_kernels(graph: Graph, unstored: frozenset = frozenset()) -> list[Union
     return sorted([*externs, *groups.values()], key=lambda g: (g.level, isinstance(g, KernelGroup)))
 
 
-def _sink_outputs(stores: list[Store], levels: dict[int, int]) -> dict[int, int]:
+def _sink_outputs(stores: list[Store], externs: list[ExternStep], levels: dict[int, int]) -> dict[int, int]:
     """An output store may run in any kernel from its earliest level on (no store reads an
-    output), so it joins the last kernel of its domain: a layer_norm backward's bias
-    gradient shares the weight gradient's kernel, which must wait for the row statistics."""
-    last = {}
+    output), so it joins a later kernel of its domain where that costs no memory: a
+    layer_norm backward's bias gradient shares the weight gradient's kernel, which must wait
+    for the row statistics. Waiting keeps what it reads alive for it alone from that
+    memory's last other reader on (each layer's gradient rows until the backward's end, were
+    it the last kernel), while the output itself is allocated only when its kernel runs: so
+    it joins the latest kernel for which what it keeps alive is no larger than itself."""
+    readers: dict[object, list[int]] = {}  # memory read -> the levels of its readers
+    for item in [*stores, *externs]:
+        for key in _memory_read(item):
+            readers.setdefault(key, []).append(levels[id(item)])
+    kernel_levels: dict[Domain, set[int]] = {}
     for s in stores:
-        last[s.domain] = max(last.get(s.domain, 0), levels[id(s)])
-    return {**levels, **{id(s): last[s.domain] for s in stores if isinstance(s.target, OutputTarget)}}
+        kernel_levels.setdefault(s.domain, set()).add(levels[id(s)])
+    sunk = dict(levels)
+    for s in stores:
+        if not isinstance(s.target, OutputTarget):
+            continue
+        level, reads = levels[id(s)], _memory_read(s)
+        free_until = {key: _latest_other_reader(readers[key], level) for key in reads}
+        own_bytes = math.prod(s.target_shape or s.shape) * s.value.dtype.itemsize
+
+        def kept_alive(k: int) -> int:
+            return sum(nbytes for key, nbytes in reads.items() if free_until[key] < k)
+
+        sunk[id(s)] = max(k for k in kernel_levels[s.domain] if k == level or (k > level and kept_alive(k) <= own_bytes))
+    return sunk
+
+
+def _latest_other_reader(read_levels: list[int], own: int) -> int:
+    """The latest level of a memory's readers other than one at `own` (own if none)."""
+    others = list(read_levels)
+    others.remove(own)
+    return max(others + [own])
 
 
 RECOMPUTED_LOADS = 4  # a value computed from more loads than this is read from its buffer where one is written
@@ -365,22 +393,25 @@ def _row_host(store: Store, level: int, hosts: dict[tuple, list[Store]]) -> Opti
     for lv, d in hosts:
         if lv == level and store.shape in (d.row_shape, d.squeezed_shape) and d.squeezed_shape != ():
             return lv, d
-    reads = _memory_read(store)
+    reads = _memory_read(store).keys()
     for (lv, d), members in sorted(hosts.items(), key=lambda item: item[0][0]):
         later = lv > level and isinstance(store.target, OutputTarget)
         if (lv == level or later) and store.shape == d.shape and d.squeezed_shape != () \
-                and any(reads & _memory_read(m) for m in members):
+                and any(reads & _memory_read(m).keys() for m in members):
             return lv, d
     return None
 
 
-def _memory_read(store: Store) -> set:
-    """The inputs (by name and version) and buffers a store's expression loads."""
-    found = set()
-    for leaf in expression_leaves(store.value):
+def _memory_read(item: Union[Store, ExternStep]) -> dict[object, int]:
+    """The inputs (by name and version) and buffers a store's expression or a call loads,
+    with the bytes of each (of the view an input is read through)."""
+    leaves = expression_leaves(item.value) if isinstance(item, Store) else item.operands
+    found = {}
+    for leaf in leaves:
         base = buffer_of(leaf)
         if base is not None:
-            found.add((base.op.name, base.op.version) if isinstance(base.op, Input) else id(base))
+            key = (base.op.name, base.op.version) if isinstance(base.op, Input) else id(base)
+            found[key] = math.prod(base.shape) * base.dtype.itemsize
     return found
 
 

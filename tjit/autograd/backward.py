@@ -25,8 +25,9 @@ from ..errors import UnsupportedOpError
 from ..frontend.build import ValueBuilder
 from ..frontend.library import joint_library_call_gradient
 from ..ir import Contiguous, DType, Elementwise, Extern, Graph, GraphNode, Input, Reduce, View, contiguous_strides, toposort
+from .accumulate import total_gradient
 from .algebra import Algebra
-from .complex import as_call_result, complex_sum, complex_vjp, touches_complex
+from .complex import as_call_result, complex_vjp, touches_complex
 from .library_grad import takes_joint_gradient
 from .scatter import scatter_added, scatter_into_source
 from .vjp import ScatterGrad, differentiable, vjp
@@ -260,6 +261,7 @@ def _sweep(alg: Algebra, plan: AutogradPlan, layouts: dict[str, GradLayout], val
         incoming = alg.vb.b.input(incoming_grad_name(name), DType.from_torch(dtype), view)
         pending.setdefault(id(node), []).append(alg.cast(incoming, node.dtype))
     found = {}
+    depths: dict[int, int] = {}  # (memo of accumulate.depth)
     roots = [plan.graph.outputs[name] for name in plan.differentiable_outputs]
     wanted = lambda s: id(s) in needs  # noqa: E731
 
@@ -272,7 +274,7 @@ def _sweep(alg: Algebra, plan: AutogradPlan, layouts: dict[str, GradLayout], val
         dense = [c for c in contributions if isinstance(c, GraphNode)]
         scattered = [c for c in contributions if isinstance(c, ScatterGrad)]
         if isinstance(node.op, Input):
-            found[node.op.name] = (_total(alg, dense, node.dtype), scattered)
+            found[node.op.name] = (total_gradient(alg, dense, node.dtype, depths), scattered)
             return None
         for s in scattered:  # moved back through views and copies to the input they read
             moved = scatter_into_source(alg, node, s)
@@ -280,7 +282,7 @@ def _sweep(alg: Algebra, plan: AutogradPlan, layouts: dict[str, GradLayout], val
                 dense.append(scatter_added(alg, node, [s]))
             else:
                 pending.setdefault(id(node.src[0]), []).append(moved)
-        return _total(alg, dense, node.dtype) if dense else None
+        return total_gradient(alg, dense, node.dtype, depths) if dense else None
 
     order = list(reversed(toposort(roots)))
     # results of a call whose gradients are taken jointly: at the last of them (in this order
@@ -305,23 +307,6 @@ def _sweep(alg: Algebra, plan: AutogradPlan, layouts: dict[str, GradLayout], val
             if g is not None and id(src) in needs:
                 pending.setdefault(id(src), []).append(g)
     return found
-
-
-def _total(alg: Algebra, contributions: list[GraphNode], dtype: DType) -> Optional[GraphNode]:
-    """The sum of a value's gradient contributions (None if there are none). Rounded ones
-    (casts from one wider type) are summed before rounding, once."""
-    if not contributions:
-        return None
-    if dtype.is_complex:  # no kernel adds complex values: a library call does
-        return complex_sum(alg.vb, contributions)
-    wider = {c.src[0].dtype for c in contributions if isinstance(c.op, Elementwise) and c.op.op == "cast"}
-    if len(contributions) > 1 and len(wider) == 1 and all(isinstance(c.op, Elementwise) and c.op.op == "cast"
-                                                          for c in contributions):
-        contributions = [c.src[0] for c in contributions]
-    total = contributions[0]
-    for c in contributions[1:]:
-        total = alg.add(total, c)
-    return alg.cast(total, dtype)
 
 
 # -- what the forward keeps ---------------------------------------------------------------------------

@@ -72,10 +72,9 @@ def test_lstm_cell_steps_are_one_kernel_each_between_the_matmuls():
     assert library_ops(cf, *args) == {"aten.addmm.default"}
 
 
-@pytest.mark.xfail(strict=True, reason="the cell state c, which no matmul reads, is never written to memory: each "
-                                       "step recomputes it from every earlier step's gates (a recompute-or-store "
-                                       "choice fusion does not make yet)")
 def test_lstm_cell_steps_read_the_previous_cell_state_from_memory():
+    """The cell state c, which no matmul reads, is written by the step that computes it
+    (fusion._store_shared_values); recomputed, each step would read every earlier step's gates."""
     args = (torch.randn(BATCH, STEPS, INPUT), torch.randn(BATCH, HIDDEN), torch.randn(BATCH, HIDDEN), *weights(4))
     assert most_pointers(tjit.compile(unrolled_lstm), *args) <= 5  # gates, h and c before, h and c after
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Optional, Union
 
 from ..errors import TjitError
-from ..ir import Contiguous, Extern, ExternCall, Graph, GraphNode, Input, Mutation, Scatter, View, ViewOp, toposort
+from ..ir import (Contiguous, Cumulative, Extern, ExternCall, Gather, Graph, GraphNode, Input, Mutation, Reduce, Scatter,
+                  View, ViewOp, toposort)
 from .domains import (Copies, Domain, Placement, aligned_permutation, domain_of_reduce, is_kernel_input,
                       read_from_buffers, reduces_in, reshaped_expression, splits_into, store_domain, totals_fit,
                       totals_of)
@@ -267,6 +268,10 @@ def group_kernels(graph: Graph, unstored: frozenset = frozenset()) -> list[Union
         levels = _sink_buffers(stores, edges, levels)
         levels = _sink_outputs(stores, externs, levels)
         _join_reduction_kernels(stores, levels)
+        shared = _store_shared_values(stores, levels)
+        if shared:
+            stores += shared
+            _read_earlier_buffers(stores, levels)
     groups: dict[tuple, KernelGroup] = {}
     for store in stores:
         key = (levels[id(store)], store.domain)
@@ -333,6 +338,57 @@ def _read_earlier_buffers(stores: list[Store], levels: dict[int, int]) -> bool:
             store.value = read_from_buffers(store.value, earlier)
             changed = True
     return changed
+
+
+def _store_shared_values(stores: list[Store], levels: dict[int, int]) -> list[Store]:
+    """Buffer stores for pointwise values of a recurrence computed from more than
+    RECOMPUTED_LOADS loads by stores of several levels (an LSTM's cell state: every later
+    step's kernel would compute it again from the gates of every step before), each in a
+    kernel over its shape at the first level that computes it (so no kernel is added);
+    _read_earlier_buffers then makes the later ones read it. Only the largest such values
+    of each first level: the rest follow from reading them. (Levels of the new stores are
+    added to `levels`.)"""
+    hosts = {}  # level -> domain of a kernel over each full shape
+    for s in stores:
+        if not s.domain.axes or s.domain.squeezed_shape != ():
+            hosts.setdefault(levels[id(s)], {}).setdefault(s.domain.shape, s.domain)
+    found: dict[int, GraphNode] = {}
+    levels_of: dict[int, set[int]] = {}
+    for store in stores:
+        for node in toposort([store.value], stop=is_kernel_input):
+            if not is_kernel_input(node) and node.dtype.is_float:
+                levels_of.setdefault(id(node), set()).add(levels[id(store)])
+                found.setdefault(id(node), node)
+    shared = {key: (node, min(levels_of[key])) for key, node in found.items()
+              if len(levels_of[key]) > 1 and node.shape in hosts.get(min(levels_of[key]), {})
+              and not _computes_non_pointwise(node) and _loads(node) > RECOMPUTED_LOADS}
+    within = {key: [id(n) for n in toposort([node], stop=is_kernel_input) if n is not node]
+              for key, (node, _) in shared.items()}
+    # a recurrence: a value computed again from an earlier such value (each step's state from
+    # the one before) costs every later step more; a value two kernels compute once each is
+    # left to them (a transformer's recomputed activations: a buffer would hold its memory)
+    chained = set()
+    for key, (node, first) in shared.items():
+        earlier = [k for k in within[key] if k in shared and shared[k][1] < first]
+        if earlier:
+            chained.update([key, *earlier])
+    inner = {(k, first) for key, (_, first) in shared.items() if key in chained for k in within[key]}
+    added = []
+    for key, (node, first) in shared.items():
+        if key in chained and (key, first) not in inner:
+            buffer = GraphNode(Contiguous(), node.dtype, (node,), View.contiguous(node.shape))
+            added.append(Store(BufferTarget(buffer), node, hosts[first][node.shape]))
+            levels[id(added[-1])] = first
+    return added
+
+
+def _loads(value: GraphNode) -> int:
+    """The memory reads (not literals) of a value's expression."""
+    return sum(buffer_of(leaf) is not None for leaf in expression_leaves(value))
+
+
+def _computes_non_pointwise(value: GraphNode) -> bool:
+    return any(isinstance(n.op, (Reduce, Cumulative, Gather)) for n in toposort([value], stop=is_kernel_input))
 
 
 def _sink_buffers(stores: list[Store], edges: dict[int, list], levels: dict[int, int]) -> dict[int, int]:

@@ -100,3 +100,14 @@ def test_each_layers_norm_gradients_do_not_wait_for_the_last_layer():
     two, six = backward_slab(compiled, layer_args(2)), backward_slab(compiled, args)
     # held to the end, each layer's [64, 40] gradient rows would add 4 * rows at least
     assert six - two < 2 * rows, (two, six)
+
+
+def test_one_matmul_result_contributing_twice_to_a_gradient():
+    def twice(x, w, v):  # the gradient of x @ w: y's gradient (an mm result) from both operands of the add
+        y = x @ w
+        return ((y + y) @ v).sum()
+    args = (torch.randn(5, 4), torch.randn(4, 3, requires_grad=True), torch.randn(3, 6, requires_grad=True))
+    got = gradients(tjit.compile(twice), args)
+    expected = gradients(twice, args)
+    for g, e in zip(got, expected):
+        assert_matches_eager(g, e)

@@ -35,15 +35,15 @@ def total_gradient(alg: Algebra, contributions: list[GraphNode], dtype: DType,
     if len(contributions) > 1 and len(wider) == 1 and all(isinstance(c.op, Elementwise) and c.op.op == "cast"
                                                           for c in contributions):
         contributions = [c.src[0] for c in contributions]
-    products = {id(c): matmul_operands(alg.vb, c) for c in contributions}
-    accumulated = sorted((c for c in contributions if products[id(c)] is not None),
-                         key=lambda c: depth(c, depths))[1:]
-    added = [c for c in contributions if all(c is not m for m in accumulated)]
+    products = [matmul_operands(alg.vb, c) for c in contributions]
+    matmuls = sorted((k for k, ab in enumerate(products) if ab is not None), key=lambda k: depth(contributions[k], depths))
+    accumulated = matmuls[1:]  # (by position: one node may be a contribution twice)
+    added = [c for k, c in enumerate(contributions) if k not in accumulated]
     total = added[0]
     for c in added[1:]:
         total = alg.add(total, c)
-    for c in accumulated:
-        total = _addmm(alg.vb, total, *products[id(c)])
+    for k in accumulated:
+        total = _addmm(alg.vb, total, *products[k])
     return alg.cast(total, dtype)
 
 

@@ -60,10 +60,34 @@ def test_siblings_share_a_kernel(name, shape, mapping, fresh_seed):
     assert launches(cf, x, y) == 1
 
 
-def test_a_sibling_that_reads_nothing_in_common_keeps_its_own_kernel(fresh_seed):
-    x, y = torch.randn(64, 300), torch.randn(64, 300)
+def test_a_sibling_that_reads_nothing_in_common_keeps_its_own_kernel_over_long_rows(fresh_seed):
+    """Over rows longer than fusion.SHORT_ROW the reduction kernel has far fewer programs than
+    a pointwise kernel would: an unrelated sibling would lose its parallelism there."""
+    x, y = torch.randn(8, 5000), torch.randn(8, 5000)
     cf = check_against_eager(lambda x, y: (x.sum(1), y * 2), x, y)
     assert launches(cf, x, y) == 2
+
+
+def test_a_sibling_that_reads_nothing_in_common_joins_over_short_rows(fresh_seed):
+    x, y = torch.randn(64, 300), torch.randn(64, 300)
+    cf = check_against_eager(lambda x, y: (x.sum(1), y * 2), x, y)
+    assert launches(cf, x, y) == 1
+
+
+# the same rows in another layout: attention's [t, b, d] beside a norm's [b, t, d], a matmul
+# operand's [b*t, d]; outputs of odd sizes over several programs, one of them non-contiguous
+LAYOUTS = {
+    "permuted": lambda x, y: (x.softmax(-1), (y.transpose(0, 1) * 2).contiguous()),
+    "split": lambda x, y: (x.softmax(-1), y.reshape(-1, y.shape[-1]).exp()),
+    "permuted_output": lambda x, y: (x.sum(-1), y.transpose(0, 1) + 1),
+}
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_a_sibling_in_another_layout_of_the_same_rows_joins(name, fresh_seed):
+    x, y = torch.randn(3, 37, 70), torch.randn(3, 37, 70)
+    cf = check_against_eager(LAYOUTS[name], x, y)
+    assert launches(cf, x, y) == 1
 
 
 def test_a_full_reduction_keeps_its_split_mapping(fresh_seed):

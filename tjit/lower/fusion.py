@@ -9,6 +9,7 @@ kernel, so a function's pointwise work over one shape is one kernel.
 from __future__ import annotations
 
 import collections
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Optional, Union
@@ -444,18 +445,48 @@ def _join_reduction_kernels(stores: list[Store], levels: dict[int, int]) -> None
 
 def _row_host(store: Store, level: int, hosts: dict[tuple, list[Store]]) -> Optional[tuple[int, Domain]]:
     """(level, domain) of a row-reduction kernel that can compute this reduction-free store:
-    one of its level whose rows or row values it is, or one over its full shape that reads
-    one of the same inputs (an output, which no store reads, may wait for a later level)."""
+    one of its level whose rows or row values it is, or one over its full shape (or a split or
+    permutation of it, at its level) that reads one of the same inputs (an output, which no
+    store reads, may wait for a later level) or whose rows are short."""
     for lv, d in hosts:
         if lv == level and store.shape in (d.row_shape, d.squeezed_shape) and d.squeezed_shape != ():
             return lv, d
     reads = _memory_read(store).keys()
     for (lv, d), members in sorted(hosts.items(), key=lambda item: item[0][0]):
         later = lv > level and isinstance(store.target, OutputTarget)
-        if (lv == level or later) and store.shape == d.shape and d.squeezed_shape != () \
-                and any(reads & _memory_read(m).keys() for m in members):
+        shares = any(reads & _memory_read(m).keys() for m in members)
+        if (lv == level or later) and d.squeezed_shape != () and (shares or (lv == level and _short_rows(d))) \
+                and (store.shape == d.shape or (lv == level and _computed_in(store, d.shape))):
             return lv, d
     return None
+
+
+SHORT_ROW = 1024  # a row-reduction kernel over rows this short has about a pointwise kernel's programs
+
+
+def _short_rows(domain: Domain) -> bool:
+    """A store over the domain's full shape that reads nothing the kernel reads saves a launch
+    there, and loses no parallelism: each row is about one pointwise block."""
+    return math.prod(domain.shape[a] for a in domain.axes) <= SHORT_ROW
+
+
+def _computed_in(store: Store, shape: tuple[int, ...]) -> bool:
+    """Make the store compute its value in `shape`, an axis split or a permutation of its own
+    (the same rows in a norm's [b, t, d] as a matmul's [b*t, d], or as attention's [t, b, d]),
+    written through the split or permuted view of its target. False (the store as it was)
+    where it has no such form."""
+    if store.target_shape is not None or isinstance(store.target, (InputTarget, ScatterTarget)) or 0 in shape:
+        return False
+    dims = None
+    if not splits_into(store.shape, shape):
+        if sorted(store.shape) != sorted(shape) or len(shape) > 6:
+            return False
+        dims = next(p for p in itertools.permutations(range(len(shape))) if tuple(store.shape[k] for k in p) == shape)
+    value = reshaped_expression(store.value, shape, dims)
+    if value is None:
+        return False
+    store.target_shape, store.target_dims, store.value = store.shape, dims, value
+    return True
 
 
 def _memory_read(item: Union[Store, ExternStep]) -> dict[object, int]:

@@ -213,7 +213,7 @@ def in_reduction_shape(store: Store) -> None:
     output read as [t, b, d] by nn.MultiheadAttention) computes the value in the reduction's
     shape, so it joins the reduction's kernel instead of reading its results from a buffer."""
     reduces = reduces_in(store.value)
-    if not reduces or isinstance(store.target, (InputTarget, ScatterTarget)) or store.target_shape is not None:
+    if not reduces or not _reshapeable(store):
         return
     domain = domain_of_reduce(reduces[0])
     dims = None
@@ -221,9 +221,24 @@ def in_reduction_shape(store: Store) -> None:
         dims = aligned_permutation(store.value, domain)
         if dims is None:
             return
-    value = reshaped_expression(store.value, domain.shape, dims)
-    if value is not None:
-        store.target_shape, store.target_dims, store.value = store.shape, dims, value
+    _express_in(store, domain.shape, dims)
+
+
+def _reshapeable(store: Store) -> bool:
+    """The store writes a whole target it may write through another view (not an input's or
+    a scatter's) and is not computed in another shape already."""
+    return not isinstance(store.target, (InputTarget, ScatterTarget)) and store.target_shape is None
+
+
+def _express_in(store: Store, shape: tuple[int, ...], dims: Optional[tuple[int, ...]]) -> bool:
+    """Compute the store's value in `shape` (an axis split of its own, or its axes permuted
+    by dims), written through that view of its target; False (the store as it was) where
+    its expression has no such form."""
+    value = reshaped_expression(store.value, shape, dims)
+    if value is None:
+        return False
+    store.target_shape, store.target_dims, store.value = store.shape, dims, value
+    return True
 
 
 def stage_hazardous_reads(stores: list[Store]) -> list[Store]:
@@ -454,9 +469,11 @@ def _row_host(store: Store, level: int, hosts: dict[tuple, list[Store]]) -> Opti
     reads = _memory_read(store).keys()
     for (lv, d), members in sorted(hosts.items(), key=lambda item: item[0][0]):
         later = lv > level and isinstance(store.target, OutputTarget)
-        shares = any(reads & _memory_read(m).keys() for m in members)
-        if (lv == level or later) and d.squeezed_shape != () and (shares or (lv == level and _short_rows(d))) \
-                and (store.shape == d.shape or (lv == level and _computed_in(store, d.shape))):
+        if not (lv == level or later) or d.squeezed_shape == () or (store.shape != d.shape and lv != level):
+            continue
+        if not (any(reads & _memory_read(m).keys() for m in members) or (lv == level and _short_rows(d))):
+            continue
+        if store.shape == d.shape or _computed_in(store, d.shape):
             return lv, d
     return None
 
@@ -475,18 +492,14 @@ def _computed_in(store: Store, shape: tuple[int, ...]) -> bool:
     (the same rows in a norm's [b, t, d] as a matmul's [b*t, d], or as attention's [t, b, d]),
     written through the split or permuted view of its target. False (the store as it was)
     where it has no such form."""
-    if store.target_shape is not None or isinstance(store.target, (InputTarget, ScatterTarget)) or 0 in shape:
+    if not _reshapeable(store) or 0 in shape:
         return False
     dims = None
     if not splits_into(store.shape, shape):
         if sorted(store.shape) != sorted(shape) or len(shape) > 6:
             return False
         dims = next(p for p in itertools.permutations(range(len(shape))) if tuple(store.shape[k] for k in p) == shape)
-    value = reshaped_expression(store.value, shape, dims)
-    if value is None:
-        return False
-    store.target_shape, store.target_dims, store.value = store.shape, dims, value
-    return True
+    return _express_in(store, shape, dims)
 
 
 def _memory_read(item: Union[Store, ExternStep]) -> dict[object, int]:

@@ -102,6 +102,14 @@ def _is_number(x) -> bool:
     return isinstance(x, (int, float))
 
 
+def is_number_argument(node: fx.Node, position: int) -> bool:
+    """The op's argument is a Python number: a literal, or one read from tensor data, which
+    the converter passes as a 0-d value but torch's kernels treat as a number."""
+    arg = node.args[position] if position < len(node.args) else None
+    return not isinstance(arg, fx.Node) or isinstance(arg.meta.get("val"), (torch.SymInt, torch.SymFloat,
+                                                                            torch.SymBool))
+
+
 def input_dtypes(node: fx.Node) -> list[torch.dtype]:
     return [a.meta["val"].dtype for a in node.args if isinstance(a, fx.Node)
             and isinstance(a.meta.get("val"), torch.Tensor)]
@@ -139,6 +147,8 @@ def _promotion_stand_in(arg):
     """A meta tensor with the argument's dtype and zero-dim-ness: all that promotion reads."""
     if isinstance(arg, fx.Node):
         val = arg.meta["val"]
+        if isinstance(val, (torch.SymBool, torch.SymInt, torch.SymFloat)):  # a number read from tensor data
+            return {torch.SymBool: False, torch.SymInt: 0, torch.SymFloat: 0.0}[type(val)]
         return torch.empty(() if val.dim() == 0 else (1,), dtype=val.dtype, device="meta")
     return arg
 
@@ -197,8 +207,8 @@ def _add(cv, node, a, b, alpha=1):
     dtype = out_dtype(node)
     work = opmath(dtype)
     a, b = in_type(cv, a, dtype), in_type(cv, b, dtype)  # scalars too: eager's add rounds them
-    if alpha != 1:  # eager computes a + alpha * b as one fused multiply-add
-        return compute(cv, node, "fma", [b, alpha, a], work, work)
+    if alpha != 1:  # eager computes a + alpha * b as one fused multiply-add, alpha rounded to the type
+        return compute(cv, node, "fma", [b, in_type(cv, alpha, dtype), a], work, work)
     return compute(cv, node, "add", [a, b], work, work)
 
 
@@ -210,8 +220,9 @@ def _sub(cv, node, a, b, alpha=1):
     dtype = out_dtype(node)
     work = opmath(dtype)
     a, b = in_type(cv, a, dtype), in_type(cv, b, dtype)
-    if alpha != 1:  # a - alpha * b, one fused multiply-add as in eager
-        return compute(cv, node, "fma", [b, -alpha, a], work, work)
+    if alpha != 1:  # a - alpha * b, one fused multiply-add as in eager (alpha rounded to the type)
+        alpha = in_type(cv, alpha, dtype)
+        return compute(cv, node, "fma", [b, cv.elementwise("neg", [alpha], dtype), a], work, work)
     return compute(cv, node, "add", [a, compute(cv, node, "neg", [b], work, work)], work, work)
 
 
@@ -489,7 +500,9 @@ def _lerp(cv, node, start, end, weight):
         raise UnsupportedOpError("aten.lerp", f"expected dtype {dtypes[0]} for `end` but got dtype "
                                               f"{next(d for d in dtypes if d != dtypes[0])} (eager refuses it too)")
     refuse_dtypes(node, "lerp_kernel_tensor" if isinstance(weight, GraphNode) else "lerp_kernel_scalar", INT_TYPES)
-    a, b, w = x_of(cv, node, start), x_of(cv, node, end), x_of(cv, node, weight)
+    a, b = x_of(cv, node, start), x_of(cv, node, end)
+    # a Python number weight (read by .item() too) is not rounded to the type first; a tensor is
+    w = x_of(cv, node, weight, opmath(out_dtype(node))) if is_number_argument(node, 2) else x_of(cv, node, weight)
     diff = b - a
     return (w.op("abs") < 0.5).where(a + w * diff, b - diff * (1.0 - w)).value
 

@@ -18,11 +18,12 @@ import torch
 import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from ..errors import LayoutError, UnsupportedOpError
+from ..errors import DataDependentError, LayoutError, UnsupportedOpError
 from ..ir import (Const, Contiguous, DType, Extern, ExternCall, Graph, GraphNode, Input, Mutation, Operand, View, ViewOp,
                   toposort)
 from .build import ValueBuilder
 from .library import WriteThroughView, in_memory, library_call, view_of_contents
+from .scalars import RuntimeScalar, arithmetic, is_arithmetic, read_number, with_runtime_numbers
 from .overlap import check_in_place, is_non_overlapping_and_dense
 
 @dataclass(frozen=True)
@@ -135,9 +136,14 @@ class Converter(ValueBuilder):
         self.add_placeholder(name, node)
 
     def call(self, node: fx.Node):
-        handler = self.handler_for(node)
         args = fx.node.map_arg(node.args, self.value)
         kwargs = fx.node.map_arg(node.kwargs, self.value)
+        if node.target is torch.ops.aten._local_scalar_dense.default:
+            return read_number(self, args[0], node.meta["val"])
+        if is_arithmetic(node.target):
+            return arithmetic(self, node, *args)
+        handler = self.handler_for(node)
+        args, kwargs = with_runtime_numbers(node.target, args, kwargs)
         if any(_data_dependent(a) for a in torch.utils._pytree.tree_flatten((args, kwargs))[0]):
             raise UnsupportedOpError(str(node.target), "an argument is a Python number computed from tensor data "
                                      "(.item(), .tolist()): tjit compiles no data-dependent values yet",
@@ -394,6 +400,8 @@ class Converter(ValueBuilder):
             val = item.meta.get("val") if isinstance(item, fx.Node) else item
             if not isinstance(val, torch.Tensor):
                 value = self.env.get(item, item) if isinstance(item, fx.Node) else item
+                if isinstance(value, RuntimeScalar):
+                    raise DataDependentError("a returned Python number", "it is read from tensor data (.item())")
                 if _data_dependent(value):
                     raise UnsupportedOpError("a returned Python number", "it is computed from tensor data (.item(), "
                                              ".tolist()): return the tensor instead")

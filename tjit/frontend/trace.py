@@ -59,13 +59,37 @@ KEPT_WHOLE = (aten.clamp_min, aten.clamp_max, aten.silu, aten.softplus, aten.mis
 def fake_trace(fn: Callable, tensors: list) -> torch.fx.GraphModule:
     """make_fx on fake copies of the tensors. (The first call in a process also imports
     torch._dynamo, which make_fx uses internally: about a second, once.)"""
+    mode = _fake_mode()
     keep = KeepRealTensors()
     try:
         with keep:
+            fakes = [mode.from_tensor(t, static_shapes=True) for t in tensors]
             return make_fx(fn, decomposition_table=decomposition_table(), tracing_mode="fake",
-                           _allow_non_fake_inputs=True)(*tensors)
+                           _allow_non_fake_inputs=True)(*fakes)
     finally:
         keep.restore()
+
+
+def _fake_mode():
+    """The fake tensor mode make_fx would make (static sizes; a symbol for each size or
+    Python number that only tensor data gives: the converter keeps a number read by `.item()`
+    as a runtime value, and refuses the sizes), with one change, below."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    class NumbersFromDataStayFake(FakeTensorMode):
+        """Fake tensor mode computes an op on real tensors only (ones the function closes
+        over) for real; with a number read from tensor data among its arguments (an SGD
+        step's p.add_(buf, alpha=-lr)) there is no value to compute with, so their fake
+        copies compute it (the trace has already recorded the op on the real tensors)."""
+
+        def _dispatch_impl(self, func, types, args, kwargs):
+            if _reads_a_symbol((args, kwargs)):
+                args, kwargs = tree_map(lambda t: self.from_tensor(t) if _is_real(t) else t, (args, kwargs))
+            return super()._dispatch_impl(func, types, args, kwargs)
+
+    return NumbersFromDataStayFake(allow_fallback_kernels=True, allow_non_fake_inputs=True, shape_env=ShapeEnv(),
+                                   static_shapes=True)
 
 
 class KeepRealTensors(TorchDispatchMode):
@@ -103,6 +127,10 @@ class KeepRealTensors(TorchDispatchMode):
         with torch._C._DisableTorchDispatch():
             for tensor, value in self.before.values():
                 tensor.copy_(value)
+
+
+def _reads_a_symbol(arguments) -> bool:
+    return any(isinstance(a, (torch.SymBool, torch.SymInt, torch.SymFloat)) for a in tree_leaves(arguments))
 
 
 def _is_real(value) -> bool:
@@ -269,7 +297,10 @@ def check_no_data_dependence(gm: torch.fx.GraphModule, name: str) -> None:
     IR has concrete sizes and no such numbers."""
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
     for node in gm.graph.nodes:
-        if node.op == "call_function" and free_unbacked_symbols(node.meta.get("val")):
+        val = node.meta.get("val")
+        if isinstance(val, (torch.SymBool, torch.SymInt, torch.SymFloat)):
+            continue  # a Python number: the converter keeps it as a value where ops only compute with it
+        if node.op == "call_function" and free_unbacked_symbols(val):
             raise DataDependentError(str(node.target), f"in {name}: its result depends on tensor data (an output size "
                                      "or a Python number read from a tensor)", target=node.target)
 

@@ -386,6 +386,8 @@ def test_unary_and_scalar_ops(dtype):
 BINARY = {
     "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "rdiv": lambda x, y: y / x,
     "add_alpha": lambda x, y: torch.add(x, y, alpha=2), "sub_alpha": lambda x, y: torch.sub(x, y, alpha=3),
+    # (an alpha that float16 / bfloat16 cannot hold: eager rounds it to the type first)
+    "add_alpha_0.3": lambda x, y: torch.add(x, y, alpha=0.3), "sub_alpha_0.3": lambda x, y: torch.sub(x, y, alpha=0.3),
     "rsub": lambda x, y: y - x, "sq_diff": lambda x, y: (x - y) * (x - y),
     "maximum": torch.maximum, "minimum": torch.minimum, "fmax": torch.fmax, "fmin": torch.fmin,
     "eq": torch.eq, "ne": torch.ne, "lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge,

@@ -202,8 +202,18 @@ def x_of(cv, node, arg, dtype=None) -> X:
 
 
 # -- arithmetic ---------------------------------------------------------------------------------
+def _check_alpha(node, alpha) -> None:
+    """eager's add and sub refuse a float alpha for an integer or bool result (torch's meta
+    function lets bool through)."""
+    float_alpha = isinstance(alpha, float) or (isinstance(alpha, GraphNode) and alpha.dtype.is_float)
+    if float_alpha and not out_dtype(node).is_float:
+        raise UnsupportedOpError(str(node.target), "For integral input tensors, argument alpha must not be a "
+                                                   "floating point number. (eager refuses it too)")
+
+
 @register(aten.add)
 def _add(cv, node, a, b, alpha=1):
+    _check_alpha(node, alpha)
     dtype = out_dtype(node)
     work = opmath(dtype)
     a, b = in_type(cv, a, dtype), in_type(cv, b, dtype)  # scalars too: eager's add rounds them
@@ -217,6 +227,7 @@ def _sub(cv, node, a, b, alpha=1):
     if torch.bool in input_dtypes(node) or isinstance(a, bool) or isinstance(b, bool):
         raise UnsupportedOpError(str(node.target), "Subtraction, the `-` operator, with a bool tensor is not "
                                                    "supported (eager refuses it too)")
+    _check_alpha(node, alpha)
     dtype = out_dtype(node)
     work = opmath(dtype)
     a, b = in_type(cv, a, dtype), in_type(cv, b, dtype)

@@ -70,7 +70,7 @@ def library_gradient(vb, node: GraphNode, grad: GraphNode, value: ValueOf, wante
     if isinstance(call.target, torch._ops.OpOverload) and not call.target._schema.is_mutable \
             and not getattr(call, "writes", ()) and not checked:
         try:
-            formula = trace_formula(node, wrt, grad)
+            formula = traced_formula(node, wrt, grad)
             # (what a failed conversion built is unreachable from the backward's outputs)
             return FormulaConverter(formula, vb, node, value).gradients(grad, wrt)
         except Exception as e:  # not traceable on fake tensors, or not convertible: torch's backward runs as a call
@@ -84,6 +84,46 @@ def _fake_like(mode, node: GraphNode) -> torch.Tensor:
         if strides is None:
             return torch.empty(node.shape, dtype=node.dtype.torch)
         return torch.empty_strided(node.shape, strides, dtype=node.dtype.torch)
+
+
+_FORMULAS: dict[tuple, fx.GraphModule] = {}  # formula key -> its traced graph (only read once traced)
+_MOST_FORMULAS = 1024
+
+
+def traced_formula(node: GraphNode, wrt: tuple[int, ...], grad: GraphNode) -> fx.GraphModule:
+    """trace_formula, traced once per op, arguments and operand layouts: a model's layers call
+    the same matmuls and norms on the same shapes, and each trace costs tens of milliseconds."""
+    key = _formula_key(node, wrt, grad)
+    if key is None:
+        return trace_formula(node, wrt, grad)
+    found = _FORMULAS.get(key)
+    if found is None:
+        if len(_FORMULAS) >= _MOST_FORMULAS:
+            _FORMULAS.clear()
+        found = _FORMULAS[key] = trace_formula(node, wrt, grad)
+    return found
+
+
+def _formula_key(node: GraphNode, wrt: tuple[int, ...], grad: GraphNode) -> Optional[tuple]:
+    """What trace_formula's graph depends on, or None where an argument is not a plain value."""
+    call = node.op.call
+
+    def layout(n: GraphNode):
+        return n.shape, (n.view.strides if all(s >= 0 for s in n.view.strides) else None), n.dtype
+
+    def typed(value):  # (1, 1.0 and True are equal keys, but not the same argument)
+        return value if isinstance(value, Operand) else (type(value), value)
+
+    arguments = tree_flatten((call.args, call.kwargs))
+    if any(isinstance(a, torch.Tensor) for a in arguments[0]):
+        return None
+    key = (call.target, tuple(typed(a) for a in arguments[0]), str(arguments[1]), node.op.index, wrt,
+           tuple(layout(s) for s in node.src), layout(grad))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 def trace_formula(node: GraphNode, wrt: tuple[int, ...], grad: GraphNode) -> fx.GraphModule:

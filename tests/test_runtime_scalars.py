@@ -90,3 +90,58 @@ def test_a_returned_number_splits_the_function():
     (doubled, total), x = tjit.compile(fn)(_x()), _x()
     assert_matches_eager(doubled, x * 2)
     assert total == pytest.approx(x.sum().item(), rel=1e-5, abs=1e-3)  # (summed in another order than eager's)
+
+
+# -- Python float arguments of a compiled function ------------------------------------------------
+def scaled_softmax(x, w, lr):
+    return torch.softmax(x * w, -1) * lr
+
+
+def test_a_float_argument_is_a_runtime_number():
+    """A new learning rate reuses the trace and the kernels (issue 15's softmax example)."""
+    x, w = torch.randn(300, 700), torch.randn(700)
+    compiled = tjit.compile(scaled_softmax)
+    check_against_eager(scaled_softmax, x, w, 0.1, compiled=compiled)
+    traces, generated = tjit.counters.traces, tjit.counters.kernels_generated
+    for lr in [0.2, -3.5, 1e-4, 7.0]:
+        check_against_eager(scaled_softmax, x, w, lr, compiled=compiled)
+    assert (tjit.counters.traces, tjit.counters.kernels_generated) == (traces, generated)
+    assert not compiled.literal_numbers
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64, torch.int32], ids=str)
+def test_float_arguments_keep_eager_types_and_rounding(dtype):
+    """A float beside float16 rounds as eager's scalar does (add rounds it to the type, mul
+    reads it at float32 precision); beside integers it makes the result float32."""
+    def fn(x, a, b=0.1):
+        return (x + a) * b - x / a
+
+    x = (_x() * 10).to(dtype)
+    compiled = tjit.compile(fn)
+    for a, b in [(0.3, 1.7), (-2.2, 0.01)]:
+        check_against_eager(fn, x, a, b=b, compiled=compiled)
+    assert not compiled.literal_numbers
+
+
+def test_a_float_the_function_branches_on_is_specialised():
+    def fn(x, p):
+        return x * 2 if p > 0.5 else torch.nn.functional.leaky_relu(x, p)
+
+    compiled = tjit.compile(fn)
+    for p in [0.1, 0.9, 0.2, 0.1]:
+        check_against_eager(fn, _x(), p, compiled=compiled)
+    assert compiled.literal_numbers and tjit.counters.traces >= 3
+
+
+def test_a_float_argument_with_gradients():
+    def fn(x, scale):
+        return (x.sin() * scale + scale).sum()
+
+    compiled = tjit.compile(fn)
+    for scale in [0.5, -1.25]:
+        x, x2 = _x().requires_grad_(), _x().requires_grad_()
+        expected, got = fn(x, scale), compiled(x2, scale)
+        expected.backward(), got.backward()
+        torch.testing.assert_close(got.detach(), expected.detach(), rtol=1e-5, atol=1e-3)  # (a sum of 5000)
+        assert_matches_eager(x2.grad, x.grad)
+    assert not compiled.literal_numbers

@@ -1,8 +1,12 @@
 """tjit.compile: a callable that traces on a cache miss and launches kernels on every call.
 
 The cache key is everything that changes the generated code: per tensor its shape,
-strides, dtype, device and requires_grad; per other argument its type and value (Python
-scalars are specialised, as Dynamo does by default). A new size retraces, which is cheap,
+strides, dtype, device and requires_grad; per other argument its type and value. A Python
+float is the exception: it is passed to the kernels as a 0-d float64 tensor (the trace reads
+it with `.item()`, which frontend/scalars.py keeps a runtime value), so a new learning rate
+reuses everything. A float the function branches on, or passes where an op needs a literal,
+fails that trace; the function's floats are then specialised (part of the key) from then
+on, as its ints, bools and other arguments always are. A new size retraces, which is cheap,
 and its kernels are found again by source, so no new kernel is generated or compiled.
 """
 from __future__ import annotations
@@ -37,10 +41,12 @@ class CompiledEntry:
     lower_seconds: float
     load_seconds: float
     eager_ops: int
+    numbers: tuple[str, ...] = ()  # the float arguments passed as 0-d tensors (runtime numbers)
 
 
-def guard_key(flat: list[tuple[str, Any]]) -> tuple:
-    key = [torch.is_grad_enabled()]
+def guard_key(flat: list[tuple[str, Any]], numbers: tuple[str, ...] = ()) -> tuple:
+    """numbers: the float arguments passed as runtime numbers (their values are not part of it)."""
+    key = [torch.is_grad_enabled(), numbers]
     storages: dict[int, tuple[int, int]] = {}  # which tensors share memory is traced in
     for k, (name, v) in enumerate(flat):
         if isinstance(v, torch.Tensor) and v.layout != torch.strided:  # (no storage: a sparse tensor)
@@ -49,6 +55,8 @@ def guard_key(flat: list[tuple[str, Any]]) -> tuple:
             first, offset = storages.setdefault(v.untyped_storage().data_ptr(), (k, v.storage_offset()))
             alias = (first, v.storage_offset() - offset) if first != k else None
             key.append((name, tuple(v.shape), v.stride(), v.dtype, v.device, v.requires_grad, alias))
+        elif name in numbers:
+            key.append((name, float))
         else:
             try:
                 hash(v)
@@ -73,6 +81,8 @@ class CompiledFunction:
         self._lock = threading.Lock()
         self._positional_names = _plain_positional_names(fn)
         self._takes_out = _has_parameter(fn, "out")  # then out= is the function's own argument
+        self.literal_numbers = False  # whether float arguments are specialised (a runtime number failed)
+        self._number_parameters = _named_parameters(fn)  # those a float can be passed to as a runtime number
 
     def _flatten(self, args, kwargs) -> list[tuple[str, Any]]:
         # The common call (all parameters given positionally) skips inspect's binding.
@@ -90,38 +100,63 @@ class CompiledFunction:
         flat = self._flatten(args, kwargs)
         tensors = {name: v for name, v in flat if isinstance(v, torch.Tensor)}
         _check_not_donated(tensors)
-        key = guard_key(flat)
-        entry = self._cache.get(key)
+        numbers = self._numbers(flat)
+        entry = self._cache.get(guard_key(flat, numbers))
         if entry is None:
             _check_call(self.fn, tensors)
             with self._lock:
-                entry = self._cache.get(key) or self._compile(args, kwargs, key)
+                entry = self._entry(args, kwargs, flat, numbers)
         else:
             counters.cache_hits += 1
         if isinstance(entry.executable, SplitFunction):
             return _into_out(entry.executable(args, kwargs), out)
+        if entry.numbers:
+            tensors.update(_as_tensors(flat, entry.numbers))
         return entry.executable(tensors, out)
 
     def entry_for(self, *args, **kwargs) -> CompiledEntry:
         """The compiled form for these arguments (compiling it if needed), without running it."""
         flat = self._flatten(args, kwargs)
-        key = guard_key(flat)
         with self._lock:
-            return self._cache.get(key) or self._compile(args, kwargs, key)
+            return self._entry(args, kwargs, flat, self._numbers(flat))
 
-    def _compile(self, args, kwargs, key) -> CompiledEntry:
+    def _numbers(self, flat) -> tuple[str, ...]:
+        """The float arguments (the function's own parameters) to pass as runtime numbers (none
+        once one failed)."""
+        if self.literal_numbers:
+            return ()
+        return tuple(name for name, v in flat if type(v) is float and name in self._number_parameters)
+
+    def _entry(self, args, kwargs, flat, numbers) -> CompiledEntry:
+        """The cached entry, or a new one: with the floats as runtime numbers where the trace
+        allows it, else with them specialised."""
+        found = self._cache.get(guard_key(flat, numbers))
+        if found is not None:
+            return found
+        if numbers:
+            try:
+                return self._compile(args, kwargs, guard_key(flat, numbers), numbers)
+            except SplitError as e:  # (the function needs a float's value: it branches on it, or an op bakes it in)
+                debug.log(1, f"{getattr(self.fn, '__name__', self.fn)}: float arguments {numbers} are specialised: {e}")
+                self.literal_numbers = True
+        return self._cache.get(guard_key(flat)) or self._compile(args, kwargs, guard_key(flat))
+
+    def _compile(self, args, kwargs, key, numbers: tuple[str, ...] = ()) -> CompiledEntry:
         t0 = time.perf_counter()
         flat = self._flatten(args, kwargs)
         grad_inputs = _grad_inputs(flat)
         device = _device_type(flat)
+        traced = (self.fn, args, kwargs)
+        if numbers:  # (the floats as 0-d tensors, read back with .item())
+            traced = (_reading_numbers(self.fn, numbers), *_with_number_tensors(self.fn, args, kwargs, numbers, flat))
         try:
             # the forward only (tjit differentiates it), traced as eager runs it: the inputs that get a
             # gradient require grad (an op's Python wrapper may skip work for inputs that do not)
-            conversion = trace_and_convert(self.fn, *_detached((args, kwargs)), frozenset(grad_inputs))
+            conversion = trace_and_convert(traced[0], *_detached(traced[1:]), frozenset(grad_inputs))
             if grad_inputs:  # (a custom autograd.Function is a SplitError: Dynamo cuts the graph around it)
                 self._check_differentiable(conversion, flat, grad_inputs)
         except SplitError as e:
-            if not self.split_data_dependent or self.donate:
+            if not self.split_data_dependent or self.donate or numbers:
                 raise
             return self._split_entry(key, e, t0)
         t1 = time.perf_counter()
@@ -140,7 +175,7 @@ class CompiledFunction:
             t2 = time.perf_counter()
             executable = Executable(conversion, program)
         t3 = time.perf_counter()
-        entry = CompiledEntry(executable, t1 - t0, t2 - t1, t3 - t2, conversion.eager_ops)
+        entry = CompiledEntry(executable, t1 - t0, t2 - t1, t3 - t2, conversion.eager_ops, numbers)
         self._cache[key] = entry
         counters.traces += 1
         _log_compile(self.fn, entry)
@@ -203,6 +238,34 @@ def _cannot_donate(name, x, conversion, flat) -> Optional[str]:
     return None
 
 
+def _reading_numbers(fn, numbers: tuple[str, ...]) -> Callable:
+    """fn called with the float arguments named in `numbers` passed as 0-d tensors: each is read
+    back with .item() (in the trace, a runtime number). Its signature is fn's (inspect follows
+    __wrapped__), so its arguments flatten to the same names."""
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def reading(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        for name in numbers:
+            bound.arguments[name] = bound.arguments[name].item()
+        return fn(*bound.args, **bound.kwargs)
+    return reading
+
+
+def _with_number_tensors(fn, args, kwargs, numbers: tuple[str, ...], flat) -> tuple[tuple, dict]:
+    """The call's arguments with each float named in `numbers` as its 0-d float64 tensor."""
+    bound = inspect.signature(fn).bind(*args, **kwargs)
+    bound.arguments.update(_as_tensors(flat, numbers))
+    return bound.args, bound.kwargs
+
+
+def _as_tensors(flat, numbers: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """The floats named in `numbers` as 0-d float64 tensors, on the device of the call's tensors."""
+    device = next((v.device for _, v in flat if isinstance(v, torch.Tensor)), torch.device("cpu"))
+    return {name: torch.tensor(v, dtype=torch.float64, device=device) for name, v in flat if name in numbers}
+
+
 def _check_not_donated(tensors) -> None:
     for name, t in tensors.items():
         if isinstance(t, DonatedTensor):
@@ -215,6 +278,15 @@ def _has_parameter(fn, name: str) -> bool:
         return name in inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
+
+
+def _named_parameters(fn) -> frozenset[str]:
+    """The parameters an argument binds to by name (not *args or **kwargs)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return frozenset()
+    return frozenset(p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
 
 
 def _plain_positional_names(fn) -> Optional[tuple[str, ...]]:

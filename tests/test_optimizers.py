@@ -201,3 +201,32 @@ def test_in_place_foreach_decompositions_match_torch(op):
     op(expected, *args)
     assert foreach_decompositions()[op](got, *args) is None
     assert_matches_eager(got, expected, str(op))
+
+
+@pytest.mark.parametrize("number_is", ["literal", "argument"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("op, rest", [
+    (aten._foreach_mul_.Scalar, (0.9,)), (aten._foreach_mul_.ScalarList, ([0.9, 0.999],)),
+    (aten._foreach_add_.List, ("other",)), (aten._foreach_lerp_.Scalar, ("other", 0.1)),
+    (aten._foreach_addcmul_.Scalar, ("other", "other", 0.001)),
+], ids=lambda c: str(c) if isinstance(c, torch._ops.OpOverload) else "")
+def test_in_place_foreach_scalars_round_as_eager_does_in_half_precision(op, rest, dtype, number_is):
+    """eager's in-place foreach mul converts its scalar to the tensors' type first (unlike
+    x.mul_(0.9)); an optimizer's momentum drifts by an ulp a step from eager's otherwise. The
+    number as a literal, or as a float argument (a runtime number)."""
+    g = torch.Generator().manual_seed(2)
+    first, other = ([(torch.randn(s, generator=g) * 3).to(dtype) for s in [(3000,), (40, 33)]] for _ in range(2))
+    number = next((a for a in rest if isinstance(a, float)), None)
+
+    def step(tensors, other, number):
+        given = number if number_is == "argument" else next((a for a in rest if isinstance(a, float)), None)
+        op(tensors, *[other if a == "other" else given if isinstance(a, float) else a for a in rest])
+
+    expected, got = clone_args(first), clone_args(first)
+    step(expected, other, number)
+    compiled = tjit.compile(step)
+    with torch.no_grad():
+        compiled(got, other, number)
+    for e, t in zip(expected, got):
+        assert torch.equal(t, e), f"{op} {dtype}: {int((t != e).sum())} elements differ"
+    assert not compiled.literal_numbers

@@ -145,3 +145,14 @@ def test_a_float_argument_with_gradients():
         torch.testing.assert_close(got.detach(), expected.detach(), rtol=1e-5, atol=1e-3)  # (a sum of 5000)
         assert_matches_eager(x2.grad, x.grad)
     assert not compiled.literal_numbers
+
+
+def test_explain_says_which_floats_are_runtime_numbers():
+    explained = tjit.explain(scaled_softmax, torch.randn(8, 40), torch.randn(40), 0.5)
+    assert "runtime number" in explained.numbers["lr"] and "float argument lr: a runtime number" in str(explained)
+
+    def branching(x, p):
+        return x * 2 if p > 0.5 else x
+
+    explained = tjit.explain(branching, torch.randn(8), 0.7)
+    assert explained.numbers["p"].startswith("specialised") and "> 0.5" in explained.numbers["p"]  # (why: the branch)

@@ -66,6 +66,9 @@ class Explanation:
     # the predicted peak of a call, or of a training step (forward + backward) when inputs
     # require grad: memory held between calls plus what the call allocates (tjit.memory.peak)
     peak_memory: Optional[PeakMemory] = None
+    # float argument -> how the kernels get it: a runtime number (a 0-d tensor they read, a new
+    # value compiles nothing) or specialised (baked in; why)
+    numbers: dict[str, str] = field(default_factory=dict)
 
     @property
     def bytes_moved(self) -> int:
@@ -84,6 +87,7 @@ class Explanation:
                           f"reads {k.bytes_read} B, writes {k.bytes_written} B"]
             lines += [f"  {s}" for s in k.strategies]
             lines.append(k.source)
+        lines += [f"float argument {name}: {how}" for name, how in self.numbers.items()]
         if self.memory is not None and self.memory.intervals:
             lines += ["", "memory plan (steps are kernel launches and library calls, in order):", self.memory.format()]
         if self.peak_memory is not None:
@@ -130,6 +134,7 @@ def explain(fn, *args, **kwargs) -> Explanation:
     if isinstance(entry.executable, SplitFunction):
         return _explain_split(entry.executable, args, kwargs)
     explanation = _explain(entry.executable, entry.eager_ops)
+    explanation.numbers = _numbers(compiled, entry, args, kwargs)
     plan = getattr(entry.executable, "plan", None)  # a GradExecutable: inputs require grad
     device_type = _device_type(args, kwargs)
     if plan is not None:
@@ -139,6 +144,13 @@ def explain(fn, *args, **kwargs) -> Explanation:
     else:
         explanation.peak_memory = entry.executable.call_memory(device_type)
     return explanation
+
+
+def _numbers(compiled, entry, args, kwargs) -> dict[str, str]:
+    floats = [name for name, v in compiled._flatten(args, kwargs) if type(v) is float]
+    return {name: "a runtime number (a 0-d float64 tensor the kernels read; a new value compiles nothing)"
+            if name in entry.numbers else f"specialised (its value is in the kernels): {compiled.literal_numbers or 'passed in *args or **kwargs'}"
+            for name in floats}
 
 
 def _device_type(args, kwargs) -> str:

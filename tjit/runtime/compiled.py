@@ -81,7 +81,8 @@ class CompiledFunction:
         self._lock = threading.Lock()
         self._positional_names = _plain_positional_names(fn)
         self._takes_out = _has_parameter(fn, "out")  # then out= is the function's own argument
-        self.literal_numbers = False  # whether float arguments are specialised (a runtime number failed)
+        # why float arguments are specialised (a runtime number failed the trace), or None
+        self.literal_numbers: Optional[str] = None
         self._number_parameters = _named_parameters(fn)  # those a float can be passed to as a runtime number
 
     def _flatten(self, args, kwargs) -> list[tuple[str, Any]]:
@@ -138,7 +139,7 @@ class CompiledFunction:
                 return self._compile(args, kwargs, guard_key(flat, numbers), numbers)
             except SplitError as e:  # (the function needs a float's value: it branches on it, or an op bakes it in)
                 debug.log(1, f"{getattr(self.fn, '__name__', self.fn)}: float arguments {numbers} are specialised: {e}")
-                self.literal_numbers = True
+                self.literal_numbers = str(e).split("\n")[0].split(" (unhinted")[0]
         return self._cache.get(guard_key(flat)) or self._compile(args, kwargs, guard_key(flat))
 
     def _compile(self, args, kwargs, key, numbers: tuple[str, ...] = ()) -> CompiledEntry:

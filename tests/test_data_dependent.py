@@ -203,3 +203,38 @@ def test_a_number_read_from_an_input_that_the_trace_branches_on_is_specialised()
             close(compiled(q, k, v), model(q, k, v))
         assert tjit.counters.library_calls - calls == 2  # the linear and attention: compiled, not eager
     assert graphs and all(graph.eager_because is None for graph in graphs)
+
+
+class _SlopeAndScale(torch.nn.Module):
+    """Float attributes that dynamic=True passes as 0-d tensors read by .item(): one only
+    scales (a runtime number in the kernels), one is leaky_relu's slope (which tjit bakes in)."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale, self.slope = 0.5, 0.1
+        self.proj = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        return F.leaky_relu(self.proj(x) * self.scale, self.slope) if self.slope is not None else self.proj(x) * self.scale
+
+
+def test_float_attributes_read_as_numbers_stay_compiled():
+    """The slope makes the graph specialised on the numbers read (once per tuple of values:
+    a tuple seen before compiles nothing); every call matches eager and no graph runs eagerly
+    (before, the slope's graph ran eagerly)."""
+    model, graphs = _SlopeAndScale(), []
+
+    def backend(gm, example_inputs):
+        run = split.graph_backend(gm, example_inputs)
+        graphs.append(run.split_graph)
+        return run
+    compiled = torch.compile(model, backend=backend, dynamic=True)
+    x = torch.randn(300, 16)
+    for scale, slope in [(0.5, 0.1), (0.25, 0.1), (3.0, 0.2), (0.5, 0.1)]:
+        model.scale, model.slope = scale, slope
+        launches, traces = tjit.counters.launches, tjit.counters.traces
+        with torch.no_grad():
+            close(compiled(x), model(x))
+        assert tjit.counters.launches > launches  # compiled, not eager
+    assert tjit.counters.traces == traces  # (the first tuple again)
+    assert graphs and all(graph.eager_because is None for graph in graphs)

@@ -34,6 +34,12 @@ class DataDependentError(SplitError):
     tensor."""
 
 
+class NumberNeededError(DataDependentError):
+    """A Python number read from tensor data (.item()) goes where tjit needs its value: an
+    op whose translation reads it in Python (leaky_relu's slope). Like a branch on it, the
+    graph can be compiled with the value in place (once per value)."""
+
+
 class CustomFunctionError(SplitError):
     """A custom autograd.Function on a gradient path: eager runs its Python backward, which
     tjit does not trace. Dynamo cuts the graph around each such Function, which runs eagerly

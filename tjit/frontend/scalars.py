@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import DataDependentError
+from ..errors import DataDependentError, NumberNeededError
 from ..ir import DType, GraphNode
 
 aten = torch.ops.aten
@@ -68,7 +68,7 @@ def arithmetic(cv, node, *args) -> RuntimeScalar:
     type (int / int is a float; an int power is refused: its type depends on the exponent's sign)."""
     result = python_type(node.meta["val"])
     if node.target is operator.pow and not result.is_float:
-        raise DataDependentError(str(node.target), "an integer power of a number read from tensor data")
+        raise NumberNeededError(str(node.target), "an integer power of a number read from tensor data")
     if node.target is torch.sym_float:
         return RuntimeScalar(_operand(cv, args[0], result))
     if node.target in _FUNCTIONS:  # computed in float64 (an int's abs in int64), then Python's result type
@@ -108,7 +108,7 @@ def with_runtime_numbers(target, args, kwargs):
     name = getattr(packet, "__name__", "")
     functional = getattr(aten, name[:-1], None) if name.endswith("_") else packet  # x.add_(...) is add
     if functional not in TAKES_RUNTIME_NUMBERS and getattr(packet, "_qualified_op_name", None) not in _TAKES_BY_NAME:
-        raise DataDependentError(str(target), "takes a Python number read from tensor data (.item()) that tjit "
-                                 "can only bake in as a literal")
+        raise NumberNeededError(str(target), "takes a Python number read from tensor data (.item()) that tjit "
+                                "can only bake in as a literal")
     unwrap = lambda a: a.value if isinstance(a, RuntimeScalar) else a  # noqa: E731
     return torch.utils._pytree.tree_map(unwrap, args), torch.utils._pytree.tree_map(unwrap, kwargs)

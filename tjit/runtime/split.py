@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from ..errors import DataDependentError, UnsupportedOpError
+from ..errors import DataDependentError, NumberNeededError, UnsupportedOpError
 
 
 @dataclass
@@ -90,11 +90,11 @@ def _item_reads(graph: torch.fx.Graph) -> dict[torch.fx.Node, int]:
 
 
 def _branched_on_data(error: DataDependentError) -> bool:
-    """Python code branched on a number read from a tensor (the trace could not go on). A
-    number that only feeds arithmetic (a learning rate, which changes every step) is not
-    specialised on: one compile per value would cost more than running the graph eagerly."""
+    """Python code branched on a number read from a tensor (the trace could not go on), or an
+    op needs it as a literal. (A number that only feeds arithmetic, a learning rate that
+    changes every step, needs neither: it is a runtime value in the kernels.)"""
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
-    return isinstance(error.__cause__, GuardOnDataDependentSymNode)
+    return isinstance(error, NumberNeededError) or isinstance(error.__cause__, GuardOnDataDependentSymNode)
 
 
 def _specialised(gm, reads: dict, by_values: dict, graph: SplitGraph, args) -> Any:

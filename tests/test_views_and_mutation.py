@@ -191,3 +191,19 @@ def test_transposed_inputs_are_tiled_in_two_dimensions(shape, perm):
     kernel = tjit.explain(compiled, x, y).kernels[0]
     assert sum("tile" in s for s in kernel.strategies) == 2
     assert kernels_per_call(compiled, x, y) == 1
+
+
+def test_a_view_that_several_terms_cannot_take_copies_the_whole_expression_once():
+    """reshape(transpose(a*2 + b*3 + c*4)) for a library call: each term's leaves cannot take
+    the reshape; the sum is copied once in the transposed order (one buffer), not each term
+    and then the sum (four: what an attention gradient summed over its terms cost)."""
+    from tjit.ir import Contiguous
+
+    def fn(a, b, c, w):
+        s = a.exp() * 2 + b.sin() * 3 + c.cos() * 4
+        return s.transpose(0, 1).reshape(32, 48) @ w
+
+    args = [torch.randn(2, 16, 48) for _ in range(3)] + [torch.randn(48, 8)]
+    explained = tjit.explain(fn, *args)
+    assert [n.shape for n in explained.graph.nodes() if isinstance(n.op, Contiguous)] == [(16, 2, 48)]
+    check_against_eager(fn, *args)

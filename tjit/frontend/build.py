@@ -34,6 +34,7 @@ class ValueBuilder:
         self.b = builder or GraphBuilder()
         self.indices_checked = indices_checked
         self._view_memo: dict[tuple, GraphNode] = {}
+        self._copies = 0  # materialisations made so far (a view pushed into an expression counts them)
 
     def const(self, value, dtype: DType) -> GraphNode:
         return self.b.const(_coerce_scalar(value, dtype), dtype)
@@ -152,6 +153,7 @@ class ValueBuilder:
     def materialize(self, node: GraphNode) -> GraphNode:
         if isinstance(node.op, (Contiguous, Input, Const, Extern)):
             return node
+        self._copies += 1
         return self.b.node(Contiguous(), node.dtype, (node,), View.contiguous(node.shape))
 
     def view(self, node: GraphNode, desc: ViewFn) -> GraphNode:
@@ -174,10 +176,18 @@ class ValueBuilder:
                 return found
             node = self.materialize(node)
         if isinstance(node.op, Elementwise):
+            copies, memo = self._copies, len(self._view_memo)
             pushed = [self._try_view(s, desc) for s in node.src]
-            if all(p is not None for p in pushed):
+            # pushing the view down may copy parts of the expression that cannot take it; more
+            # than one such copy costs more than copying the whole expression once (a sum of
+            # gradient terms, each copied to be reshaped, held one buffer per term)
+            if all(p is not None for p in pushed) and self._copies - copies <= 1:
                 shape = pushed[0].shape
                 return self.b.node(node.op, node.dtype, tuple(pushed), View.contiguous(shape))
+            # the parts' copies are not used: forgotten, so no later view of a part reuses one
+            for key in list(self._view_memo)[memo:]:
+                del self._view_memo[key]
+            self._copies = copies
             node = self.materialize(node)
         if isinstance(node.op, ViewOp):
             new = apply_view_desc(node.view, desc)

@@ -180,14 +180,15 @@ class ValueBuilder:
             pushed = [self._try_view(s, desc) for s in node.src]
             # pushing the view down may copy parts of the expression that cannot take it; more
             # than one such copy costs more than copying the whole expression once (a sum of
-            # gradient terms, each copied to be reshaped, held one buffer per term)
+            # gradient terms, each copied to be reshaped, held one buffer per term). The count
+            # keeps the copies of the parts given up on below (a residual stream's nested sums
+            # are then copied once, at the outermost sum that needs several), whose memo entries
+            # are forgotten, so no later view of a part reuses an unused copy
             if all(p is not None for p in pushed) and self._copies - copies <= 1:
                 shape = pushed[0].shape
                 return self.b.node(node.op, node.dtype, tuple(pushed), View.contiguous(shape))
-            # the parts' copies are not used: forgotten, so no later view of a part reuses one
             for key in list(self._view_memo)[memo:]:
                 del self._view_memo[key]
-            self._copies = copies
             node = self.materialize(node)
         if isinstance(node.op, ViewOp):
             new = apply_view_desc(node.view, desc)

@@ -34,6 +34,7 @@ USES = {  # name -> (fn(x, s), the 0-d tensor s is read from)
     "int_divides": (lambda x, s: (x * 10).int() // s.item() + x / s.item(), torch.tensor(-3, dtype=torch.int32)),
     "bool_flag": (lambda x, s: x * s.item(), torch.tensor(True)),
     "reduced_in_the_function": (lambda x, s: x * x.abs().max().item() + s.item(), torch.tensor(1.0)),
+    "one_element_of_rank_2": (lambda x, s: x * (s.item() * 2) + torch.full((), s.item()), torch.tensor([[0.5]])),
 }
 
 

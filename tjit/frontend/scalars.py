@@ -44,6 +44,8 @@ def read_number(cv, tensor: GraphNode, symbol) -> RuntimeScalar:
     if tensor.dtype.library_only:
         raise DataDependentError("aten._local_scalar_dense", f".item() of a {tensor.dtype!r} tensor")
     value = cv.cast(tensor, python_type(symbol))
+    if value.shape != ():  # (.item() of a one-element tensor of any rank)
+        value = cv.view(value, ("reshape", ()))
     if value.dtype.is_float:
         value = cv.elementwise("stop_gradient", [value], value.dtype)
     return RuntimeScalar(value)

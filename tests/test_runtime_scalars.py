@@ -157,3 +157,19 @@ def test_explain_says_which_floats_are_runtime_numbers():
 
     explained = tjit.explain(branching, torch.randn(8), 0.7)
     assert explained.numbers["p"].startswith("specialised") and "> 0.5" in explained.numbers["p"]  # (why: the branch)
+
+
+@pytest.mark.parametrize("fn, x, s", [
+    (lambda x, s: torch.full_like(x, s.item()), torch.ones(3000, dtype=torch.float16), torch.tensor(1e6)),
+    (lambda x, s: torch.clamp(x, max=s.item()), torch.ones(3000, dtype=torch.int8), torch.tensor(300)),
+    (lambda x, s: torch.add(x, x, alpha=s.item()), torch.ones(3000, dtype=torch.float16), torch.tensor(1e6)),
+], ids=["full_like_float16", "clamp_int8", "alpha_float16"])
+def test_a_number_eager_checks_against_a_narrow_type_gets_eager_error(fn, x, s):
+    """eager refuses a number that overflows the result's type in these ops; tjit does not
+    make it a runtime value there (it would become inf or wrap): the function splits, and the
+    error is eager's. A number that fits gives eager's answer."""
+    with pytest.raises(DataDependentError):
+        trace(fn, (x, s), {})
+    with pytest.raises(RuntimeError, match="overflow"):
+        tjit.compile(fn)(x, s)
+    check_against_eager(fn, x, torch.tensor(2, dtype=s.dtype))

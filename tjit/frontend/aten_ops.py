@@ -209,6 +209,7 @@ def _check_alpha(node, alpha) -> None:
     if float_alpha and not out_dtype(node).is_float:
         raise UnsupportedOpError(str(node.target), "For integral input tensors, argument alpha must not be a "
                                                    "floating point number. (eager refuses it too)")
+    checked_number(node, alpha)
 
 
 @register(aten.add)
@@ -567,6 +568,7 @@ def _hardtanh(cv, node, x, min_val=-1.0, max_val=1.0):
 def _clamp(cv, node, x, min=None, max=None):
     if node.target in (aten.clamp_max.default, aten.clamp_max.Tensor):
         min, max = None, min
+    min, max = checked_number(node, min), checked_number(node, max)
     value = operand(cv, x, out_dtype(node), out_shape(node))
     if min is not None:
         value = _bounded(cv, node, value, min, "lt")
@@ -608,6 +610,7 @@ def _hypot(cv, node, a, b):
 
 @register(aten.where)
 def _where(cv, node, cond, a, b):
+    a, b = checked_number(node, a), checked_number(node, b)
     return select(cv, node, operand(cv, cond, DType.bool, out_shape(node)), a, b)
 
 
@@ -694,9 +697,15 @@ def _fill(cv, node, dst, value):
 def checked_fill_value(node: fx.Node, value):
     """eager refuses to fill a tensor with a value its type cannot hold (1e6 as float16,
     300 as int8: eager checks only when it fills two or more elements); so does tjit."""
+    return checked_number(node, value, min(math.prod(out_shape(node)), 2))
+
+
+def checked_number(node: fx.Node, value, elements: int = 2):
+    """A Python number the op converts to its result's type with eager's overflow check (a
+    clamp's bounds, where's and add's alpha: 300 for int8 raises): refused as eager refuses it."""
     if _is_number(value):
         try:
-            torch.empty((min(math.prod(out_shape(node)), 2),), dtype=out_dtype(node).torch).fill_(value)
+            torch.empty((elements,), dtype=out_dtype(node).torch).fill_(value)
         except RuntimeError as e:
             raise UnsupportedOpError(str(node.target), f"{e} (eager refuses it too)") from None
     return value

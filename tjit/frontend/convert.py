@@ -143,7 +143,7 @@ class Converter(ValueBuilder):
         if is_arithmetic(node.target):
             return arithmetic(self, node, *args)
         handler = self.handler_for(node)
-        args, kwargs = with_runtime_numbers(node.target, args, kwargs)
+        args, kwargs = with_runtime_numbers(node, args, kwargs)
         if any(_data_dependent(a) for a in torch.utils._pytree.tree_flatten((args, kwargs))[0]):
             raise UnsupportedOpError(str(node.target), "an argument is a Python number computed from tensor data "
                                      "(.item(), .tolist()): tjit compiles no data-dependent values yet",

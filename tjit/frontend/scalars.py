@@ -98,19 +98,43 @@ TAKES_RUNTIME_NUMBERS = {aten.add, aten.sub, aten.rsub, aten.mul, aten.div, aten
                          aten.scalar_tensor, aten.clamp, aten.clamp_min, aten.clamp_max, aten.pow}
 # (prims.fma is looked up by name: Inductor defines it when imported)
 _TAKES_BY_NAME = {"prims::fma"}
+# ops whose eager kernels convert the number to the result's type with an overflow check (300
+# into int8 raises, as 1e6 into float16 does; add and sub check their alpha): a runtime number
+# only where its type's values fit (a float into float32, bfloat16 or float64: only a number
+# beyond 3.4e38, which eager refuses, becomes inf there)
+CONVERTED_WITH_CHECK = {aten.fill, aten.full, aten.full_like, aten.new_full, aten.where, aten.clamp,
+                        aten.clamp_min, aten.clamp_max}
+_HOLD_FLOATS = {DType.float32, DType.bfloat16, DType.float64}
+_HOLD_INTS = {DType.int64, DType.float32, DType.bfloat16, DType.float64}
 
 
-def with_runtime_numbers(target, args, kwargs):
+def with_runtime_numbers(node, args, kwargs):
     """The op's arguments with each runtime number as its 0-d value, for an op that takes
-    those; DataDependentError for any other op (it would read the number as a literal)."""
+    those; NumberNeededError for any other op (it would read the number as a literal)."""
     flat = torch.utils._pytree.tree_flatten((args, kwargs))[0]
-    if not any(isinstance(a, RuntimeScalar) for a in flat):
+    numbers = [a for a in flat if isinstance(a, RuntimeScalar)]
+    if not numbers:
         return args, kwargs
-    packet = getattr(target, "overloadpacket", target)
+    packet = getattr(node.target, "overloadpacket", node.target)
     name = getattr(packet, "__name__", "")
     functional = getattr(aten, name[:-1], None) if name.endswith("_") else packet  # x.add_(...) is add
     if functional not in TAKES_RUNTIME_NUMBERS and getattr(packet, "_qualified_op_name", None) not in _TAKES_BY_NAME:
-        raise NumberNeededError(str(target), "takes a Python number read from tensor data (.item()) that tjit "
+        raise NumberNeededError(str(node.target), "takes a Python number read from tensor data (.item()) that tjit "
                                 "can only bake in as a literal")
+    result = node.meta.get("val")
+    result = DType.from_torch(result.dtype) if isinstance(result, torch.Tensor) else None
+    checked = numbers if functional in CONVERTED_WITH_CHECK else [kwargs[k] for k in ("alpha",)
+                                                                    if isinstance(kwargs.get(k), RuntimeScalar)]
+    if any(not _fits(n.value.dtype, result) for n in checked) or (functional is aten.pow and not result.is_float):
+        raise NumberNeededError(str(node.target), "a Python number read from tensor data, which eager checks "
+                                f"against the result's type ({result!r}) or reads by value")
     unwrap = lambda a: a.value if isinstance(a, RuntimeScalar) else a  # noqa: E731
     return torch.utils._pytree.tree_map(unwrap, args), torch.utils._pytree.tree_map(unwrap, kwargs)
+
+
+def _fits(number: DType, result) -> bool:
+    """Every value of the number's type converts to the result's type without overflow (up to
+    the float range for floats: see CONVERTED_WITH_CHECK)."""
+    if number is DType.bool:
+        return True
+    return result in (_HOLD_FLOATS if number.is_float else _HOLD_INTS)

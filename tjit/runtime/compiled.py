@@ -262,9 +262,10 @@ def _with_number_tensors(fn, args, kwargs, numbers: tuple[str, ...], flat) -> tu
 
 
 def _as_tensors(flat, numbers: tuple[str, ...]) -> dict[str, torch.Tensor]:
-    """The floats named in `numbers` as 0-d float64 tensors, on the device of the call's tensors."""
+    """The floats named in `numbers` as 0-d float64 tensors, on the device of the call's tensors
+    (filled there: on a GPU a fill is queued, where torch.tensor would wait for a copy)."""
     device = next((v.device for _, v in flat if isinstance(v, torch.Tensor)), torch.device("cpu"))
-    return {name: torch.tensor(v, dtype=torch.float64, device=device) for name, v in flat if name in numbers}
+    return {name: torch.full((), v, dtype=torch.float64, device=device) for name, v in flat if name in numbers}
 
 
 def _check_not_donated(tensors) -> None:

@@ -147,10 +147,11 @@ def explain(fn, *args, **kwargs) -> Explanation:
 
 
 def _numbers(compiled, entry, args, kwargs) -> dict[str, str]:
-    floats = [name for name, v in compiled._flatten(args, kwargs) if type(v) is float]
+    """Per float argument: a runtime number, or specialised and why."""
+    why = compiled.literal_numbers or "passed in *args or **kwargs"
     return {name: "a runtime number (a 0-d float64 tensor the kernels read; a new value compiles nothing)"
-            if name in entry.numbers else f"specialised (its value is in the kernels): {compiled.literal_numbers or 'passed in *args or **kwargs'}"
-            for name in floats}
+            if name in entry.numbers else f"specialised (its value is in the kernels): {why}"
+            for name, v in compiled._flatten(args, kwargs) if type(v) is float}
 
 
 def _device_type(args, kwargs) -> str:

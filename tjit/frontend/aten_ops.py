@@ -17,6 +17,7 @@ import torch.fx as fx
 
 from ..errors import UnsupportedOpError
 from ..ir import OPS, DType, GraphNode, OpDef
+from .scalars import is_symbolic_number
 
 aten = torch.ops.aten
 HANDLERS: dict[object, Callable] = {}
@@ -106,8 +107,7 @@ def is_number_argument(node: fx.Node, position: int) -> bool:
     """The op's argument is a Python number: a literal, or one read from tensor data, which
     the converter passes as a 0-d value but torch's kernels treat as a number."""
     arg = node.args[position] if position < len(node.args) else None
-    return not isinstance(arg, fx.Node) or isinstance(arg.meta.get("val"), (torch.SymInt, torch.SymFloat,
-                                                                            torch.SymBool))
+    return not isinstance(arg, fx.Node) or is_symbolic_number(arg.meta.get("val"))
 
 
 def input_dtypes(node: fx.Node) -> list[torch.dtype]:
@@ -147,7 +147,7 @@ def _promotion_stand_in(arg):
     """A meta tensor with the argument's dtype and zero-dim-ness: all that promotion reads."""
     if isinstance(arg, fx.Node):
         val = arg.meta["val"]
-        if isinstance(val, (torch.SymBool, torch.SymInt, torch.SymFloat)):  # a number read from tensor data
+        if is_symbolic_number(val):  # a number read from tensor data
             return {torch.SymBool: False, torch.SymInt: 0, torch.SymFloat: 0.0}[type(val)]
         return torch.empty(() if val.dim() == 0 else (1,), dtype=val.dtype, device="meta")
     return arg

@@ -23,7 +23,8 @@ from ..ir import (Const, Contiguous, DType, Extern, ExternCall, Graph, GraphNode
                   toposort)
 from .build import ValueBuilder
 from .library import WriteThroughView, in_memory, library_call, view_of_contents
-from .scalars import RuntimeScalar, arithmetic, is_arithmetic, read_number, with_runtime_numbers
+from .scalars import (RuntimeScalar, arithmetic, is_arithmetic, is_symbolic_number, read_number,
+                      with_runtime_numbers)
 from .overlap import check_in_place, is_non_overlapping_and_dense
 
 @dataclass(frozen=True)
@@ -144,7 +145,7 @@ class Converter(ValueBuilder):
             return arithmetic(self, node, *args)
         handler = self.handler_for(node)
         args, kwargs = with_runtime_numbers(node, args, kwargs)
-        if any(_data_dependent(a) for a in torch.utils._pytree.tree_flatten((args, kwargs))[0]):
+        if any(is_symbolic_number(a) for a in torch.utils._pytree.tree_flatten((args, kwargs))[0]):
             raise UnsupportedOpError(str(node.target), "an argument is a Python number computed from tensor data "
                                      "(.item(), .tolist()): tjit compiles no data-dependent values yet",
                                      target=node.target)
@@ -402,7 +403,7 @@ class Converter(ValueBuilder):
                 value = self.env.get(item, item) if isinstance(item, fx.Node) else item
                 if isinstance(value, RuntimeScalar):
                     raise DataDependentError("a returned Python number", "it is read from tensor data (.item())")
-                if _data_dependent(value):
+                if is_symbolic_number(value):
                     raise UnsupportedOpError("a returned Python number", "it is computed from tensor data (.item(), "
                                              ".tolist()): return the tensor instead")
                 specs.append(OutputSpec("constant", value=value))
@@ -467,11 +468,6 @@ LIBRARY_DTYPES = {d.torch for d in DType if d.library_only}
 # views that mark their values conjugated or negated rather than move them: the IR's views
 # only move values, so a library call makes them
 LAZY_VIEWS = (torch.ops.aten._conj.default, torch.ops.aten._neg_view.default)
-
-
-def _data_dependent(value) -> bool:
-    """A symbolic Python number: make_fx's stand-in for a value read from tensor data."""
-    return isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool))
 
 
 def _library(target):

@@ -32,6 +32,11 @@ class RuntimeScalar:
     value: GraphNode
 
 
+def is_symbolic_number(value) -> bool:
+    """A symbol make_fx stands in for a Python number that only tensor data gives (.item())."""
+    return isinstance(value, (torch.SymBool, torch.SymInt, torch.SymFloat))
+
+
 def python_type(symbol) -> DType:
     """The IR type of a Python number of the symbol's kind."""
     if isinstance(symbol, torch.SymBool):

@@ -23,6 +23,7 @@ from .batch_norm import batch_norm_decompositions
 from .convert import Conversion, Converter
 from .foreach import foreach_decompositions
 from .rnn_cells import FunctionalCells
+from .scalars import is_symbolic_number
 
 
 @functools.lru_cache(maxsize=None)
@@ -130,7 +131,7 @@ class KeepRealTensors(TorchDispatchMode):
 
 
 def _reads_a_symbol(arguments) -> bool:
-    return any(isinstance(a, (torch.SymBool, torch.SymInt, torch.SymFloat)) for a in tree_leaves(arguments))
+    return any(is_symbolic_number(a) for a in tree_leaves(arguments))
 
 
 def _is_real(value) -> bool:
@@ -298,7 +299,7 @@ def check_no_data_dependence(gm: torch.fx.GraphModule, name: str) -> None:
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
     for node in gm.graph.nodes:
         val = node.meta.get("val")
-        if isinstance(val, (torch.SymBool, torch.SymInt, torch.SymFloat)):
+        if is_symbolic_number(val):
             continue  # a Python number: the converter keeps it as a value where ops only compute with it
         if node.op == "call_function" and free_unbacked_symbols(val):
             raise DataDependentError(str(node.target), f"in {name}: its result depends on tensor data (an output size "

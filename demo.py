@@ -259,6 +259,17 @@ def demo_one(k: int, title: str, fn, make_args) -> None:
     print(f"second call:     no retrace, {tjit.counters.launches - before['launches']} launch(es), "
           f"{tjit.memory.stats()['allocations'] - slabs} allocation(s) for intermediates")
 
+    # A float argument is a runtime number (a 0-d tensor the kernels read): a new value reuses everything.
+    for name, how in ex.numbers.items():
+        print(f"float {name}:{' ' * max(1, 10 - len(name))}{how}")
+    if entry.numbers:
+        new_args = tuple(a * 3 if type(a) is float else a for a in args)
+        before, call_args = tjit.counters.snapshot(), clone_args(new_args)
+        check_matches_eager(fn, compiled(*call_args), call_args, new_args, f"tjit.compile({fn.__name__}), new floats")
+        assert tjit.counters.traces == before["traces"], "a new float value retraced"
+        assert tjit.counters.kernels_generated == before["kernels_generated"], "a new float value made a kernel"
+        print("new float value: no retrace, no new kernel, matches eager")
+
 
 def demo_autograd() -> None:
     header("autograd: loss = loss_fn(x, w, b, target); loss.backward() with x, w, b requiring grad")

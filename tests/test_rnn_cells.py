@@ -94,3 +94,33 @@ def test_modules_without_biases_and_with_unbatched_inputs():
     def fn(x, h):  # (nn's cells give 1-d inputs a batch axis of their own before the aten op)
         return gru(x, h), lstm(x)
     check_against_eager(fn, torch.randn(INPUT), torch.randn(HIDDEN))
+
+
+
+def tanh_loop(xs, h, w):
+    for t in range(xs.shape[1]):
+        h = torch.tanh(xs[:, t] * torch.sigmoid(h @ w) + h)
+    return h
+
+
+def backward_loads(fn, *args) -> int:
+    """The loads in the source of the backward's kernels."""
+    leaves = [a.detach().requires_grad_() for a in args]
+    return sum(k.source.count("tl.load") for k in tjit.explain(tjit.compile(fn), *leaves).backward.kernels)
+
+
+@pytest.mark.parametrize("cell", ["gru", "tanh"])
+def test_backward_work_grows_linearly_with_the_steps(cell):
+    """Each backward step reads the state its forward step wrote (saved for the matmul's
+    gradient anyway: backward._saved_copies), and a gate gradient placed into the gates'
+    wider tensor is written once by the step that computes it (accumulate's
+    _pieces_from_buffers). Either recomputed, every step's kernel would compute every step
+    before it again: loads that grow with the square of the steps (1250 -> 4418 for a GRU
+    from 8 to 16 steps before both)."""
+    def args(steps):
+        if cell == "gru":
+            return (torch.randn(BATCH, steps, INPUT), torch.randn(BATCH, HIDDEN), *weights(3))
+        return (torch.randn(BATCH, steps, HIDDEN), torch.randn(BATCH, HIDDEN), torch.randn(HIDDEN, HIDDEN) / 6)
+    fn = unrolled_gru if cell == "gru" else tanh_loop
+    check_gradients(fn, *args(16))
+    assert backward_loads(fn, *args(16)) <= 2.2 * backward_loads(fn, *args(8))

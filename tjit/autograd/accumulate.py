@@ -20,6 +20,8 @@ from .complex import complex_sum
 
 aten = torch.ops.aten
 
+PLACED_PIECE_LOADS = 4  # see _pieces_from_buffers (a SwiGLU's halves read 3)
+
 
 def total_gradient(alg: Algebra, contributions: list[GraphNode], dtype: DType,
                    depths: dict[int, int]) -> Optional[GraphNode]:
@@ -38,13 +40,32 @@ def total_gradient(alg: Algebra, contributions: list[GraphNode], dtype: DType,
     products = [matmul_operands(alg.vb, c) for c in contributions]
     matmuls = sorted((k for k, ab in enumerate(products) if ab is not None), key=lambda k: depth(contributions[k], depths))
     accumulated = matmuls[1:]  # (by position: one node may be a contribution twice)
-    added = [c for k, c in enumerate(contributions) if k not in accumulated]
+    added = _pieces_from_buffers(alg, [c for k, c in enumerate(contributions) if k not in accumulated])
     total = added[0]
     for c in added[1:]:
         total = alg.add(total, c)
     for k in accumulated:
         total = _addmm(alg.vb, total, *products[k])
     return alg.cast(total, dtype)
+
+
+def _pieces_from_buffers(alg: Algebra, contributions: list[GraphNode]) -> list[GraphNode]:
+    """Contributions that place pieces into a wider tensor (a GRU's three gate gradients into
+    the gates' [b, 3d], an unrolled loop's x[:, t] slices into x's) are computed, summed, in
+    the wider tensor's kernel, each piece's expression shifted to its place: a value no later
+    kernel can read back. A recurrence's gradient would then be computed again by every later
+    step, from every step before it. So a piece that reads more than PLACED_PIECE_LOADS
+    leaves is written to a buffer of its own (by the kernel of its shape that computes it) and
+    placed from there."""
+    if len(contributions) < 2:
+        return contributions
+    stored = []
+    for c in contributions:
+        value, piece, place = alg.placements.get(id(c), (None, None, None))
+        if value is c and alg.vb.loads(piece) > PLACED_PIECE_LOADS:
+            c = place(alg.vb.materialize(piece))
+        stored.append(c)
+    return stored
 
 
 def matmul_operands(vb, node: GraphNode) -> Optional[tuple[GraphNode, GraphNode]]:

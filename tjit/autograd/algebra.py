@@ -5,7 +5,7 @@ forward graph and the backward fuses the same way."""
 from __future__ import annotations
 
 import math
-from typing import Union
+from typing import Callable, Union
 
 import torch
 
@@ -25,6 +25,10 @@ class Algebra:
     def __init__(self, vb: ValueBuilder):
         self.vb = vb
         self.constants: dict[str, torch.Tensor] = {}  # index tables the rules read (see positions)
+        # A partial view's gradient by id: (that gradient, the piece it places into the source's
+        # shape with zeros elsewhere, how to place another piece the same way); see
+        # accumulate.total_gradient, which may place a stored copy of the piece instead.
+        self.placements: dict[int, tuple[GraphNode, GraphNode, Callable[[GraphNode], GraphNode]]] = {}
 
     # -- elementwise ---------------------------------------------------------------------
     def ew(self, op: str, *operands: Value, dtype: DType = None) -> GraphNode:
@@ -57,6 +61,12 @@ class Algebra:
 
     def cast(self, node: GraphNode, dtype: DType) -> GraphNode:
         return self.vb.cast(node, dtype)
+
+    def placed(self, piece: GraphNode, place: Callable[[GraphNode], GraphNode]) -> GraphNode:
+        """place(piece), remembered as a placement of piece (see placements)."""
+        value = place(piece)
+        self.placements[id(value)] = (value, piece, place)
+        return value
 
     def zeros(self, shape, dtype: DType) -> GraphNode:
         return self.vb.expand_to(self.vb.const(0, dtype), tuple(shape))

@@ -131,7 +131,7 @@ def backward_graph(plan: AutogradPlan, layouts: dict[str, GradLayout],
     alg = Algebra(vb)
     needs = _needs_grad(plan.graph, set(plan.grad_inputs))
     strides = {**saved_layouts(plan), **(output_strides or {})}
-    grads = _sweep(alg, plan, layouts, _Recompute(vb, plan._saved_ids, strides), needs)
+    grads = _sweep(alg, plan, layouts, _Recompute(vb, plan._saved_ids, strides, _saved_copies(plan)), needs)
     outputs = {}
     for name, (dense, scattered) in grads.items():
         node = plan.graph.input_node(name)
@@ -146,6 +146,15 @@ def backward_graph(plan: AutogradPlan, layouts: dict[str, GradLayout],
     zeros = tuple(name for name in plan.grad_inputs if name not in grads
                   and (id(plan.graph.input_node(name)) in reached or name in eager))
     return BackwardGraph(vb.b.finish(names, outputs), alg.constants, zeros)
+
+
+def _saved_copies(plan: AutogradPlan) -> dict[int, GraphNode]:
+    """id(n) -> a saved contiguous(n): n's values, kept anyway. A recurrent state written for
+    the next step's matmul (which the matmul's gradient reads) is then read back by the
+    backward, not recomputed from every earlier step's saved values: work and source that
+    would grow with the square of the steps."""
+    kept = [*plan.saved.values(), *(plan.graph.outputs[name] for name in plan.saved_outputs)]
+    return {id(c.src[0]): c for c in kept if isinstance(c.op, Contiguous) and c.dtype == c.src[0].dtype}
 
 
 def saved_layouts(plan: AutogradPlan) -> dict[str, tuple[int, ...]]:
@@ -175,21 +184,26 @@ class _Recompute:
     """value(n): forward node n rebuilt in the backward builder from the forward's inputs,
     or read from what the forward saved."""
 
-    def __init__(self, vb: ValueBuilder, saved: dict[int, str], output_strides: Optional[dict] = None):
+    def __init__(self, vb: ValueBuilder, saved: dict[int, str], output_strides: Optional[dict] = None,
+                 copies: Optional[dict[int, GraphNode]] = None):
         """output_strides: the layout each forward output is returned in (eager's, not always
-        contiguous): a saved output is read in it."""
+        contiguous): a saved output is read in it. copies: see _saved_copies; a value with a
+        saved copy is read from the copy."""
         self.vb, self.saved, self.output_strides = vb, saved, output_strides or {}
+        self.copies = copies or {}
         self.memo: dict[int, GraphNode] = {}
 
     def __call__(self, node: GraphNode) -> GraphNode:
         found = self.memo.get(id(node))
         if found is not None:
             return found
-        done = lambda n: id(n) in self.memo or id(n) in self.saved  # noqa: E731
+        done = lambda n: id(n) in self.memo or id(n) in self.saved or id(n) in self.copies  # noqa: E731
         for n in toposort([node], stop=done):
             if id(n) in self.memo:
                 continue
-            if id(n) in self.saved:
+            if id(n) in self.copies and id(n) not in self.saved:
+                copy = self(self.copies[id(n)])  # (saved: read as an input, no deeper)
+            elif id(n) in self.saved:
                 name = self.saved[id(n)]
                 copy = self.vb.b.input(name, n.dtype, _saved_view(n, self.output_strides.get(name)))
             elif isinstance(n.op, Input):

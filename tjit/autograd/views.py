@@ -46,8 +46,8 @@ def view_transpose(alg: Algebra, grad: GraphNode, view: View, src: GraphNode):
         return _reordered(alg, grad, src, order, src_sizes)
     window = _per_axis_window(sizes, strides, offset, src, order)
     if window is not None:
-        return _padded(alg, grad, window, src)
-    return _embedded(alg, grad, sizes, strides, offset, src)
+        return alg.placed(grad, lambda piece: _padded(alg, piece, window, src))
+    return alg.placed(grad, lambda piece: _embedded(alg, piece, sizes, strides, offset, src))
 
 
 def _split_like_source(alg: Algebra, grad: GraphNode, view: View, source) -> tuple[GraphNode, View]:

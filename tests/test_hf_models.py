@@ -7,8 +7,10 @@ it does that hand-written modules did not: rotary embeddings computed under torc
 (Llama, and Mistral, Qwen2, Gemma, Phi, GPT-NeoX after it), an embedding with padding_idx
 tied to the LM head (BART), relative position buckets (T5), token-type embeddings and
 attention masks built from the inputs (BERT), a custom autograd.Function (BLOOM's GELU in
-training: it runs eagerly between compiled parts). Every graph Dynamo hands over must be
-compiled: a refused graph runs eagerly with a warning, and that warning fails the test.
+training: it runs eagerly between compiled parts), partial rotary embeddings (Phi), relative
+positions gathered by computed indices (DeBERTa-v2), shifted windows with torch.roll (Swin),
+depthwise convolutions and a channels-last layer norm (ConvNeXt). Every graph Dynamo hands over
+must be compiled: a refused graph runs eagerly with a warning, and that warning fails the test.
 """
 import copy
 import warnings
@@ -46,8 +48,28 @@ def _bert():
     return transformers.BertForMaskedLM, transformers.BertConfig(**SMALL, max_position_embeddings=64)
 
 
-# name -> (model class and config, label length: the decoder's for encoder-decoder models)
-MODELS = {"llama": (_llama, 11), "bart": (_bart, 7), "t5": (_t5, 7), "bert": (_bert, 11), "bloom": (_bloom, 11)}
+def _phi():  # rotary embeddings on part of each head, a parallel attention + MLP block
+    return transformers.PhiForCausalLM, transformers.PhiConfig(**SMALL, max_position_embeddings=64)
+
+
+def _deberta_v2():  # disentangled attention: relative-position scores gathered by computed indices
+    return transformers.DebertaV2ForMaskedLM, transformers.DebertaV2Config(**SMALL, max_position_embeddings=64)
+
+
+def _swin():  # shifted windows: torch.roll, window partition views, a relative-position bias table
+    return transformers.SwinForImageClassification, transformers.SwinConfig(
+        image_size=16, patch_size=2, embed_dim=8, depths=[1, 1], num_heads=[2, 2], window_size=2, num_labels=5)
+
+
+def _convnext():  # depthwise 7x7 convolutions, layer norm over channels in a channels-last permute
+    return transformers.ConvNextForImageClassification, transformers.ConvNextConfig(
+        hidden_sizes=[8, 16], depths=[1, 1], num_stages=2, image_size=16, num_labels=5)
+
+
+# name -> (model class and config, label length: the decoder's for encoder-decoder models; None:
+# an image classifier, given 16x16 images and one label per image)
+MODELS = {"llama": (_llama, 11), "bart": (_bart, 7), "t5": (_t5, 7), "bert": (_bert, 11), "bloom": (_bloom, 11),
+          "phi": (_phi, 11), "deberta_v2": (_deberta_v2, 11), "swin": (_swin, None), "convnext": (_convnext, None)}
 RTOL, ATOL = 1e-4, 1e-5  # as test_models: matmuls and long sums in another order than eager's
 GRAD_RTOL, GRAD_ATOL = 1e-3, 1e-4  # gradients sum over every token, through every layer
 
@@ -56,7 +78,7 @@ def _without_dropout(config):
     """Dropout off in train mode (the test compares with eager, whose draws differ): every
     probability in the config (the models copy them into their layers when built)."""
     for key, value in vars(config).items():
-        if ("dropout" in key or key.endswith("_pdrop")) and isinstance(value, float):
+        if ("dropout" in key or key.endswith("_pdrop") or "drop_path" in key) and isinstance(value, float):
             setattr(config, key, 0.0)
     return config
 
@@ -67,6 +89,10 @@ def _setup(name):
     torch.manual_seed(0)
     model = model_class(_without_dropout(config))
     g = torch.Generator().manual_seed(1)
+    if label_length is None:
+        inputs = dict(pixel_values=torch.randn(2, 3, 16, 16, generator=g),
+                      labels=torch.randint(0, config.num_labels, (2,), generator=g))
+        return model, copy.deepcopy(model), inputs
     inputs = dict(input_ids=torch.randint(2, VOCAB, (2, 11), generator=g),
                   labels=torch.randint(2, VOCAB, (2, label_length), generator=g))
     inputs["input_ids"][0, -3:] = config.pad_token_id or 0  # a padded row (BART's padding_idx)

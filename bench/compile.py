@@ -80,10 +80,6 @@ def arguments(name: str, rows: int, lr: float = 0.1, generator=None) -> tuple:
     return (x, w, lr) if name == "softmax_scaled" else (x, w / 4, b)
 
 
-def progress(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
 # -- per compiler: counting what compiling costs -----------------------------------------------
 
 class Tjit:
@@ -117,16 +113,9 @@ class Inductor:
         return {"traces": self.graphs, "kernel_sources": self.metrics.generated_kernel_count, "kernel_compiles": None}
 
 
-def timed(call) -> float:
-    start = time.perf_counter()
-    call()
-    return time.perf_counter() - start
-
-
 def compile_seconds(fn, args) -> float:
     """A call that compiles minus a steady call on the same arguments."""
-    first = timed(lambda: fn(*args))
-    return max(first - timed(lambda: fn(*args)), 0.0)
+    return models.compile_seconds(lambda: fn(*args))["compile_s"]
 
 
 def added(before: dict, after: dict) -> dict:
@@ -194,7 +183,7 @@ def overheads() -> dict:
         dynamo = torch.compile(f, backend="tjit")
         rows[name] = {"launches": launches, "tjit_compile_us": overhead_us(direct, args),
                       "torch_compile_tjit_us": overhead_us(dynamo, args)}
-        progress(f"overhead {name}: {rows[name]}")
+        models.progress(f"overhead {name}: {rows[name]}")
     return rows
 
 
@@ -222,7 +211,7 @@ def cold() -> list[dict]:
         out = subprocess.run([sys.executable, "-c", COLD.format(here=str(HERE))], capture_output=True, text=True,
                              check=True).stdout
         runs.append(json.loads(out.strip().splitlines()[-1]))
-        progress(f"cold process: {runs[-1]}")
+        models.progress(f"cold process: {runs[-1]}")
     return runs
 
 
@@ -282,10 +271,10 @@ def main() -> int:
     results = {"sizes": sizes, "functions": {}}
     for name in opts.functions.split(","):
         for cname in opts.compilers.split(","):
-            progress(f"{name} / {cname} ...")
+            models.progress(f"{name} / {cname} ...")
             row = sizes_and_numbers(compilers[cname](), name, sizes)
             results["functions"].setdefault(name, {})[cname] = row
-            progress(f"{name} / {cname}: {row['sizes']}, first {row['first_compile_s']:.2f} s")
+            models.progress(f"{name} / {cname}: {row['sizes']}, first {row['first_compile_s']:.2f} s")
     results["overhead"] = overheads()
     if not opts.quick:
         results["cold"] = cold()

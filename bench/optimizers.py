@@ -51,10 +51,6 @@ DTYPE_GROUPS = len({dtype for _, dtype in PARAMETERS})
 WARM_UP = 3
 
 
-def progress(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
 def gradients(step: int) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(1000 + step)
     return [torch.randn(shape, generator=g).to(dtype) for shape, dtype in PARAMETERS]
@@ -145,12 +141,12 @@ def main() -> int:
             key = f"{name}/{'foreach' if foreach else 'single'}"
             results[key] = {}
             for comp in opts.compilers.split(","):
-                progress(f"{key} / {comp}: {opts.steps} steps ...")
+                models.progress(f"{key} / {comp}: {opts.steps} steps ...")
                 try:
                     results[key][comp] = run_one(name, foreach, comp, opts.steps)
                 except Exception as e:  # a compiler that fails has its error in the row
                     results[key][comp] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
-                progress(f"{key} / {comp}: {results[key][comp]}")
+                models.progress(f"{key} / {comp}: {results[key][comp]}")
     print_table(results)
     if opts.json:
         Path(opts.json).write_text(json.dumps({"results": results, "torch": torch.__version__}, indent=1))

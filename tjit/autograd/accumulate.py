@@ -61,8 +61,8 @@ def _pieces_from_buffers(alg: Algebra, contributions: list[GraphNode]) -> list[G
         return contributions
     stored = []
     for c in contributions:
-        value, piece, place = alg.placements.get(id(c), (None, None, None))
-        if value is c and alg.vb.loads(piece) > PLACED_PIECE_LOADS:
+        _, piece, place = alg.placements.get(id(c), (None, None, None))  # (which keeps c alive: ids are c's)
+        if piece is not None and alg.vb.loads(piece) > PLACED_PIECE_LOADS:
             c = place(alg.vb.materialize(piece))
         stored.append(c)
     return stored

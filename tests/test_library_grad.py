@@ -55,6 +55,21 @@ def max_pool(x):
     return F.max_pool2d(x.sin(), 2) * 2
 
 
+def heads(x, w, activation):
+    """Attention heads as a transformer computes them: [b, s, h, d] values, read by the call
+    as the [b, h, s, d] view."""
+    b, s, _ = x.shape
+    return activation(x @ w).view(b, s, 3, 16).transpose(1, 2)
+
+
+def heads_attention(x, wq, wk, wv, activation=lambda h: h * 0.5):
+    return F.scaled_dot_product_attention(*(heads(x, w, activation) for w in (wq, wk, wv)), is_causal=True)
+
+
+def tanh_heads_attention(x, wq, wk, wv):  # tanh's derivative saves the heads too
+    return heads_attention(x, wq, wk, wv, torch.tanh)
+
+
 @pytest.mark.parametrize("fn, shapes", [
     (matmul_relu, [(1100, 37), (37, 29), (29,)]),
     (conv_relu, [(2, 3, 17, 19), (5, 3, 3, 3)]),
@@ -62,6 +77,7 @@ def max_pool(x):
     (batched, [(3, 33, 40), (3, 40, 1030)]),
     (attention, [(2, 3, 40, 16), (2, 3, 40, 16), (2, 3, 40, 16)]),
     (max_pool, [(2, 3, 33, 34)]),
+    (tanh_heads_attention, [(2, 40, 24), (24, 48), (24, 48), (24, 48)]),
 ], ids=lambda v: getattr(v, "__name__", ""))
 def test_gradients_match_eager(fn, shapes):
     torch.manual_seed(0)
@@ -87,6 +103,24 @@ def test_a_matmul_operand_the_forward_writes_is_kept_for_backward_not_written_ag
     expected = torch.autograd.grad(x.sin() @ w, (x, w), g)
     for got, want in zip(grads, expected):
         torch.testing.assert_close(got, want)
+
+
+def test_attention_operands_are_kept_in_the_layout_the_call_read():
+    # q, k, v are written [b, s, h, d] for the forward's call, which reads them as [b, h, s, d]
+    # views; its backward reads them again as the forward's call did. The tape keeps them in
+    # that layout: the forward's kernel writes them straight into their tape blocks (no copy
+    # after the call) and the backward's call reads them as they are (no copy before it)
+    torch.manual_seed(0)
+    args = [torch.randn(2, 40, 24, requires_grad=True)] + [torch.randn(24, 48, requires_grad=True) for _ in range(3)]
+    compiled = tjit.compile(heads_attention)
+    before = tjit.counters.launches
+    out = compiled(*args)
+    forward = tjit.counters.launches - before
+    g = torch.randn(out.shape)
+    grads = torch.autograd.grad(out, args, g)
+    assert (forward, tjit.counters.launches - before - forward) == (1, 1)
+    for got, want in zip(grads, torch.autograd.grad(heads_attention(*args), args, g)):
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
 
 
 def test_convolution_backward_does_not_run_the_convolution_again():

@@ -24,7 +24,8 @@ import torch
 from ..errors import UnsupportedOpError
 from ..frontend.build import ValueBuilder
 from ..frontend.library import joint_library_call_gradient
-from ..ir import Contiguous, DType, Elementwise, Extern, Graph, GraphNode, Input, Reduce, View, contiguous_strides, toposort
+from ..ir import (Contiguous, DType, Elementwise, Extern, Graph, GraphNode, Input, Reduce, View, ViewOp, contiguous_strides,
+                  toposort)
 from .accumulate import total_gradient
 from .algebra import Algebra
 from .complex import as_call_result, complex_vjp, touches_complex
@@ -158,11 +159,21 @@ def _saved_copies(plan: AutogradPlan) -> dict[int, GraphNode]:
 
 
 def saved_layouts(plan: AutogradPlan) -> dict[str, tuple[int, ...]]:
-    """The strides each saved intermediate is kept in: a library call's result in the call's
-    own layout (the one its derivative formula and the calls reading it were traced for, and
-    the call's tensor is kept as it is: no copy), any other value contiguous."""
-    return {name: node.view.strides if isinstance(node.op, Extern) and node.view.is_dense()
-            else contiguous_strides(node.shape) for name, node in plan.saved.items()}
+    """The strides each saved intermediate is kept in: a value that lives in memory (a library
+    call's result, a buffer written for a call) as that memory is laid out, any other value
+    contiguous. A call's result or operand is what the backward's calls read again (its
+    derivative formula was traced with it), in the layout they were traced for: kept in
+    that layout, the backward reads it as it is, with no copy (attention's q, k, v, written
+    [b, s, h, d] for the forward's call and read [b, h, s, d])."""
+    return {name: node.view.strides if _in_memory_densely(node) else contiguous_strides(node.shape)
+            for name, node in plan.saved.items()}
+
+
+def _in_memory_densely(node: GraphNode) -> bool:
+    """The node is a call's result or a buffer, or a view of one that covers all of it in
+    some dim order (a permutation, a reshape)."""
+    base = node.src[0] if isinstance(node.op, ViewOp) else node
+    return isinstance(base.op, (Extern, Contiguous)) and node.view.is_dense() and node.view.numel == base.view.numel
 
 
 def _reached_through_floats(roots: list[GraphNode], needs: set[int]) -> set[int]:

@@ -38,10 +38,11 @@ class GradExecutable:
                         if spec.kind in ("input_alias", "output_alias") and paths is None] if eager else []
         graph = plan.forward_graph()
         strides = {s.name: s.stride for s in conversion.outputs if s.kind == "computed"}
-        strides.update(saved_layouts(plan))
+        kept = saved_layouts(plan)
+        strides.update(kept)
         forward = Conversion(graph, conversion.outputs, conversion.output_tree, conversion.constants,
                              conversion.eager_ops)
-        self.forward = Executable(forward, build_program(graph, strides, strategies, device), tape=list(plan.saved))
+        self.forward = Executable(forward, build_program(graph, strides, strategies, device), tape=kept)
         self.output_names = [s.name for s in conversion.outputs if s.kind == "computed"]
         self._backward: dict[tuple, object] = {}
         self._lock = threading.Lock()

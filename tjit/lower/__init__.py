@@ -76,19 +76,32 @@ def returned_call_results(graph: Graph, output_strides: dict[str, tuple[int, ...
 
 def returned_buffers(graph: Graph, output_strides: dict[str, tuple[int, ...]],
                      taken: dict[str, GraphNode]) -> dict[str, GraphNode]:
-    """Outputs whose value is a buffer, or the value a buffer holds (a library call's operand,
-    a value autograd saves that the forward writes anyway), in the output's layout: the buffer
-    lives in the output's memory, so it is written once. The first output of each buffer only."""
+    """Outputs whose value is a buffer, the value a buffer holds (a library call's operand,
+    a value autograd saves that the forward writes anyway) or a view that covers a buffer
+    (attention's q written [b, s, h, d] for the call, saved as the [b, h, s, d] view the call
+    read), in the output's layout: the buffer lives in the output's memory, so it is written
+    once. The first output of each buffer only."""
     written = {id(n.src[0]): n for n in toposort(graph.roots()) if isinstance(n.op, Contiguous)}
     found, seen = {}, set()
     for name, node in graph.outputs.items():
-        buffer = node if isinstance(node.op, Contiguous) else written.get(id(node))  # (the value a buffer holds)
+        if _covers_a_buffer(node):
+            buffer, layout = node.src[0], node
+        else:
+            buffer = node if isinstance(node.op, Contiguous) else written.get(id(node))  # (the value a buffer holds)
+            layout = buffer
         strides = output_strides.get(name)
         if name not in taken and buffer is not None and id(buffer) not in seen and strides is not None \
-                and _same_layout(buffer, strides):
+                and _same_layout(layout, strides):
             found[name] = buffer
             seen.add(id(buffer))
     return found
+
+
+def _covers_a_buffer(node: GraphNode) -> bool:
+    """A view of a buffer that reads all of it, once each element (its dims reordered or
+    reshaped)."""
+    return isinstance(node.op, ViewOp) and isinstance(node.src[0].op, Contiguous) and node.view.is_dense() \
+        and node.view.numel == node.src[0].view.numel
 
 
 def _same_layout(node: GraphNode, strides: tuple[int, ...]) -> bool:

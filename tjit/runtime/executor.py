@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional
 
 import numpy as np
 import torch
@@ -17,6 +17,7 @@ from .. import debug
 from ..autograd import tape
 from ..errors import CompileArgumentError
 from ..frontend.convert import Conversion, OutputSpec
+from ..ir import GraphNode
 from ..lower import LibraryPlan
 from ..lower.codegen import ZERO_DIV_FLAG, BufferRef, KernelPlan
 from ..lower import gpu_compile
@@ -60,13 +61,14 @@ class Launch:
 class Executable:
     """Runs a Program (tjit/pipeline.py): binds memory, launches its steps in order."""
 
-    def __init__(self, conversion: Conversion, program: Program, tape: Sequence[str] = ()):
-        """tape: names of graph outputs that are kept for backward rather than returned;
-        each call allocates each of them as an output (see tjit.autograd.tape), so that a
-        backward can free each once it has read it."""
+    def __init__(self, conversion: Conversion, program: Program, tape: Mapping[str, tuple[int, ...]] = {}):
+        """tape: graph outputs that are kept for backward rather than returned (name -> the
+        strides they are kept in); each call allocates each of them as an output (see
+        tjit.autograd.tape), so that a backward can free each once it has read it."""
         self.conversion, self.program = conversion, program
         self.graph = conversion.graph
-        self.tape = [(name, self.graph.outputs[name]) for name in tape if name not in program.call_outputs]
+        self.tape = [(name, TapeValue(self.graph.outputs[name], strides)) for name, strides in tape.items()
+                     if name not in program.call_outputs]
         self._constant_copies: dict[torch.device, dict[str, torch.Tensor]] = {}
         self._interpreting = interpreting()
         # the steps in order: kernel launches, and library calls (LibraryPlans, run as they are)
@@ -396,11 +398,12 @@ class Executable:
 
     def _bind_output(self, memory: dict, name: str, tensor: torch.Tensor) -> None:
         """Output `name`'s memory, which is also the memory of the buffer it is (if it is one:
-        the steps write and read it as that buffer)."""
+        the steps write and read it as that buffer, the output may be a view of it in another
+        dim order)."""
         memory[("output", name)] = tensor
         node = self.program.buffer_outputs.get(name)
         if node is not None:
-            memory[("buffer", id(node))] = tensor
+            memory[("buffer", id(node))] = tensor.as_strided(node.shape, node.view.strides, tensor.storage_offset())
 
     def _output_memory(self, index: int, device, destinations: dict, poison: bool) -> torch.Tensor:
         """Computed output `index`: the caller's out= tensor for it, or new memory."""
@@ -568,13 +571,20 @@ def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a0 < b1 and b0 < a1
 
 
-def _tape_bytes(node) -> int:
-    return node.view.numel * node.dtype.itemsize
+@dataclass(frozen=True)
+class TapeValue:
+    node: GraphNode  # the graph output saved
+    strides: tuple[int, ...]  # the layout it is kept in: dense (contiguous, or its dims in another order)
 
 
-def _tape_memory(node, device, poison: bool) -> torch.Tensor:
+def _tape_bytes(saved: TapeValue) -> int:
+    return saved.node.view.numel * saved.node.dtype.itemsize
+
+
+def _tape_memory(saved: TapeValue, device, poison: bool) -> torch.Tensor:
     """A saved value's memory: a block of its own (tjit.autograd.tape tracks it)."""
-    found = tape.allocate(_tape_bytes(node), device).view(node.dtype.torch).view(node.shape)
+    node = saved.node
+    found = tape.allocate(_tape_bytes(saved), device).view(node.dtype.torch).as_strided(node.shape, saved.strides)
     if poison:
         debug.poison(found)
     return found

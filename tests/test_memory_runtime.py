@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import tjit
 from tjit.ir import DType
-from tjit.memory.donation import last_read_step, place_in_donated
+from tjit.memory.donation import last_read_step, place_in_regions
 from tjit.memory.liveness import SlabBuffer
 from tjit.memory.planner import DEFAULT_ALIGNMENT
 from helpers import assert_matches_eager, check_against_eager
@@ -435,20 +435,32 @@ def donation_cases(draw):
         end = draw(st.integers(first + 1, 8))
         shape = (draw(st.sampled_from([0, 1, 3, 16, 17, 100, 1000])),)
         buffers.append(SlabBuffer(("buffer", k), f"b{k}", shape, DType.float32, first, end))
-    return buffers, draw(st.integers(0, 7)), draw(st.sampled_from([0, 64, 100, 4000, 10_000]))
+    regions = {f"x{k}": (draw(st.integers(0, 7)), draw(st.sampled_from([0, 64, 100, 4000, 10_000])))
+               for k in range(draw(st.integers(1, 3)))}
+    return buffers, regions, draw(st.booleans())
 
 
 @settings(max_examples=200, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(donation_cases())
-def test_place_in_donated_never_hands_out_memory_early_or_twice(case):
-    buffers, free_from, capacity = case
-    placed = place_in_donated(buffers, free_from, capacity)
+def test_donated_regions_are_never_handed_out_early_or_twice(case):
+    buffers, regions, freed_when_read = case
+    placed = place_in_regions(buffers, regions, freed_when_read)
     by_key = {b.key: b for b in buffers}
-    check_placements(free_from - 1, [(by_key[k], offset) for k, offset in placed.items()], capacity)
-    # first fit: a buffer born in time that fits in an empty donated memory is placed
-    if buffers and capacity:
+    assert sum(len(p) for p in placed.values()) == len({k for p in placed.values() for k in p}), "a buffer placed twice"
+    for region, offsets in placed.items():
+        free_from, capacity = regions[region]
+        hosted = [(by_key[k], offset) for k, offset in offsets.items()]
+        check_placements(free_from - 1, hosted, capacity)
+        if freed_when_read:  # a region freed when read hosts long-lived buffers only where they fill half of it
+            held = free_from
+            for b, _ in sorted(hosted, key=lambda h: (h[0].first, -h[0].nbytes)):
+                assert b.end <= held or 2 * b.interval[0] >= capacity
+                held = max(held, b.end)
+    # a buffer born in time that fits in an empty region, the first by birth, is placed
+    if buffers and not freed_when_read:
+        region, (free_from, capacity) = next(iter(regions.items()))
         first = min((b for b in buffers if b.first >= free_from and 0 < b.nbytes), default=None,
                     key=lambda b: (b.first, -b.nbytes))
-        if first is not None and first.interval[0] <= capacity:
-            assert first.key in placed
+        if first is not None and first.interval[0] <= capacity and len(regions) == 1:
+            assert first.key in placed.get(region, {})

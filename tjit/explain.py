@@ -69,6 +69,9 @@ class Explanation:
     # float argument -> how the kernels get it: a runtime number (a 0-d tensor they read, a new
     # value compiles nothing) or specialised (baked in; why)
     numbers: dict[str, str] = field(default_factory=dict)
+    # input name -> the buffers that live in its memory once it has been read (a donated
+    # input; in a backward, a saved value's tape block), as (buffer name, bytes)
+    hosted: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
 
     @property
     def bytes_moved(self) -> int:
@@ -90,6 +93,8 @@ class Explanation:
         lines += [f"float argument {name}: {how}" for name, how in self.numbers.items()]
         if self.memory is not None and self.memory.intervals:
             lines += ["", "memory plan (steps are kernel launches and library calls, in order):", self.memory.format()]
+        for name, buffers in self.hosted.items():
+            lines.append(f"in {name}'s memory after its last read: " + ", ".join(f"{b} ({n} B)" for b, n in buffers))
         if self.peak_memory is not None:
             lines += ["", str(self.peak_memory)]
         if self.backward is not None:
@@ -191,4 +196,6 @@ def _explain(executable, eager_ops: int) -> Explanation:
              else report(p) for p in executable.program.steps]
     return Explanation(executable.graph, [s for s in steps if isinstance(s, KernelReport)], eager_ops,
                        executable.memory_plan,
-                       library_calls=[s for s in steps if isinstance(s, LibraryCallReport)], steps=steps)
+                       library_calls=[s for s in steps if isinstance(s, LibraryCallReport)], steps=steps,
+                       hosted={name: [(b.name, b.nbytes) for b, _ in placed]
+                               for name, placed in executable.program.donated.items() if placed})

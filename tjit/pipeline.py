@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping, Optional, Sequence, Union
 
 from .errors import TjitError
@@ -35,7 +35,7 @@ from .lower import HasSteps, LibraryPlan, lower
 from .lower.codegen import KernelPlan
 from .lower.fusion import KernelGroup
 from .memory import MemoryPlan
-from .memory.donation import last_read_step, place_in_donated
+from .memory.donation import last_read_step, place_in_regions
 from .memory.liveness import SlabBuffer, plan_memory, plan_slab
 
 StrategyMap = Mapping[str, Sequence[AxisStrategy]]
@@ -91,16 +91,26 @@ def torch_allocated(steps: list[Step]) -> frozenset[int]:
     return frozenset(id(r) for step in steps if isinstance(step, LibraryPlan) for r in step.torch_allocated)
 
 
-def place_donated(program: Program, donated: dict[str, int]) -> None:
-    """Buffers born after the last read of a donated input live in its memory; the slab is
-    planned again without them."""
-    remaining = list(program.slab_buffers)
-    for name, capacity in donated.items():
-        placed = place_in_donated(remaining, last_read_step(program.steps, name) + 1, capacity)
-        program.donated[name] = [(b, placed[b.key]) for b in remaining if b.key in placed]
-        remaining = [b for b in remaining if b.key not in placed]
-    program.slab_buffers = remaining
-    program.memory = plan_slab(remaining)
+def with_tape_donated(program: Program, tape: dict[str, int]) -> Program:
+    """The program of a backward that runs once, given the tape blocks (saved value name ->
+    bytes), each freed after the last step that needs it (see place_donated); the program
+    itself unchanged."""
+    found = replace(program, donated={})
+    place_donated(found, tape, freed_when_read=True)
+    return found
+
+
+def place_donated(program: Program, donated: dict[str, int], freed_when_read: bool = False) -> None:
+    """Buffers born after the last read of a donated input live in its memory (see
+    place_in_regions); the slab is planned again without them."""
+    regions = {name: (last_read_step(program.steps, name) + 1, capacity) for name, capacity in donated.items()}
+    placed = place_in_regions(program.slab_buffers, regions, freed_when_read)
+    for name in donated:
+        offsets = placed.get(name, {})
+        program.donated[name] = [(b, offsets[b.key]) for b in program.slab_buffers if b.key in offsets]
+    hosted = {key for offsets in placed.values() for key in offsets}
+    program.slab_buffers = [b for b in program.slab_buffers if b.key not in hosted]
+    program.memory = plan_slab(program.slab_buffers)
 
 
 # -- verifiers between the passes ---------------------------------------------------------------------

@@ -18,9 +18,9 @@ from .. import debug
 from ..errors import CompileArgumentError
 from ..frontend.convert import Conversion, OutputSpec
 from ..ir import contiguous_strides
-from ..pipeline import build_program
+from ..pipeline import build_program, with_tape_donated
 from ..memory.peak import Allocation, PeakMemory, allocated_bytes, relabel, release
-from ..runtime.executor import Executable
+from ..runtime.executor import Executable, tape_bytes
 from .backward import AutogradPlan, GradLayout, backward_graph, incoming_grad_name, saved_layouts
 
 
@@ -90,13 +90,16 @@ class GradExecutable:
         .grad without a copy when they have the input's layout). Counted as in
         tjit.memory.peak: what the forward and backward hold between calls, plus what the step
         allocates and has not released yet; inputs and parameters are not counted."""
+        return self._step_memory(self.backward_executable(self.dense_layouts()), device_type)
+
+    def _step_memory(self, backward: "_Backward", device_type: str) -> PeakMemory:
+        """training_step_memory with this backward."""
         forward = self.forward.allocations(device_type, "forward")
         saved = [a for name, a in forward.outputs.items() if name in self.plan.saved]
         # the backward frees each saved intermediate once it has read it (_Compiled.backward):
         # the library results saved as they are and the tape's blocks, one by one
         consumable = {name: forward.outputs.get(name) or forward.tape[name]
                       for name in self.plan.saved if name in forward.outputs or name in forward.tape}
-        backward = self.backward_executable(self.dense_layouts())
         run = backward.executable.allocations(device_type, "backward", consumable)
         outputs = self.plan.graph.outputs
         incoming = [Allocation(("incoming", name), allocated_bytes(outputs[name].view.numel * outputs[name].dtype.itemsize,
@@ -107,6 +110,8 @@ class GradExecutable:
         zeros = []  # _Backward.run: a zero gradient for each input no path reaches
         for name in backward.zeros:
             node = self.plan.graph.input_node(name)
+            if node is None:  # an input no op reads (x ** 0): the graph keeps no node, so no size, of it
+                continue
             zeros.append(Allocation(("zeros", name), allocated_bytes(node.view.numel * node.dtype.itemsize, device_type),
                                     "gradient", f"zero gradient of {name}", "backward end"))
         freed = {a.key for a in run.during if a.bytes < 0}
@@ -148,18 +153,33 @@ class GradExecutable:
                  for name, node in graph.outputs.items()]
         tree = torch.utils._pytree.tree_flatten([0] * len(specs))[1]
         program = build_program(graph, {s.name: s.stride for s in specs}, device=self.device)
-        executable = Executable(Conversion(graph, specs, tree, found.constants, 0), program)
+        conversion = Conversion(graph, specs, tree, found.constants, 0)
+        retained = Executable(conversion, program)
+        # a backward that runs once may give the tape up as it goes: buffers born after a
+        # saved value's last read can live in its tape block, so the slab need not hold them;
+        # but a block that hosts a buffer is held until that buffer dies, not freed when read:
+        # that plan is taken where it lowers the predicted peak of a training step
+        tape = {name: tape_bytes(saved) for name, saved in self.forward.tape if name in graph.input_names}
+        chosen = plain = _Backward(retained, retained, found.zeros)
+        hosting = with_tape_donated(program, tape)
+        if any(hosting.donated.values()):
+            donating = _Backward(Executable(conversion, hosting), retained, found.zeros)
+            chosen = min((donating, plain), key=lambda plan: self._step_memory(plan, self.device).peak)
         debug.log(1, f"compiled a backward: {len(program.kernels)} kernel(s)")
-        debug.log_program(graph, program)
-        self._backward[key] = _Backward(executable, found.zeros)
-        return self._backward[key]
+        debug.log_program(graph, chosen.program)
+        self._backward[key] = chosen
+        return chosen
 
 
 class _Backward:
-    """The backward kernels, and zero gradients for the inputs only piecewise-constant ops reach."""
+    """The backward kernels, and zero gradients for the inputs only piecewise-constant ops reach.
+    Two memory plans for the same kernels: `executable` for a backward that runs once (the
+    usual loss.backward()), whose buffers partly live in the tape blocks the forward filled,
+    once they have been read; `retained` for one that keeps the graph (retain_graph=True, or
+    torch.autograd.grad's default when it is asked to), which leaves the tape as it found it."""
 
-    def __init__(self, executable, zeros: tuple[str, ...]):
-        self.executable, self.zeros = executable, zeros
+    def __init__(self, executable, retained, zeros: tuple[str, ...]):
+        self.executable, self.retained, self.zeros = executable, retained, zeros
 
     def __getattr__(self, name):  # graph, lowered, launches, slabs...: the kernels'
         return getattr(self.executable, name)
@@ -167,8 +187,9 @@ class _Backward:
     def run(self, tensors: dict[str, torch.Tensor], inputs: dict[str, tuple],
             consumable: frozenset = frozenset()) -> dict[str, torch.Tensor]:
         """Input name -> its gradient. `inputs`: name -> (shape, dtype) of each input;
-        consumable: saved values whose memory may be freed once read (see Executable.run)."""
-        memory = self.executable.run(tensors, consumable=consumable)
+        consumable: saved values whose memory may be freed once read (see Executable.run),
+        given (all of them or none) when this backward runs once."""
+        memory = self.executable.run(tensors, consumable=consumable) if consumable else self.retained.run(tensors)
         found = {name[len("grad_"):]: t for (kind, name), t in _outputs(memory) if name.startswith("grad_")}
         for name in self.zeros:
             shape, dtype = inputs[name]

@@ -98,7 +98,11 @@ class Executable:
         self._tape_at_start: list[tuple] = []
         for name, node in self.tape:
             (self._tape_before[first[name]] if name in first else self._tape_at_start).append((name, node))
+        # the last step that needs each input's memory: its last reader, or for a donated input,
+        # the last reader of a buffer living there (a consumable input is freed after it)
         self._last_input_read = _last_read_of_inputs(program.steps)
+        for name, placed in program.donated.items():
+            self._last_input_read[name] = max([self._last_input_read.get(name, 0)] + [b.end - 1 for b, _ in placed])
 
     def __call__(self, tensors: dict[str, torch.Tensor], out=None):
         device = _device_of(tensors)
@@ -202,7 +206,7 @@ class Executable:
             return found.outputs[spec.name]
 
         def saved(name: str, node, where: str) -> Allocation:
-            found.tape[name] = Allocation((phase, "tape", name), allocated_bytes(_tape_bytes(node), device_type),
+            found.tape[name] = Allocation((phase, "tape", name), allocated_bytes(tape_bytes(node), device_type),
                                           "tape", f"saved value {name}", where)
             return found.tape[name]
 
@@ -225,11 +229,13 @@ class Executable:
             if isinstance(step, LibraryPlan):
                 during, kept = call_allocations(step, device_type, where)
                 found.during += during
-                results.update({memory_key(node): kept[node.op.index] for node in step.results})
-            found.during += release([results.pop(key) for key in self._dead_after[k]], where)
+                results.update({memory_key(node): kept[node.op.index] for node in step.results if node.op.index in kept})
+            found.during += release([results.pop(key) for key in self._dead_after[k] if key in results], where)
             found.during += release(consumed.get(k, []), where)
         for name, node in self.program.call_outputs.items():  # returned as the call left them
-            found.outputs[name] = replace(results.pop(memory_key(node)), kind="output")
+            result = results.pop(memory_key(node), None)  # (None: a view of an operand, nothing allocated)
+            if result is not None:
+                found.outputs[name] = replace(result, kind="output")
         found.during = relabel(found.during, {a.key for a in found.outputs.values()}, "output")
         # the rest (results no step reads: in the slab, so none today) lives in the call's
         # memory (the dict run() returns) until the caller drops it
@@ -577,14 +583,14 @@ class TapeValue:
     strides: tuple[int, ...]  # the layout it is kept in: dense (contiguous, or its dims in another order)
 
 
-def _tape_bytes(saved: TapeValue) -> int:
+def tape_bytes(saved: TapeValue) -> int:
     return saved.node.view.numel * saved.node.dtype.itemsize
 
 
 def _tape_memory(saved: TapeValue, device, poison: bool) -> torch.Tensor:
     """A saved value's memory: a block of its own (tjit.autograd.tape tracks it)."""
     node = saved.node
-    found = tape.allocate(_tape_bytes(saved), device).view(node.dtype.torch).as_strided(node.shape, saved.strides)
+    found = tape.allocate(tape_bytes(saved), device).view(node.dtype.torch).as_strided(node.shape, saved.strides)
     if poison:
         debug.poison(found)
     return found

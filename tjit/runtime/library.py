@@ -163,7 +163,7 @@ def call_allocations(plan: LibraryPlan, device_type: str, where: str) -> tuple[l
             view = k < len(returns) and returns[k].alias_info is not None  # _as_planned copies a used view
             made[k] = block(("result", k), _node_bytes(node) if not view or k in used else 0, f"result {k}")
     during += made.values()
-    kept = {k: made[k] for k in used}
+    kept = {k: made[k] for k in used if k in made}  # (a view the op returns of an operand allocates nothing)
     # operand copies, results no later step reads and written copies nobody reads die with the call
     during += release([a for a in during if a not in kept.values()], where)
     return [a for a in during if a.bytes], kept  # (a result in the slab allocates nothing)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Whole models: tjit against Inductor (Triton for CPU tensors) on the zoo of tests/zoo.py.
 
-    python bench/models.py [--models a,b] [--quick] [--cold] [--json PATH] [--plot PATH]
+    python bench/models.py [--models a,b] [--quick] [--cold] [--batch N] [--json PATH] [--plot PATH]
 
 Per model (tests/zoo.py's ZOO, same weights and inputs for every compiler) and per compiler:
 `torch.compile(..., backend=...)` with tjit's Dynamo backend (tjit_backend) and Inductor's (compile_fx, what
@@ -269,7 +269,7 @@ def maxdiff(a, b) -> float:
 
 
 def run_one(name: str, compiler: str, memory: bool = True, timing_only: bool = False,
-            record_bytes: bool = True) -> dict:
+            record_bytes: bool = True, batch: int = 2) -> dict:
     """Everything measured for one model and one compiler; errors recorded, not raised."""
     import torch._dynamo
     torch._dynamo.reset()
@@ -277,7 +277,7 @@ def run_one(name: str, compiler: str, memory: bool = True, timing_only: bool = F
     torch.manual_seed(0)
     model = spec.build()
     eager = copy.deepcopy(model)
-    x = spec.inputs(torch.Generator().manual_seed(1))
+    x = spec.inputs(torch.Generator().manual_seed(1), batch)
     target = target_for(spec, x, eager)
     row: dict = {"model": name, "compiler": compiler}
     stage = "eval"
@@ -486,6 +486,8 @@ def main() -> int:
     ap.add_argument("--cold", action="store_true", help="also time the first call in fresh processes (slow)")
     ap.add_argument("--no-bytes", action="store_true", help="count kernels without recording the bytes they move "
                     "(much faster on the larger models)")
+    ap.add_argument("--batch", type=int, default=2, help="inputs per batch (default 2: the parameters' memory "
+                    "dominates a step's; at 16 its activations do)")
     ap.add_argument("--compilers", default=",".join(COMPILERS), help=argparse.SUPPRESS)
     ap.add_argument("--json", metavar="PATH", help="write every number as JSON")
     ap.add_argument("--plot", metavar="PATH", help="bar chart of kernels per training step and compile time")
@@ -518,7 +520,7 @@ def main() -> int:
         for comp in compilers:
             progress(f"{name} / {comp} ...")
             t = time.perf_counter()
-            row = run_one(name, comp, record_bytes=not opts.no_bytes)
+            row = run_one(name, comp, record_bytes=not opts.no_bytes, batch=opts.batch)
             if opts.cold:
                 progress(f"{name} / {comp}: cold process ...")
                 row["cold"] = cold(name, comp)
@@ -530,11 +532,12 @@ def main() -> int:
             progress(f"{name} / {comp}: {time.perf_counter() - t:.0f}s: {brief}"
                      + (f"  ERROR {row['error']}" if "error" in row else ""))
             if opts.json:  # written as it goes: a long run interrupted keeps what it measured
-                Path(opts.json).write_text(json.dumps({"results": results, "torch": torch.__version__}, indent=1,
-                                                      default=str))
+                Path(opts.json).write_text(json.dumps({"results": results, "torch": torch.__version__,
+                                                       "batch": opts.batch}, indent=1, default=str))
     report(results, opts)
     if opts.json:
-        Path(opts.json).write_text(json.dumps({"results": results, "torch": torch.__version__}, indent=1, default=str))
+        Path(opts.json).write_text(json.dumps({"results": results, "torch": torch.__version__, "batch": opts.batch},
+                                              indent=1, default=str))
         print(f"JSON written to {opts.json}")
     return 0
 

@@ -123,6 +123,27 @@ def test_attention_operands_are_kept_in_the_layout_the_call_read():
         torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
 
 
+def packed_heads_attention(x, w):
+    """One linear makes q, k and v (a ViT's qkv): its gradient is placed from the three heads'."""
+    b, s, _ = x.shape
+    q, k, v = F.linear(x, w).view(b, s, 3, 2, 8).permute(2, 0, 3, 1, 4).unbind(0)
+    return F.scaled_dot_product_attention(q, k, v)
+
+
+def test_a_gradient_two_calls_read_in_two_layouts_is_written_once():
+    # the linear's backward reads the qkv gradient g as g @ w and as g.t() @ x; written for the
+    # second in its traced layout (g.t() permuted back to g's own), it is the same buffer as
+    # for the first, not a second copy of it (ValueBuilder.view: a permutation permuted back
+    # is the node itself)
+    from tjit.ir import Contiguous, toposort
+    torch.manual_seed(0)
+    x, w = torch.randn(3, 40, 16), torch.randn(48, 16)
+    check(packed_heads_attention, x, w, atol=2e-5)
+    backward = tjit.explain(packed_heads_attention, x.requires_grad_(), w.requires_grad_()).backward
+    written = [n.shape for n in toposort(backward.graph.roots()) if isinstance(n.op, Contiguous)]
+    assert written == [(120, 48)], written
+
+
 def test_convolution_backward_does_not_run_the_convolution_again():
     assert backward_calls(conv_relu, torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3)) == [
         "aten.convolution_backward.default"]

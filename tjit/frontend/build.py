@@ -162,6 +162,9 @@ class ValueBuilder:
         found = self._view_memo.get(key)
         if found is None:
             found = self._view_memo[key] = self._view_uncached(node, desc)
+            if desc[0] == "permute":  # permuted back, it is the node itself (not a copy of its expression)
+                back = tuple(desc[1].index(d) for d in range(len(desc[1])))
+                self._view_memo.setdefault((id(found), ("permute", back)), node)
         return found
 
     def _view_uncached(self, node: GraphNode, desc: ViewFn) -> GraphNode:

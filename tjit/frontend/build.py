@@ -163,7 +163,8 @@ class ValueBuilder:
         if found is None:
             found = self._view_memo[key] = self._view_uncached(node, desc)
             if desc[0] == "permute":  # permuted back, it is the node itself (not a copy of its expression)
-                back = tuple(desc[1].index(d) for d in range(len(desc[1])))
+                dims = [d % len(desc[1]) for d in desc[1]] if desc[1] else []
+                back = tuple(dims.index(d) for d in range(len(dims)))
                 self._view_memo.setdefault((id(found), ("permute", back)), node)
         return found
 

@@ -24,8 +24,8 @@ import torch
 from ..errors import UnsupportedOpError
 from ..frontend.build import ValueBuilder
 from ..frontend.library import joint_library_call_gradient
-from ..ir import (Contiguous, DType, Elementwise, Extern, Graph, GraphNode, Input, Reduce, View, ViewOp, contiguous_strides,
-                  toposort)
+from ..ir import (Contiguous, DType, Elementwise, Extern, Graph, GraphNode, Input, Reduce, View, contiguous_strides,
+                  covered_memory, toposort)
 from .accumulate import total_gradient
 from .algebra import Algebra
 from .complex import as_call_result, complex_vjp, touches_complex
@@ -165,15 +165,8 @@ def saved_layouts(plan: AutogradPlan) -> dict[str, tuple[int, ...]]:
     derivative formula was traced with it), in the layout they were traced for: kept in
     that layout, the backward reads it as it is, with no copy (attention's q, k, v, written
     [b, s, h, d] for the forward's call and read [b, h, s, d])."""
-    return {name: node.view.strides if _in_memory_densely(node) else contiguous_strides(node.shape)
+    return {name: node.view.strides if covered_memory(node) is not None else contiguous_strides(node.shape)
             for name, node in plan.saved.items()}
-
-
-def _in_memory_densely(node: GraphNode) -> bool:
-    """The node is a call's result or a buffer, or a view of one that covers all of it in
-    some dim order (a permutation, a reshape)."""
-    base = node.src[0] if isinstance(node.op, ViewOp) else node
-    return isinstance(base.op, (Extern, Contiguous)) and node.view.is_dense() and node.view.numel == base.view.numel
 
 
 def _reached_through_floats(roots: list[GraphNode], needs: set[int]) -> set[int]:

@@ -1,8 +1,8 @@
 """tjit's graph IR (after seed 003): types, views, axis strategies, ops, nodes, graphs."""
 from .dtype import DType
 from .graph import (Const, Contiguous, Cumulative, Elementwise, Extern, ExternCall, Gather, Graph, GraphBuilder,
-                    GraphNode, GraphOp, Input, Iota, Mutation, Operand, Reduce, Scatter, ViewOp, Window, format_graph,
-                    toposort)
+                    GraphNode, GraphOp, Input, Iota, Mutation, Operand, Reduce, Scatter, ViewOp, Window, covered_memory,
+                    format_graph, toposort)
 from .ops import NO_GRAD, OPS, OpDef, op_def
 from .strategy import Auto, AxisStrategy, Sequential, Thread, ThreadGroup
 from .view import View, contiguous_strides

@@ -263,6 +263,15 @@ def toposort(roots: Iterable[GraphNode], stop: Optional[Callable[[GraphNode], bo
 
 
 # -- text form -------------------------------------------------------------------------
+def covered_memory(node: GraphNode) -> Optional[GraphNode]:
+    """The memory (a buffer, or a library call's result) that the node is, or views whole,
+    each element once (its dims reordered or reshaped); None for anything else."""
+    base = node.src[0] if isinstance(node.op, ViewOp) else node
+    if isinstance(base.op, (Contiguous, Extern)) and node.view.is_dense() and node.view.numel == base.view.numel:
+        return base
+    return None
+
+
 def describe_op(node: GraphNode) -> str:
     op = node.op
     if isinstance(op, Input):

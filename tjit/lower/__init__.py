@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence, Union
 
 from ..errors import TjitError
-from ..ir import AxisStrategy, Contiguous, Extern, Graph, GraphNode, ViewOp, toposort
+from ..ir import AxisStrategy, Contiguous, Extern, Graph, GraphNode, ViewOp, covered_memory, toposort
 from .codegen import KernelPlan, plan_kernel
 from .fusion import BufferTarget, ExternStep, KernelGroup, OutputTarget, group_kernels
 from .horizontal import merge_independent_kernels
@@ -84,8 +84,9 @@ def returned_buffers(graph: Graph, output_strides: dict[str, tuple[int, ...]],
     written = {id(n.src[0]): n for n in toposort(graph.roots()) if isinstance(n.op, Contiguous)}
     found, seen = {}, set()
     for name, node in graph.outputs.items():
-        if _covers_a_buffer(node):
-            buffer, layout = node.src[0], node
+        covered = covered_memory(node)
+        if isinstance(node.op, ViewOp) and covered is not None and isinstance(covered.op, Contiguous):
+            buffer, layout = covered, node
         else:
             buffer = node if isinstance(node.op, Contiguous) else written.get(id(node))  # (the value a buffer holds)
             layout = buffer
@@ -95,13 +96,6 @@ def returned_buffers(graph: Graph, output_strides: dict[str, tuple[int, ...]],
             found[name] = buffer
             seen.add(id(buffer))
     return found
-
-
-def _covers_a_buffer(node: GraphNode) -> bool:
-    """A view of a buffer that reads all of it, once each element (its dims reordered or
-    reshaped)."""
-    return isinstance(node.op, ViewOp) and isinstance(node.src[0].op, Contiguous) and node.view.is_dense() \
-        and node.view.numel == node.src[0].view.numel
 
 
 def _same_layout(node: GraphNode, strides: tuple[int, ...]) -> bool:

@@ -164,7 +164,7 @@ class GradExecutable:
         hosting = with_tape_donated(program, tape)
         if any(hosting.donated.values()):
             donating = _Backward(Executable(conversion, hosting), retained, found.zeros)
-            chosen = min((donating, plain), key=lambda plan: self._step_memory(plan, self.device).peak)
+            chosen = min((plain, donating), key=lambda plan: self._step_memory(plan, self.device).peak)  # (a tie: plain)
         debug.log(1, f"compiled a backward: {len(program.kernels)} kernel(s)")
         debug.log_program(graph, chosen.program)
         self._backward[key] = chosen
@@ -174,9 +174,9 @@ class GradExecutable:
 class _Backward:
     """The backward kernels, and zero gradients for the inputs only piecewise-constant ops reach.
     Two memory plans for the same kernels: `executable` for a backward that runs once (the
-    usual loss.backward()), whose buffers partly live in the tape blocks the forward filled,
-    once they have been read; `retained` for one that keeps the graph (retain_graph=True, or
-    torch.autograd.grad's default when it is asked to), which leaves the tape as it found it."""
+    usual loss.backward()), whose buffers may partly live in the tape blocks the forward
+    filled, once they have been read (GradExecutable._compile_backward chooses); `retained`
+    for one that keeps the graph (retain_graph=True), which leaves the tape as it found it."""
 
     def __init__(self, executable, retained, zeros: tuple[str, ...]):
         self.executable, self.retained, self.zeros = executable, retained, zeros

@@ -61,13 +61,13 @@ class Launch:
 class Executable:
     """Runs a Program (tjit/pipeline.py): binds memory, launches its steps in order."""
 
-    def __init__(self, conversion: Conversion, program: Program, tape: Mapping[str, tuple[int, ...]] = {}):
+    def __init__(self, conversion: Conversion, program: Program, tape: Optional[Mapping[str, tuple[int, ...]]] = None):
         """tape: graph outputs that are kept for backward rather than returned (name -> the
         strides they are kept in); each call allocates each of them as an output (see
         tjit.autograd.tape), so that a backward can free each once it has read it."""
         self.conversion, self.program = conversion, program
         self.graph = conversion.graph
-        self.tape = [(name, TapeValue(self.graph.outputs[name], strides)) for name, strides in tape.items()
+        self.tape = [(name, TapeValue(self.graph.outputs[name], strides)) for name, strides in (tape or {}).items()
                      if name not in program.call_outputs]
         self._constant_copies: dict[torch.device, dict[str, torch.Tensor]] = {}
         self._interpreting = interpreting()
@@ -96,8 +96,8 @@ class Executable:
         # so is each saved value, in a tape block of its own
         self._tape_before: list[list[tuple]] = [[] for _ in self.launches]
         self._tape_at_start: list[tuple] = []
-        for name, node in self.tape:
-            (self._tape_before[first[name]] if name in first else self._tape_at_start).append((name, node))
+        for name, value in self.tape:
+            (self._tape_before[first[name]] if name in first else self._tape_at_start).append((name, value))
         # the last step that needs each input's memory: its last reader, or for a donated input,
         # the last reader of a buffer living there (a consumable input is freed after it)
         self._last_input_read = _last_read_of_inputs(program.steps)
@@ -152,8 +152,8 @@ class Executable:
         poison = debug.poisoning()
         try:
             for k, step in enumerate(self.launches):
-                for name, node in self._tape_before[k]:
-                    self._bind_output(memory, name, _tape_memory(node, device, poison))
+                for name, value in self._tape_before[k]:
+                    self._bind_output(memory, name, _tape_memory(value, device, poison))
                 for index in self._outputs_before[k]:
                     self._bind_output(memory, self.conversion.outputs[index].name,
                                       self._output_memory(index, device, destinations, poison))
@@ -205,13 +205,13 @@ class Executable:
                                                   "output", f"output {spec.name}", where)
             return found.outputs[spec.name]
 
-        def saved(name: str, node, where: str) -> Allocation:
-            found.tape[name] = Allocation((phase, "tape", name), allocated_bytes(tape_bytes(node), device_type),
+        def saved(name: str, value: "TapeValue", where: str) -> Allocation:
+            found.tape[name] = Allocation((phase, "tape", name), allocated_bytes(tape_bytes(value), device_type),
                                           "tape", f"saved value {name}", where)
             return found.tape[name]
 
         # _allocate: the saved values and outputs no step touches
-        found.during += [saved(name, node, f"{phase} start") for name, node in self._tape_at_start]
+        found.during += [saved(name, value, f"{phase} start") for name, value in self._tape_at_start]
         found.during += [output(index, f"{phase} start") for index in self._outputs_at_start]
         consumed: dict[int, list] = {}  # step -> the consumable allocations it reads last (_consumed_after)
         last: dict[object, tuple[int, Allocation]] = {}
@@ -224,7 +224,7 @@ class Executable:
         results = {}  # memory key -> the library result in memory of its own
         for k, step in enumerate(self.launches):
             where = f"{phase} step {k} ({step.call.name if isinstance(step, LibraryPlan) else step.plan.name})"
-            found.during += [saved(name, node, where) for name, node in self._tape_before[k]]
+            found.during += [saved(name, value, where) for name, value in self._tape_before[k]]
             found.during += [output(index, where) for index in self._outputs_before[k]]
             if isinstance(step, LibraryPlan):
                 during, kept = call_allocations(step, device_type, where)
@@ -396,8 +396,8 @@ class Executable:
         if poison:
             for t in out.values():
                 debug.poison(t)
-        for name, node in self._tape_at_start:
-            self._bind_output(out, name, _tape_memory(node, device, poison))
+        for name, value in self._tape_at_start:
+            self._bind_output(out, name, _tape_memory(value, device, poison))
         for k in self._outputs_at_start:
             self._bind_output(out, self.conversion.outputs[k].name, self._output_memory(k, device, destinations, poison))
         return out

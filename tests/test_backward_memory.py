@@ -127,14 +127,8 @@ def residual_args():
 
 def step_peak(compiled, args) -> int:
     """The measured peak of a training step (after two that warm up), plus the slabs held."""
-    from tjit.memory import measure_peak
-    from test_peak_memory import held_by
-    for _ in range(3):
-        for a in args:
-            a.grad = None
-        with measure_peak() as meter:
-            compiled(*args).backward()
-    return meter.planned_peak + held_by(compiled, *args)
+    from test_peak_memory import measured, training_step
+    return measured(training_step(compiled, args), compiled, args)
 
 
 def test_a_backward_that_runs_once_keeps_buffers_in_the_tape_blocks_it_has_read(monkeypatch):

@@ -262,7 +262,6 @@ def toposort(roots: Iterable[GraphNode], stop: Optional[Callable[[GraphNode], bo
     return order
 
 
-# -- text form -------------------------------------------------------------------------
 def covered_memory(node: GraphNode) -> Optional[GraphNode]:
     """The memory (a buffer, or a library call's result) that the node is, or views whole,
     each element once (its dims reordered or reshaped); None for anything else."""
@@ -272,6 +271,7 @@ def covered_memory(node: GraphNode) -> Optional[GraphNode]:
     return None
 
 
+# -- text form -------------------------------------------------------------------------
 def describe_op(node: GraphNode) -> str:
     op = node.op
     if isinstance(op, Input):

@@ -29,9 +29,13 @@ _checked: set = set()
 
 
 def check_gpu_compiles(allow_spills: bool = False):
-    from tjit.lower.gpu_compile import compile_launched
+    from tjit.lower.gpu_compile import compile_launched, launch_signature
     for plan, args in launched_kernels():
-        key = (plan.name, tuple(sorted(plan.constexprs.items())), tuple(a if not isinstance(a, tuple) else a[0] for a in args))
+        # (what Triton would specialise the binary on: launches that differ only in offsets
+        # or sizes of the same class compile to the same binary, checked once)
+        signature, constexprs, divisible = launch_signature(plan, args)
+        key = (plan.name, tuple(sorted(signature.items())), tuple(sorted(constexprs.items())), divisible,
+               plan.num_warps, plan.num_stages)
         if key in _checked:
             continue
         _checked.add(key)
@@ -59,6 +63,13 @@ def _fresh_dynamo():
     if "torch._dynamo" in sys.modules:
         torch._dynamo.reset()
     yield
+
+
+@pytest.fixture
+def library_matmuls(monkeypatch):
+    """Matrix products run as library calls (frontend/matmul.py's rule forced): for tests of
+    the library-call machinery that use a matmul as their call."""
+    monkeypatch.setenv("TJIT_MATMUL", "library")
 
 
 @pytest.fixture(autouse=True)

@@ -131,6 +131,7 @@ def step_peak(compiled, args) -> int:
     return measured(training_step(compiled, args), compiled, args)
 
 
+@pytest.mark.usefixtures("library_matmuls")  # (about library calls: a matmul is the call)
 def test_a_backward_that_runs_once_keeps_buffers_in_the_tape_blocks_it_has_read(monkeypatch):
     """Each saved value's tape block is free once the backward has read it; the buffers the
     backward makes after that may live there instead of the slab. Measured against the same
@@ -152,6 +153,7 @@ def test_a_backward_that_runs_once_keeps_buffers_in_the_tape_blocks_it_has_read(
     assert hosted <= step_peak(plain, args) - 100 * 64 * 4, "the step should peak at least one [100, 64] buffer lower"
 
 
+@pytest.mark.usefixtures("library_matmuls")  # (about library calls: a matmul is the call)
 def test_a_backward_that_keeps_the_graph_leaves_the_tape_as_it_found_it():
     """retain_graph=True (and autograd.grad's default when asked to keep it) runs a backward
     that hosts nothing in the tape: a second backward reads the saved values intact."""

@@ -11,6 +11,9 @@ from tjit.lower.library import out_overload
 
 from helpers import check_against_eager
 
+# these tests use matrix products as their library calls
+pytestmark = pytest.mark.usefixtures("library_matmuls")
+
 aten = torch.ops.aten
 
 

@@ -163,4 +163,5 @@ def test_the_gradient_of_a_write_through_a_view_is_not_the_write_run_again(name,
     fn, make = PROGRAMS[name]
     args = [a.requires_grad_() for a in make()]
     backward = tjit.explain(lambda *a: sum(r.sum() for r in torch.utils._pytree.tree_leaves(fn(*a))), *args).backward
-    assert {c.op for c in backward.library_calls} - {"aten.mm.default"} == calls
+    # (a weight read by several products gets their gradients summed by addmm calls)
+    assert {c.op for c in backward.library_calls} - {"aten.mm.default", "aten.addmm.default"} == calls

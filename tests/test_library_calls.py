@@ -8,6 +8,9 @@ import tjit
 
 from helpers import check_against_eager
 
+# these tests use matrix products as their library calls
+pytestmark = pytest.mark.usefixtures("library_matmuls")
+
 
 def steps(cf, *args):
     """(kernels launched, library calls run) by one call."""

@@ -8,6 +8,9 @@ import torch.nn.functional as F
 import tjit
 from tjit.autograd.library_grad import trace_formula
 
+# these tests use matrix products as their library calls
+pytestmark = pytest.mark.usefixtures("library_matmuls")
+
 
 def gradients(fn, args, compiled):
     leaves = [a.detach().clone().requires_grad_(a.is_floating_point()) for a in args]

@@ -8,6 +8,7 @@ from tjit.ir import DType, Elementwise, GraphBuilder, View, ViewOp
 from tjit.pipeline import VerifyError, build_program, trace_and_convert, verify_graph, verify_steps
 
 
+@pytest.mark.usefixtures("library_matmuls")  # (about library calls: a matmul is the call)
 def test_a_program_lists_its_steps_in_order():
     a, b = torch.randn(40, 30), torch.randn(30, 20)
     conversion = trace_and_convert(lambda a, b: torch.relu(a * 2) @ b + 1, (a, b), {})
@@ -61,6 +62,7 @@ def test_out_receives_a_call_result():
     torch.testing.assert_close(out, a @ b)
 
 
+@pytest.mark.usefixtures("library_matmuls")  # (about library calls: a matmul is the call)
 def test_saved_call_results_train():
     """A matmul's result saved for backward is the call's tensor itself."""
     torch.manual_seed(0)

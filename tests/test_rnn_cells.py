@@ -57,6 +57,7 @@ def most_pointers(compiled, *args) -> int:
     return max(k.source.split(")")[0].count("_ptr") for k in tjit.explain(compiled, *args).kernels)
 
 
+@pytest.mark.usefixtures("library_matmuls")  # (about library calls: a matmul is the call)
 def test_gru_cell_steps_are_one_kernel_each_between_the_matmuls():
     args = (torch.randn(BATCH, STEPS, INPUT), torch.randn(BATCH, HIDDEN), *weights(3))
     cf = check_against_eager(unrolled_gru, *args)
@@ -65,6 +66,7 @@ def test_gru_cell_steps_are_one_kernel_each_between_the_matmuls():
     assert most_pointers(cf, *args) <= 4  # the two gate buffers, the previous state, the new one
 
 
+@pytest.mark.usefixtures("library_matmuls")  # (about library calls: a matmul is the call)
 def test_lstm_cell_steps_are_one_kernel_each_between_the_matmuls():
     args = (torch.randn(BATCH, STEPS, INPUT), torch.randn(BATCH, HIDDEN), torch.randn(BATCH, HIDDEN), *weights(4))
     cf = check_against_eager(unrolled_lstm, *args)
@@ -72,6 +74,7 @@ def test_lstm_cell_steps_are_one_kernel_each_between_the_matmuls():
     assert library_ops(cf, *args) == {"aten.addmm.default"}
 
 
+@pytest.mark.usefixtures("library_matmuls")  # (about library calls: a matmul is the call)
 def test_lstm_cell_steps_read_the_previous_cell_state_from_memory():
     """The cell state c, which no matmul reads, is written by the step that computes it
     (fusion._store_shared_values); recomputed, each step would read every earlier step's gates."""

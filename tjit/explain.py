@@ -72,6 +72,8 @@ class Explanation:
     # input name -> the buffers that live in its memory once it has been read (a donated
     # input; in a backward, a saved value's tape block), as (buffer name, bytes)
     hosted: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+    # how each matrix product of the traced function is computed, and why (frontend/matmul.py)
+    matmuls: list[str] = field(default_factory=list)
 
     @property
     def bytes_moved(self) -> int:
@@ -91,6 +93,7 @@ class Explanation:
             lines += [f"  {s}" for s in k.strategies]
             lines.append(k.source)
         lines += [f"float argument {name}: {how}" for name, how in self.numbers.items()]
+        lines += [f"matrix product {how}" for how in self.matmuls]
         if self.memory is not None and self.memory.intervals:
             lines += ["", "memory plan (steps are kernel launches and library calls, in order):", self.memory.format()]
         for name, buffers in self.hosted.items():
@@ -140,6 +143,8 @@ def explain(fn, *args, **kwargs) -> Explanation:
         return _explain_split(entry.executable, args, kwargs)
     explanation = _explain(entry.executable, entry.eager_ops)
     explanation.numbers = _numbers(compiled, entry, args, kwargs)
+    forward = getattr(entry.executable, "forward", entry.executable)  # (a GradExecutable's forward)
+    explanation.matmuls = [c.describe() for c in forward.conversion.matmul_choices]
     plan = getattr(entry.executable, "plan", None)  # a GradExecutable: inputs require grad
     device_type = _device_type(args, kwargs)
     if plan is not None:

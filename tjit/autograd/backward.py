@@ -24,7 +24,7 @@ import torch
 from ..errors import UnsupportedOpError
 from ..frontend.build import ValueBuilder
 from ..frontend.library import joint_library_call_gradient
-from ..ir import (Contiguous, DType, Elementwise, Extern, Graph, GraphNode, Input, Reduce, View, contiguous_strides,
+from ..ir import (Contiguous, Dot, DType, Elementwise, Extern, Graph, GraphNode, Input, Reduce, View, contiguous_strides,
                   covered_memory, toposort)
 from .accumulate import total_gradient
 from .algebra import Algebra
@@ -348,8 +348,10 @@ def _choose_saved(plan: AutogradPlan, read: list[GraphNode], mutated: set[str]) 
         flow.add_edge(("in", id(node)), ("out", id(node)), capacity=_cost(node, output_of, mutated))
         for s in node.src:
             flow.add_edge(("out", id(s)), ("in", id(node)))  # no capacity: never cut
-        if isinstance(node.op, Input) or _is_total(node) or _is_library_result(node) or _is_buffer(node):
-            # a total, a library call's result or a buffer: saved (or what it feeds), never recomputed
+        if isinstance(node.op, (Input, Dot)) or _is_total(node) or _is_library_result(node) or _is_buffer(node):
+            # a total, a matrix product, a library call's result or a buffer: saved (or what
+            # it feeds), never recomputed (a product would cost the backward its multiply-adds
+            # again, as a library call's would)
             flow.add_edge("inputs", ("in", id(node)))
     for node in read:
         flow.add_edge(("out", id(node)), "backward")

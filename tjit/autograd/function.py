@@ -41,7 +41,7 @@ class GradExecutable:
         kept = saved_layouts(plan)
         strides.update(kept)
         forward = Conversion(graph, conversion.outputs, conversion.output_tree, conversion.constants,
-                             conversion.eager_ops)
+                             conversion.eager_ops, matmul_choices=conversion.matmul_choices)
         self.forward = Executable(forward, build_program(graph, strides, strategies, device), tape=kept)
         self.output_names = [s.name for s in conversion.outputs if s.kind == "computed"]
         self._backward: dict[tuple, object] = {}

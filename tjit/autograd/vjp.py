@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
 from ..errors import UnsupportedOpError
-from ..ir import (Const, Contiguous, Cumulative, DType, Elementwise, Extern, Gather, GraphNode, Input, Iota, Reduce,
+from ..frontend.dot import library_product
+from ..ir import (Const, Contiguous, Cumulative, Dot, DType, Elementwise, Extern, Gather, GraphNode, Input, Iota, Reduce,
                   Scatter, ViewOp, Window)
 from ..ir.ops import NO_GRAD, define_gradient, op_def
 from .algebra import LN2, TWO_OVER_SQRT_PI, Algebra
@@ -39,6 +40,22 @@ ValueOf = Callable[[GraphNode], GraphNode]
 # (cross-entropy's target), more are one-hot only while the product stays this small (an
 # embedding's one-hot over its vocabulary would evaluate the incoming gradient vocab times).
 MAX_ONE_HOT_WORK = 64
+
+
+def _dot(alg: Algebra, node: GraphNode, grad: GraphNode, value: ValueOf) -> Grads:
+    """As eager's matmul backward: grad @ b.T and a.T @ grad, in the operands' type, by
+    library products. A shared b's gradient is one product over all of a's rows."""
+    a, b = (value(s) for s in node.src)
+    g, vb = alg.cast(grad, a.dtype), alg.vb
+    last_two = lambda x: vb.view(x, ("permute", tuple(range(len(x.shape) - 2)) + (len(x.shape) - 1, len(x.shape) - 2)))
+    grad_a = library_product(vb, g, last_two(b))
+    if len(b.shape) == 2 < len(a.shape):
+        rows = (math.prod(a.shape[:-1]),)
+        grad_b = library_product(vb, vb.view(vb.view(a, ("reshape", rows + a.shape[-1:])), ("permute", (1, 0))),
+                                 vb.view(g, ("reshape", rows + g.shape[-1:])))
+    else:
+        grad_b = library_product(vb, last_two(a), g)
+    return [grad_a, grad_b]
 
 
 def differentiable(node: GraphNode) -> bool:
@@ -75,6 +92,8 @@ def vjp(alg: Algebra, node: GraphNode, grad: GraphNode, value: ValueOf,
         return [_gather(alg, node, grad, value), None]
     if isinstance(op, Extern):
         return library_gradient(alg.vb, node, grad, value, wanted)
+    if isinstance(op, Dot):
+        return _dot(alg, node, grad, value)
     raise UnsupportedOpError(type(op).__name__, "no gradient rule for this IR op")
 
 

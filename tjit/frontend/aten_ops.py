@@ -811,3 +811,4 @@ def _getitem(cv, node, values, index):
 from . import reduce_ops  # noqa: E402,F401  (registers the reduction handlers)
 from . import index_ops  # noqa: E402,F401  (registers the indexed reads)
 from . import shape_ops  # noqa: E402,F401  (registers arange, cat, pad, repeat)
+from . import matmul  # noqa: E402,F401  (registers mm, bmm, addmm, baddbmm)

@@ -12,10 +12,11 @@ from typing import Optional
 
 import torch
 
-from ..ir import (Const, Contiguous, Cumulative, DType, Elementwise, Extern, Gather, GraphBuilder, GraphNode, Input, Iota,
+from ..ir import (Const, Contiguous, Cumulative, Dot, DType, Elementwise, Extern, Gather, GraphBuilder, GraphNode, Input, Iota,
                   Reduce, View, ViewOp, Window, toposort)
 from ..ir.ops import op_def
 from ..ir.view import _infer_reshape
+from .dot import view_of_dot
 
 ViewFn = tuple  # ("permute", dims) etc.: a hashable description of a movement op
 
@@ -211,6 +212,10 @@ class ValueBuilder:
         if isinstance(node.op, Gather) and _keeps_elements(node.view, apply_view_desc(node.view, desc)):
             # a gathered value squeezed, unsqueezed or broadcast stays in registers (cross-entropy's row)
             return self.b.node(ViewOp(), node.dtype, (node,), apply_view_desc(node.view, desc))
+        if isinstance(node.op, Dot):
+            found = view_of_dot(self, node, desc)
+            if found is not None:
+                return found
         if not isinstance(node.op, (Input, Const, Contiguous, Reduce, Extern)):
             node = self.materialize(node)
         new = apply_view_desc(node.view, desc)

@@ -11,7 +11,7 @@ Three things happen here besides a per-op translation (the op table is in aten_o
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
@@ -60,6 +60,7 @@ class Conversion:
     constants: dict[str, torch.Tensor]  # get_attr tensors, bound as extra inputs
     eager_ops: int  # kernels eager would launch: one per non-view aten op
     gradient_unknown: Optional[tuple] = None  # (error type, reason): what the trace saw that tjit's backward cannot follow
+    matmul_choices: list = field(default_factory=list)  # frontend/matmul.py MatmulChoice, per product
 
 
 def storage_key(t: torch.Tensor):
@@ -83,6 +84,7 @@ class Converter(ValueBuilder):
         self.forwarded: dict[str, Optional[GraphNode]] = {}
         self.mutations: list[Mutation] = []
         self.effects: list[GraphNode] = []  # library calls that return nothing (checks)
+        self.matmul_choices: list = []  # how each product is computed (frontend/matmul.py)
         # intermediate storages written through a view while other views of them are read
         # later: storage key -> its current contents, a flat buffer read through each view
         self.storages: dict[int, GraphNode] = {}
@@ -435,7 +437,8 @@ class Converter(ValueBuilder):
                 outputs[name] = value
                 specs.append(OutputSpec("computed", name=name, **layout))
         graph = self.b.finish(self.input_names, outputs, self.mutations, self.effects)
-        return Conversion(graph, specs, tree, self.constants, count_eager_kernels(self.gm))
+        return Conversion(graph, specs, tree, self.constants, count_eager_kernels(self.gm),
+                          matmul_choices=self.matmul_choices)
 
 
 def _check_layout(node: fx.Node) -> None:

@@ -47,6 +47,7 @@ aten = torch.ops.aten
 KEPT_WHOLE = (aten.clamp_min, aten.clamp_max, aten.silu, aten.softplus, aten.mish, aten.hardsigmoid, aten.hardswish,
               aten.frac, aten.celu, aten.selu, aten.lerp, aten.addcmul, aten.addcdiv,
               aten._safe_softmax,  # its decomposition's backward meets softmax's NaN in fully masked rows
+              aten.baddbmm,  # its decomposition computes 16-bit products in float32 operands (frontend/matmul.py)
               aten.detach,  # its decomposition (alias) would lose where the gradient stops
               # library calls rather than their decompositions, which differ from eager: multilabel
               # margin loss's ignores a -1 inside a target row, index_fill's gradient counts a

@@ -1,6 +1,6 @@
 """tjit's graph IR (after seed 003): types, views, axis strategies, ops, nodes, graphs."""
 from .dtype import DType
-from .graph import (Const, Contiguous, Cumulative, Elementwise, Extern, ExternCall, Gather, Graph, GraphBuilder,
+from .graph import (Const, Contiguous, Cumulative, Dot, Elementwise, Extern, ExternCall, Gather, Graph, GraphBuilder,
                     GraphNode, GraphOp, Input, Iota, Mutation, Operand, Reduce, Scatter, ViewOp, Window, covered_memory,
                     format_graph, toposort)
 from .ops import NO_GRAD, OPS, OpDef, op_def
@@ -10,6 +10,6 @@ from .view import View, contiguous_strides
 __all__ = [
     "DType", "View", "contiguous_strides", "AxisStrategy", "Auto", "Sequential", "Thread", "ThreadGroup",
     "GraphOp", "Input", "Const", "ViewOp", "Contiguous", "Elementwise", "Reduce", "Cumulative", "Gather",
-    "Iota", "Window", "Scatter", "Extern", "ExternCall", "Operand",
+    "Iota", "Window", "Dot", "Scatter", "Extern", "ExternCall", "Operand",
     "GraphNode", "Graph", "GraphBuilder", "Mutation", "toposort", "format_graph", "OPS", "OpDef", "NO_GRAD", "op_def",
 ]

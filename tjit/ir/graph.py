@@ -112,6 +112,16 @@ class Window:
     fill: Scalar
 
 
+@dataclass(frozen=True)
+class Dot:
+    """out[..., m, n] = sum over k of a[..., m, k] * b[..., k, n], src = (a, b): a matrix
+    product over the last two axes, batched over the others (a broadcast batch axis is a
+    stride-0 axis of an operand's view). Both operands are leaves read from memory, of one
+    floating type; the node's type is float32, the accumulator's (the frontend casts the
+    result to torch's type, after the fused epilogue). Lowered to tl.dot over tiles of m
+    and n with k looped (lower/codegen.py), in a kernel of its own domain (lower/domains.py)."""
+
+
 @dataclass(frozen=True, eq=False)
 class ExternCall:
     """One call of an aten op that tjit does not generate: at run time the op itself runs (a
@@ -158,7 +168,8 @@ class Extern:
     index: Optional[int]
 
 
-GraphOp = Union[Input, Const, ViewOp, Contiguous, Scatter, Elementwise, Reduce, Cumulative, Gather, Extern, Iota, Window]
+GraphOp = Union[Input, Const, ViewOp, Contiguous, Scatter, Elementwise, Reduce, Cumulative, Gather, Extern, Iota, Window,
+                Dot]
 
 
 @dataclass(frozen=True, eq=False)
@@ -294,6 +305,8 @@ def describe_op(node: GraphNode) -> str:
         return "iota"
     if isinstance(op, Window):
         return f"window low={list(op.low)} fill={op.fill!r}"
+    if isinstance(op, Dot):
+        return "dot"
     if isinstance(op, Extern):
         return f"library {op.call.name}" + ("" if op.index is None else f"[{op.index}]")
     return op.op

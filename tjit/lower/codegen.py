@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..ir import (AxisStrategy, Const, Cumulative, DType, Elementwise, Extern, Gather, GraphNode, Input, Iota, Reduce, View,
+from ..ir import (AxisStrategy, Const, Cumulative, Dot, DType, Elementwise, Extern, Gather, GraphNode, Input, Iota, Reduce, View,
                   ViewOp, Window, toposort)
 from ..errors import UnsupportedOpError
 from ..ir.ops import op_def
@@ -26,7 +26,8 @@ from .fusion import (BufferTarget, InputTarget, KernelGroup, OutputTarget, PutAt
 from .grid_reduction import GridReductionEmitter
 from .reduction import (LoopContext, accumulator_for, block_reduce, identity, scan_carry_init, scan_identity,
                         scan_lines, scan_work_dtype, work_dtype)
-from .schedule import AUTO_WARPS, IterationSpace, LoopDim, lanes_per_thread, schedule
+from .schedule import (AUTO_WARPS, DotTiles, IterationSpace, LoopDim, dot_schedule, dot_tiles, lanes_per_thread,
+                       schedule)
 
 INT32_LIMIT = 2**31 - 1
 
@@ -96,6 +97,8 @@ class KernelPlan:
     # the last accesses, made by the last program to finish once every program has made the
     # others (a horizontal kernel's one-program members: lower/horizontal.py)
     last_program_accesses: int = 0
+    num_stages: int = 3  # software-pipeline depth of the kernel's loops (Triton's default)
+    dot_tiles: Optional[DotTiles] = None  # a kernel that computes matrix products: its tiles
 
     @property
     def numel(self) -> int:
@@ -150,11 +153,15 @@ class _Emitter(GridReductionEmitter):
                                      "computes this type in library calls only")
         self.widest = max(n.dtype.itemsize for s in group.stores for n in toposort([s.value], stop=is_kernel_input))
         strides = [a.view.strides for a in self.accesses]
-        # the coordinates take part in the schedule like accesses: axes merge only where every
-        # access and every coordinate walks them as one
-        self.space = schedule(self.shape, strides + [c.strides for c in self.coords], forced, self.store_access[0],
-                              self.widest, self.domain.axes, self._reduction_input(strides), self._splittable(),
-                              len(self.coords))
+        self.tiles = self._dot_tiles() if group.domain.dot else None
+        if self.tiles is not None:
+            self.space = dot_schedule(self.shape, strides + [c.strides for c in self.coords], self.tiles)
+        else:
+            # the coordinates take part in the schedule like accesses: axes merge only where
+            # every access and every coordinate walks them as one
+            self.space = schedule(self.shape, strides + [c.strides for c in self.coords], forced,
+                                  self.store_access[0], self.widest, self.domain.axes,
+                                  self._reduction_input(strides), self._splittable(), len(self.coords))
         self.split = any(d.kind == "split" for d in self.space.loop_dims)
         self.red_dims = [k for k, d in enumerate(self.space.loop_dims) if d.reduce]
         self.red_axes = [a for k in self.red_dims for a in self.space.loop_dims[k].axes]
@@ -169,6 +176,7 @@ class _Emitter(GridReductionEmitter):
         self._coord_exprs: dict[int, str] = {}
         self._window_bounds: dict[int, list] = {}
         self._gather_steps: dict[int, Optional[str]] = {}
+        self._dot_steps: dict[str, int] = {}  # constexpr name -> the contraction step of one product
         self.checks: list[Check] = []
         self._zero_div_code = 0  # the status code of this kernel's integer divisions (0: none yet)
         divides = any(_checked_division(n) for n in toposort(self._store_values(), stop=is_kernel_input))
@@ -221,7 +229,11 @@ class _Emitter(GridReductionEmitter):
         self.window_access: dict[int, int] = {}
         self.coord_index: dict[tuple, int] = {}
         read_directly = {id(s.value) for s in self.group.stores}  # leaves loaded at the kernel's own index
+        self.dot_access: dict[int, tuple[int, int]] = {}
         for node in toposort([s.value for s in self.group.stores], stop=is_kernel_input):
+            if isinstance(node.op, Dot) and id(node) not in self.dot_access:
+                self._collect_dot(node)
+                continue  # its operands are read in tiles along the contraction, not at the lane's index
             if isinstance(node.op, Gather) and id(node) not in self.gather_access:
                 self._collect_gather(node)
             if isinstance(node.op, Window) and id(node) not in self.window_access:
@@ -238,7 +250,7 @@ class _Emitter(GridReductionEmitter):
                 base = buffer_of(leaf)
                 if base is None or id(leaf) in self.leaf_access or id(leaf) not in read_directly:
                     continue
-                view = leaf.view if isinstance(leaf.op, (ViewOp, Input, Extern)) else View.contiguous(leaf.shape)
+                view = self._leaf_view(leaf)
                 self.leaf_access[id(leaf)] = len(self.accesses)
                 self.accesses.append(Access(self._buffer_for_node(base), self.domain.to_domain(view), False))
         self.store_access = []
@@ -274,12 +286,38 @@ class _Emitter(GridReductionEmitter):
         """The table of a Gather is read at the node's own index on every axis but the gathered
         one, whose coordinate is data: its stride is left out of the view and added per load."""
         table, axis = node.src[0], node.op.axis
-        view = table.view if isinstance(table.op, (ViewOp, Input, Extern)) else View.contiguous(table.shape)
+        view = self._leaf_view(table)
         strides = tuple(0 if d == axis else st for d, st in enumerate(view.strides))
         self.gather_access[id(node)] = len(self.accesses)
         self.accesses.append(Access(self._buffer_for_node(buffer_of(table)),
                                     self.domain.to_domain(View(node.shape, strides, view.offset)), False,
                                     (view.strides[axis], table.shape[axis], math.prod(node.shape))))
+
+    @staticmethod
+    def _leaf_view(leaf: GraphNode) -> View:
+        return leaf.view if isinstance(leaf.op, (ViewOp, Input, Extern)) else View.contiguous(leaf.shape)
+
+    def _collect_dot(self, node: GraphNode) -> None:
+        """A product's operands a [.., m, k] and b [.., k, n] (or [k, n]) are read over the kernel's
+        [.., m, n] as a (stride 0 along n) and b (stride 0 along m), the contraction's
+        stride added per step; what they read in all is their own views."""
+        found, batch = [], len(node.shape) - 2
+        for leaf, kept in zip(node.src, ((1, 0), (0, 1))):
+            view = self._leaf_view(leaf)
+            # (a shared b, [k, n], is read at stride 0 along the batch axes)
+            strides = (view.strides[:-2] or (0,) * batch) + tuple(st * keep for st, keep in zip(view.strides[-2:], kept))
+            found.append(len(self.accesses))
+            self.accesses.append(Access(self._buffer_for_node(buffer_of(leaf)),
+                                        self.domain.to_domain(View(node.shape, strides, view.offset)), False,
+                                        reads=view))
+        self.dot_access[id(node)] = tuple(found)
+
+    def _dot_tiles(self) -> DotTiles:
+        dots = [n for n in toposort(self._store_values(), stop=is_kernel_input) if isinstance(n.op, Dot)]
+        *_, m, n = self.shape
+        k = max(d.src[0].shape[-1] for d in dots)
+        return dot_tiles(m, n, k, max(d.src[0].dtype.itemsize for d in dots), len(dots),
+                         len(self.accesses) - 2 * len(dots))
 
     def _coordinate(self, view: View) -> int:
         """The index of the coordinate that computes `view`'s offset for each kernel index."""
@@ -295,7 +333,7 @@ class _Emitter(GridReductionEmitter):
         (addresses off the source only on lanes its bounds mask off); each shifted axis's
         bounds test a coordinate along it."""
         src, low = node.src[0], node.op.low
-        view = src.view if isinstance(src.op, (ViewOp, Input, Extern)) else View.contiguous(src.shape)
+        view = self._leaf_view(src)
         offset = view.offset - sum(lo * st for lo, st in zip(low, view.strides))
         self.window_access[id(node)] = len(self.accesses)
         self.accesses.append(Access(self._buffer_for_node(buffer_of(src)),
@@ -314,22 +352,24 @@ class _Emitter(GridReductionEmitter):
             if abs(c.offset) + sum((s - 1) * abs(st) for s, st in zip(c.shape, c.strides)) > INT32_LIMIT:
                 return True
         for a in self.accesses:
-            reach = abs(a.view.offset) + sum((s - 1) * abs(st) for s, st in zip(a.view.shape, a.view.strides))
-            reach += (a.gather[1] - 1) * abs(a.gather[0]) if a.gather else 0
-            if reach > INT32_LIMIT:
-                return True
+            for view in (a.view, a.reads or a.view):  # (a product's operand reaches along k too)
+                reach = abs(view.offset) + sum((s - 1) * abs(st) for s, st in zip(view.shape, view.strides))
+                reach += (a.gather[1] - 1) * abs(a.gather[0]) if a.gather else 0
+                if reach > INT32_LIMIT:
+                    return True
         return math.prod(self.shape) > INT32_LIMIT
 
     # -- source ---------------------------------------------------------------------------
     def emit(self) -> KernelPlan:
         body = self._body()
-        constexprs = {f"BLOCK_{k}": d.width for k, d in enumerate(self.space.loop_dims)}
+        constexprs = {f"BLOCK_{k}": d.width for k, d in enumerate(self.space.loop_dims)} | self._dot_steps
         if self._zero_div_code:
             constexprs[ZERO_DIV_FLAG] = False  # as compiled for a GPU; the interpreter's launches set it
         params = self.params + [f"{name}: tl.constexpr" for name in constexprs]
         source = "\n".join(["@triton.jit", f"def KERNEL({', '.join(params)}):"] + ["    " + ln for ln in body])
         digest = hashlib.sha1(source.encode()).hexdigest()[:12]
-        name = f"tjit_{'reduce' if self.red_dims else 'pointwise'}_{digest}"
+        kind = "reduce" if self.red_dims else "dot" if self.tiles else "pointwise"
+        name = f"tjit_{kind}_{digest}"
         source = source.replace("def KERNEL(", f"def {name}(", 1)
         grid = math.prod(-(-self.space.sizes[d.axes[0]] // d.width) if len(d.axes) == 1 else
                          -(-math.prod(self.space.sizes[a] for a in d.axes) // d.width)
@@ -337,9 +377,11 @@ class _Emitter(GridReductionEmitter):
         grid *= math.prod(d.programs for d in self.space.loop_dims if d.kind == "split")
         if self.totals:  # no rows: one program still finishes the totals (over nothing)
             grid = max(grid, 1)
+        warps = self.tiles.warps if self.tiles else num_warps(self.space, self.widest)
         return KernelPlan(name, source, list(self.buffers.values()), self.scalar_args, constexprs, (grid,),
-                          self.shape, self.space, self.accesses, self.params, num_warps(self.space, self.widest),
-                          self.load_passes, self.checks, self.scratch, self.domain.axes)
+                          self.shape, self.space, self.accesses, self.params, warps,
+                          self.load_passes, self.checks, self.scratch, self.domain.axes,
+                          num_stages=self.tiles.stages if self.tiles else 3, dot_tiles=self.tiles)
 
     def _scalar(self, name: str, value: int) -> str:
         """A kernel argument, declared once however often it is used (a checked gather read
@@ -376,7 +418,7 @@ class _Emitter(GridReductionEmitter):
 
     def _grid_decomposition(self, sizes) -> list[str]:
         groups = [(k, d) for k, d in enumerate(self.space.loop_dims) if d.kind == "group"]
-        lines = [f"# {d.describe()}" for d in self.space.loop_dims]
+        lines = [f"# {d.describe()}" for d in self.space.loop_dims] + ([f"# {self.tiles.describe()}"] if self.tiles else [])
         for n, (k, d) in enumerate(reversed(groups)):
             tiles = f"tl.cdiv({self._extent(d, sizes)}, BLOCK_{k})"
             if n == len(groups) - 1:
@@ -779,6 +821,8 @@ class _Emitter(GridReductionEmitter):
             n = self.window_access[id(node)]
             mask = "mask" if self._varies_along_reduction(node) else self._mask_for(n)
             return self._window_load(node, lines, mask)
+        if isinstance(node.op, Dot):
+            return self._dot(node, lines)
         if id(node) in self.leaf_access:
             n = self.leaf_access[id(node)]
             # a load that no index reaches (a broadcast scalar) is one unmasked scalar load
@@ -790,6 +834,44 @@ class _Emitter(GridReductionEmitter):
         if isinstance(node.op, Elementwise):
             return self._elementwise(node, [names[id(s)] for s in node.src], lines, "mask")
         raise NotImplementedError(f"cannot fuse {node.op} into a pointwise kernel")
+
+    def _dot(self, node: GraphNode, lines: list[str]) -> str:
+        """The product's tile [.., rows, columns] of this program, accumulated in float32
+        over steps of the contraction: each step loads a [rows, step] tile of a (masked past
+        m and k) and a [step, columns] tile of b, as 2-d blocks for tl.dot."""
+        rank = len(self.space.sizes)
+        rows, cols = rank - 2, rank - 1
+        j = len(self._dot_steps)
+        step = f"BLOCK_K{j}"
+        self._dot_steps[step] = self.tiles.step
+        size = self._scalar(f"dot{j}_k", node.src[0].shape[-1])
+        acc, k0, rk = self._fresh(), self._fresh(), self._fresh()
+        lines.append(f"{acc} = tl.zeros((BLOCK_{rows}, BLOCK_{cols}), tl.float32)")
+        lines.append(f"for {k0} in range(0, {size}, {step}):")
+        body = [f"{rk} = {k0} + tl.arange(0, {step})" + (".to(tl.int64)" if self.int64 else "")]
+        tiles = []
+        for n, (stride, k_axis, kept, shape) in zip(self.dot_access[id(node)], (
+                (self._leaf_view(node.src[0]).strides[-1], cols, rows, (f"BLOCK_{rows}", step)),
+                (self._leaf_view(node.src[1]).strides[-2], rows, cols, (step, f"BLOCK_{cols}")))):
+            along = f"{rk}[{', '.join(':' if d == k_axis else 'None' for d in range(rank))}]"
+            offset = "" if stride == 0 else f" + {along}" + ("" if stride == 1 else
+                                                            f" * {self._scalar(f'a{n}_kstride', stride)}")
+            # (an address that does not move along a tile's axis is spread over it, as the mask is)
+            full = [f"BLOCK_{kept}" if d == kept else step if d == k_axis else "1" for d in range(rank)]
+            spread = "" if stride and self.space.strides[n][kept] else f" + tl.zeros(({', '.join(full)},), tl.int32)"
+            mask = f"(i{kept} < size{kept}) & ({along} < {size})"
+            tile = self._fresh()
+            body.append(f"{tile} = tl.load({self._address(n)}{offset}{spread}, mask={mask}, other=0.0)")
+            if rank > 2:
+                body.append(f"{tile} = tl.reshape({tile}, ({', '.join(shape)}))")
+            tiles.append(tile)
+        exact = ', input_precision="ieee"' if node.src[0].dtype is DType.float32 else ""
+        body.append(f"{acc} = tl.dot({tiles[0]}, {tiles[1]}, {acc}{exact})")
+        lines += ["    " + ln for ln in body]
+        if rank == 2:
+            return acc
+        shape = ", ".join("1" for _ in range(rank - 2))
+        return f"tl.reshape({acc}, ({shape}, BLOCK_{rows}, BLOCK_{cols}))"
 
     def _store(self, store, n: int, names: dict[int, str]) -> list[str]:
         if isinstance(store.target, ScatterTarget):

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..ir import (Const, Contiguous, Cumulative, Elementwise, Extern, Gather, GraphBuilder, GraphNode, Input, Iota, Reduce,
+from ..ir import (Const, Contiguous, Cumulative, Dot, Elementwise, Extern, Gather, GraphBuilder, GraphNode, Input, Iota, Reduce,
                   View, ViewOp, toposort)
 
 
@@ -24,6 +24,9 @@ from ..ir import (Const, Contiguous, Cumulative, Elementwise, Extern, Gather, Gr
 class Domain:
     shape: tuple[int, ...]
     axes: tuple[int, ...] = ()  # the reduced axes
+    # a pointwise domain whose kernel computes matrix products (Dot nodes of its shape): the
+    # last two axes are tiled for tl.dot, and it shares a kernel with no other domain's stores
+    dot: bool = False
 
     @property
     def row_shape(self) -> tuple[int, ...]:
@@ -118,6 +121,28 @@ def reduces_in(value: GraphNode) -> list[GraphNode]:
     return [n for n in reversed(nodes) if isinstance(n.op, (Reduce, Cumulative))]
 
 
+def dots_in(value: GraphNode) -> list[GraphNode]:
+    """The matrix products a store's fused expression computes."""
+    return [n for n in toposort([value], stop=is_kernel_input) if isinstance(n.op, Dot)]
+
+
+def product_key(node: GraphNode) -> Optional[tuple]:
+    """What a Dot computes, in its elements' row-major order: the memory its operands read,
+    a's rows flattened over the batch and b's columns over the batch, k. Two Dots with one key
+    are one product under two shapes (a reshape pushed into the operands: attention's scores
+    as [b*h, s, s] and as [b, h, s, s]); None where the rows or columns do not flatten."""
+    a, b = node.src
+    *batch, m, n = node.shape
+    a_view, b_view = (x.view if isinstance(x.op, (ViewOp, Input, Extern)) else View.contiguous(x.shape) for x in (a, b))
+    b_batch = b_view.strides[:-2] or (0,) * len(batch)
+    rows = View((*batch, m), a_view.strides[:-1], a_view.offset).reshape((math.prod(batch) * m,))
+    columns = View((*batch, n), (*b_batch, b_view.strides[-1]), b_view.offset).reshape((math.prod(batch), n))
+    if rows is None or columns is None:
+        return None
+    base = lambda x: id(x.src[0] if isinstance(x.op, ViewOp) else x)
+    return base(a), base(b), a.shape[-1], a_view.strides[-1], b_view.strides[-2], m, rows, columns
+
+
 @dataclass
 class Placement:
     domain: Domain
@@ -132,9 +157,14 @@ def store_domain(value: GraphNode) -> Placement:
     """The domain of a store of `value`, and the reductions it reaches that cannot stay in
     registers in that domain (they must be materialised first)."""
     reduces = reduces_in(value)
+    dots = dots_in(value)
+    if dots and (reduces or any(d.shape != value.shape for d in dots)):
+        # (a product is computed in a tiled pointwise kernel of its own shape: one that
+        # reduces or has another shape reads it from a buffer)
+        return Placement(Domain(value.shape), dots)
     if not reduces:
         refs = [n for n in toposort([value], stop=is_kernel_input) if is_value_ref(n)]
-        return Placement(Domain(value.shape), [r.src[0] for r in refs])
+        return Placement(Domain(value.shape, dot=bool(dots)), [r.src[0] for r in refs])
     found = grid_totals(value)
     if found is not None:
         domain, totals = found

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from typing import Optional, Union
 
 from ..errors import TjitError
-from ..ir import (Contiguous, Cumulative, Extern, ExternCall, Gather, Graph, GraphNode, Input, Mutation, Reduce, Scatter,
+from ..ir import (Contiguous, Cumulative, Dot, Extern, ExternCall, Gather, Graph, GraphNode, Input, Mutation, Reduce, Scatter,
                   View, ViewOp, toposort)
-from .domains import (Copies, Domain, Placement, aligned_permutation, domain_of_reduce, is_kernel_input,
+from .domains import (Copies, Domain, Placement, aligned_permutation, domain_of_reduce, dots_in, is_kernel_input, product_key,
                       read_from_buffers, reduces_in, reshaped_expression, splits_into, store_domain, totals_fit,
                       totals_of)
 from .hazards import gather_tables, reads_older_version, same_program_access, stage
@@ -182,24 +182,33 @@ def place_in_domains(stores: list[Store]) -> list[Store]:
     buffer; stores that can keep it in registers still do (softmax's max stays fused with
     its sum even when another kernel also needs it)."""
     buffers: dict[int, GraphNode] = {}  # the graph's node (a copy's original) -> the buffer it is written to
+    products: dict[tuple, GraphNode] = {}  # product_key -> the buffer a Dot is written to
     copies = Copies()
     pending, placed = list(stores), []
     while pending:
         store = pending.pop(0)
         in_reduction_shape(store)
         placement = store_domain(store.value)
-        if isinstance(store.target, ScatterTarget) and placement.domain.axes:
-            # a scatter writes from a pointwise kernel: what its values reduce comes from buffers
-            placement = Placement(Domain(store.shape), reduces_in(store.value)[:1])
+        if isinstance(store.target, ScatterTarget) and (placement.domain.axes or placement.domain.dot):
+            # a scatter writes from a plain pointwise kernel: what its values reduce or
+            # multiply comes from buffers
+            placement = Placement(Domain(store.shape), (reduces_in(store.value) or dots_in(store.value))[:1])
         if not placement.foreign:
             store.domain, store.totals = placement.domain, tuple(placement.totals)
             placed.append(store)
             continue
         for node in placement.foreign:
             key = id(copies.original(node))
-            if key not in buffers:
-                buffers[key] = GraphNode(Contiguous(), node.dtype, (node,), node.view)
-                pending.append(Store(BufferTarget(buffers[key]), node))
+            if key in buffers:
+                continue
+            same = products.get(product_key(node)) if isinstance(node.op, Dot) else None
+            if same is not None:  # one product under another shape: read as a reshape of its buffer
+                buffers[key] = GraphNode(ViewOp(), node.dtype, (same,), same.view.reshape(node.shape))
+                continue
+            buffers[key] = GraphNode(Contiguous(), node.dtype, (node,), node.view)
+            pending.append(Store(BufferTarget(buffers[key]), node))
+            if isinstance(node.op, Dot) and product_key(node) is not None:
+                products[product_key(node)] = buffers[key]
         store.value = read_from_buffers(store.value, buffers, copies)
         pending.append(store)
     order = {id(s): k for k, s in enumerate(stores)}
@@ -404,7 +413,7 @@ def _loads(value: GraphNode) -> int:
 
 
 def _computes_non_pointwise(value: GraphNode) -> bool:
-    return any(isinstance(n.op, (Reduce, Cumulative, Gather)) for n in toposort([value], stop=is_kernel_input))
+    return any(isinstance(n.op, (Reduce, Cumulative, Gather, Dot)) for n in toposort([value], stop=is_kernel_input))
 
 
 def _sink_buffers(stores: list[Store], edges: dict[int, list], levels: dict[int, int]) -> dict[int, int]:
@@ -443,7 +452,7 @@ def _join_reduction_kernels(stores: list[Store], levels: dict[int, int]) -> None
             hosts.setdefault((levels[id(s)], s.domain), []).append(s)
     for store in stores:
         level, computed = levels[id(store)], reduces_in(store.value)
-        if store.totals or isinstance(store.target, ScatterTarget):
+        if store.totals or isinstance(store.target, ScatterTarget) or store.domain.dot:
             continue
         if not computed and not store.domain.axes:
             host = _row_host(store, level, hosts)

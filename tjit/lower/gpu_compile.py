@@ -98,6 +98,7 @@ def compile_for_gpu(
     *,
     arch: int = 90,
     num_warps: int = 4,
+    num_stages: int = 3,
     divisible_by_16: tuple[str, ...] = (),
 ) -> GpuCompileReport:
     """Compile `fn` (a JITFunction or, under TRITON_INTERPRET=1, an InterpretedFunction) to a cubin.
@@ -124,7 +125,7 @@ def compile_for_gpu(
         # cache_key hashes the source of the kernel and of the jit functions it calls.
         key = (jit_fn.cache_key, tuple(sorted(signature.items())),
                tuple(sorted((k, repr(v)) for k, v in constexprs.items())), arch, num_warps,
-               tuple(sorted(divisible_by_16)))
+               num_stages, tuple(sorted(divisible_by_16)))
         if key in _cache:
             return _cache[key]
 
@@ -135,7 +136,7 @@ def compile_for_gpu(
         start = time.perf_counter()
         try:
             kernel = triton.compile(ASTSource(jit_fn, full_sig, constexprs, attrs),
-                                    target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
+                                    target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps, "num_stages": num_stages})
         except Exception as e:  # CompilationError, PTXASError, MLIR pass failures, ...
             raise GpuCompileError(f"Triton failed to compile kernel {name!r} for sm_{arch}: "
                                   f"{type(e).__name__}: {e}") from e
@@ -304,4 +305,4 @@ def compile_launched(plan, described_args, arch: int = 90) -> GpuCompileReport:
     from ..runtime.loader import load_kernel
     signature, constexprs, divisible = launch_signature(plan, described_args)
     return compile_for_gpu(load_kernel(plan), signature, constexprs, arch=arch, num_warps=plan.num_warps,
-                           divisible_by_16=divisible)
+                           num_stages=plan.num_stages, divisible_by_16=divisible)

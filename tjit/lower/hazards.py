@@ -12,7 +12,7 @@ kernel, which the writing kernel then reads.
 """
 from __future__ import annotations
 
-from ..ir import Contiguous, Gather, GraphNode, Input, View, ViewOp, Window, toposort
+from ..ir import Contiguous, Dot, Gather, GraphNode, Input, View, ViewOp, Window, toposort
 from .domains import Domain, is_kernel_input, normal
 
 
@@ -24,8 +24,11 @@ def reads_older_version(leaf: GraphNode, name: str, version: int) -> bool:
 
 def gather_tables(value: GraphNode) -> set[int]:
     """ids of the leaves a store's expression reads at addresses other than their own view's:
-    data-dependent ones (Gather) or shifted ones (Window)."""
-    return {id(n.src[0]) for n in toposort([value], stop=is_kernel_input) if isinstance(n.op, (Gather, Window))}
+    data-dependent ones (Gather), shifted ones (Window), and a matrix product's operands
+    (each program reads whole rows of one and columns of the other)."""
+    nodes = toposort([value], stop=is_kernel_input)
+    return {id(n.src[0]) for n in nodes if isinstance(n.op, (Gather, Window))} | \
+        {id(s) for n in nodes if isinstance(n.op, Dot) for s in n.src}
 
 
 def same_program_access(read: View, write: View, domain: Domain) -> bool:

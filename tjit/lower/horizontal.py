@@ -83,6 +83,7 @@ def merge_independent_kernels(ordered: list[Union[KernelGroup, ExternStep]], ste
 
 def mergeable(plan: KernelPlan) -> bool:
     return (not plan.reduced_axes and not plan.checks and not plan.scratch and ZERO_DIV_FLAG not in plan.constexprs
+            and plan.dot_tiles is None
             and len(plan.grid) == 1 and _PROGRAM_ID in plan.source and _program_count(plan) == plan.grid[0])
 
 

@@ -267,3 +267,53 @@ def _check_block(dims, forced, shape) -> None:
 
 def _pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
+
+
+# -- matrix-product kernels ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class DotTiles:
+    """The tile of a kernel that computes matrix products: rows x columns of the result per
+    program, the contraction's step, and the launch's warps and software-pipeline stages."""
+    rows: int
+    columns: int
+    step: int
+    warps: int
+    stages: int
+
+    def describe(self) -> str:
+        return f"tl.dot tiles {self.rows}x{self.columns}, k step {self.step}, {self.warps} warps, {self.stages} stages"
+
+
+def dot_tiles(m: int, n: int, k: int, itemsize: int, products: int = 1, accesses: int = 3) -> DotTiles:
+    """Per size class and register pressure: each side a power of two from 16 (tl.dot's
+    least), the contraction stepping 64 (16-bit operands, tensor cores) or 32 (float32,
+    computed exactly by FMA, as eager's float32 matmul is) at a time, operand tiles
+    pipelined 3 stages deep, 8 warps from 2048 16-bit tile elements on (float32: 4). One
+    product alone takes up to 128x64 (16-bit) or 32x32 (float32) per program; a kernel of several products (an
+    LSTM's gates) or of many loads and stores in its epilogue takes each product's share of
+    that, so its tile shrinks, the larger side first. These were the largest that compiled
+    for sm_90 without spills over the tests' kernels (128x128 16-bit with a gelu epilogue
+    spilled; float32's FMA products spilled at 64x64 with 4 or 8 warps and at 32x64 with 8);
+    their speed is not yet measured on a GPU."""
+    wide = itemsize <= 2
+    pressure = products + max(0, accesses - 3) / 8  # (a bias, a residual and the output come free)
+    budget = max(256, int((128 * 64 if wide else 32 * 32) / pressure))  # accumulator elements per program
+    rows = min(128 if wide else 32, max(16, _pow2(m)))
+    columns = min(64 if wide else 32, max(16, _pow2(n)))
+    while rows * columns > budget and max(rows, columns) > 16:
+        if rows >= columns:
+            rows //= 2
+        else:
+            columns //= 2
+    step = min(64 if wide else 32, max(16, _pow2(k)))
+    return DotTiles(rows, columns, step, 8 if wide and rows * columns >= 32 * 64 else 4, 3)
+
+
+def dot_schedule(shape: Sequence[int], access_strides: Sequence[Sequence[int]], tiles: DotTiles) -> IterationSpace:
+    """The last two axes (the product's rows and columns, never of size 1) tiled over
+    programs; each other axis (a batch axis) one index per program."""
+    sizes, strides, _ = simplify(shape, access_strides, merge=False)
+    dims = [LoopDim((k,), "group", 1, reason="Dot: a batch index per program") for k in range(len(sizes) - 2)]
+    dims.append(LoopDim((len(sizes) - 2,), "group", tiles.rows, reason="Dot: the result's rows, tiled"))
+    dims.append(LoopDim((len(sizes) - 1,), "group", tiles.columns, reason="Dot: the result's columns, tiled"))
+    return IterationSpace(sizes, strides, tuple(dims))

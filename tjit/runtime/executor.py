@@ -456,7 +456,8 @@ class Executable:
     def _start(launch: Launch, args: list) -> None:
         note_launch_config(launch.plan, args)
         start = time.perf_counter() if debug.level() >= 4 else 0.0
-        launch.fn[launch.plan.grid](*args, num_warps=launch.plan.num_warps, **launch.constexprs)
+        launch.fn[launch.plan.grid](*args, num_warps=launch.plan.num_warps, num_stages=launch.plan.num_stages,
+                                    **launch.constexprs)
         counters.launches += 1
         if start:
             debug.log_launch(launch.plan, time.perf_counter() - start)

@@ -77,6 +77,30 @@ def install_patches() -> None:
     pass_cpu_tensors_as_they_are()
     vectorise_custom_reductions_and_scans()
     round_float32_math_from_float64()
+    multiply_bfloat16_tiles_as_numbers()
+
+
+def multiply_bfloat16_tiles_as_numbers() -> None:
+    """The interpreter's tl.dot multiplies bfloat16 tiles as their raw 16-bit patterns (numpy
+    has no bfloat16): they are widened to float32 first, exactly (a bfloat16 is the top half
+    of a float32), and multiplied as tensor cores do, accumulating in float32."""
+    from triton.runtime import interpreter as ti
+    builder = ti.InterpreterBuilder
+    if getattr(builder.create_dot, "_tjit_bfloat16", False):
+        return
+    dot = builder.create_dot
+
+    def widened(handle):
+        if handle.dtype.scalar != ti.tl.bfloat16:
+            return handle
+        bits = handle.data.view(np.uint16).astype(np.uint32) << 16
+        return ti.TensorHandle(bits.view(np.float32), ti.tl.float32)
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        return dot(self, widened(a), widened(b), d, input_precision, max_num_imprecise_acc)
+
+    create_dot._tjit_bfloat16 = True
+    builder.create_dot = create_dot
 
 
 def pass_cpu_tensors_as_they_are() -> None:

@@ -1,0 +1,214 @@
+"""Matrix products generated as tl.dot kernels with their epilogues fused (frontend/matmul.py,
+the IR Dot, lower/codegen.py), against eager: layouts, sizes past every tile, low-precision
+types, gradients, the generated-or-library rule, and in-place writes of an operand."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tjit
+from helpers import clone_args, launches
+
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def steps(compiled, *args) -> tuple[int, int]:
+    """(kernels launched, library calls made) by one call."""
+    calls = tjit.counters.library_calls
+    kernels = launches(compiled, *args)
+    return kernels, tjit.counters.library_calls - calls
+
+
+def check(fn, *args):
+    """Against eager, outputs and inputs written in place: a product's sums run in another
+    order than eager's (k in steps of a tile), so float32 is held to rtol 1e-4 (over sums of
+    hundreds of terms, torch's default 1.3e-6 is below that order's own effect), integers
+    exactly, and 16-bit types to no further from the float64 answer than twice eager's own
+    largest error (a result rounded to 16 bits then rounds either way)."""
+    if args[0].dtype not in LOW_PRECISION:
+        compiled = tjit.compile(fn)
+        eager_args, tjit_args = clone_args(args), clone_args(args)
+        expected, got = fn(*eager_args), compiled(*tjit_args)
+        for g, e in zip([got, *tjit_args], [expected, *eager_args]):
+            assert g.dtype == e.dtype
+            torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5, equal_nan=True)
+        return compiled
+    compiled = tjit.compile(fn)
+    got, eager = compiled(*clone_args(args)), fn(*clone_args(args))
+    exact = fn(*[a.double() for a in args])
+    assert got.dtype == eager.dtype and got.shape == eager.shape
+    tjit_error, eager_error = (_largest((r.double() - exact).abs()) for r in (got, eager))
+    assert tjit_error <= 2 * eager_error + 1e-3, (tjit_error, eager_error)
+    return compiled
+
+
+def _largest(errors: torch.Tensor) -> float:
+    return errors.max().item() if errors.numel() else 0.0
+
+
+def gelu_linear(x, w, b):
+    return F.gelu(F.linear(x, w, b))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, *LOW_PRECISION])
+def test_gelu_of_linear_is_one_kernel(dtype):
+    # [3, 137, 200] @ [200, 150]: rows, columns and k each span several tiles (k steps too)
+    x, w, b = torch.randn(3, 137, 200, dtype=dtype), torch.randn(150, 200, dtype=dtype), torch.randn(150, dtype=dtype)
+    compiled = check(gelu_linear, x, w, b)
+    assert steps(compiled, x, w, b) == (1, 0)
+
+
+def mlp_block(x, w1, b1, w2, b2):
+    return x + F.linear(F.gelu(F.linear(F.layer_norm(x, (x.shape[-1],)), w1, b1)), w2, b2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_transformer_mlp_block_is_three_kernels(dtype):
+    """layer_norm; the first linear with its bias and gelu; the second with its bias and the
+    residual add."""
+    args = [torch.randn(2, 45, 96), torch.randn(200, 96) / 10, torch.randn(200), torch.randn(96, 200) / 10,
+            torch.randn(96)]
+    args = [a.to(dtype) for a in args]
+    compiled = check(mlp_block, *args)
+    assert steps(compiled, *args) == (3, 0)
+
+
+def scaled_scores(q, k):
+    return q @ k.transpose(-1, -2) * 0.125
+
+
+def relu_matmul(x, w):
+    return torch.relu(torch.matmul(x, w))
+
+
+def relu_addmm(b, x, w):
+    return torch.relu(torch.addmm(b, x, w, beta=0.5, alpha=2.0))
+
+
+def relu_addmm_without_bias(b, x, w):
+    return torch.relu(torch.addmm(b, x, w, beta=0))  # eager reads no bias: its NaN goes nowhere
+
+
+def relu_bmm(x, y):
+    return torch.relu(torch.bmm(x, y))
+
+
+def add_baddbmm(b, x, y):
+    return torch.baddbmm(b, x, y, alpha=0.5) + 1
+
+
+LAYOUTS = {  # name: (function, inputs); one kernel each, and no library call
+    "transposed_operands": (scaled_scores, lambda: (torch.randn(2, 3, 70, 24), torch.randn(2, 3, 90, 24))),
+    "shared_matrix": (relu_matmul, lambda: (torch.randn(4, 33, 40), torch.randn(40, 70))),
+    "strided_and_transposed": (relu_addmm, lambda: (torch.randn(40), torch.randn(70, 33).t(),
+                                                    torch.randn(70, 80)[:, ::2])),
+    "nan_bias_unread": (relu_addmm_without_bias, lambda: (torch.full((33, 40), float("nan")), torch.randn(33, 70),
+                                                          torch.randn(70, 40))),
+    "k_of_zero": (relu_matmul, lambda: (torch.randn(33, 0), torch.randn(0, 40))),
+    "rows_of_zero": (relu_matmul, lambda: (torch.randn(0, 20), torch.randn(20, 40))),
+    "size_one_batch": (relu_bmm, lambda: (torch.randn(1, 33, 17), torch.randn(1, 17, 20))),
+    "sliced_operand_views": (relu_bmm, lambda: (torch.randn(3, 40, 50)[:, 5:38, ::3], torch.randn(3, 40, 20)[:, 2:19])),
+    "baddbmm": (add_baddbmm, lambda: (torch.randn(3, 1, 20), torch.randn(3, 33, 17), torch.randn(3, 17, 20))),
+}
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_layouts_and_sizes(name, dtype):
+    fn, make = LAYOUTS[name]
+    args = [a.to(dtype) for a in make()]
+    compiled = check(fn, *args)
+    kernels, calls = steps(compiled, *args)
+    assert calls == 0 and kernels <= 1
+
+
+def test_a_batch_broadcast_on_both_sides_is_copied_once_as_in_eager():
+    """[2, 1, m, k] @ [3, k, n]: matmul expands a to [2, 3, m, k] and merges the batch axes,
+    which no view of a expresses: a copy (eager's too), then the product."""
+    x, w = torch.randn(2, 1, 33, 40), torch.randn(3, 40, 70)
+    assert steps(check(relu_matmul, x, w), x, w) == (2, 0)
+
+
+def test_a_product_read_by_a_reduction_is_written_once_then_reduced():
+    """softmax of scores: the scaled product in a tiled kernel, the softmax in a row kernel."""
+    def attention_weights(q, k):
+        return torch.softmax(q @ k.transpose(-1, -2) * 0.125, -1)
+    q, k = torch.randn(2, 3, 70, 24), torch.randn(2, 3, 90, 24)
+    compiled = check(attention_weights, q, k)
+    assert steps(compiled, q, k) == (2, 0)
+
+
+def test_a_product_read_under_two_shapes_is_computed_once():
+    """Attention: the scores are [b*h, s, s] for bmm and [b, h, s, s] for the softmax, and the
+    probabilities go back to [b*h, s, s] for the second bmm (a library call: nothing to fuse),
+    so both shapes of the product are read: one product kernel, one softmax kernel."""
+    def attention(q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2) * 0.25, -1) @ v
+    q, k, v = torch.randn(2, 3, 70, 16), torch.randn(2, 3, 90, 16), torch.randn(2, 3, 90, 16)
+    compiled = check(attention, q, k, v)
+    assert steps(compiled, q, k, v) == (2, 1)
+
+
+def test_the_rule_leaves_a_product_with_nothing_to_fuse_to_the_library(monkeypatch):
+    def product(x, w):
+        return x @ w
+
+    def matrix_vector(x, v):
+        return torch.relu(x @ v)
+
+    def integers(x, w):
+        return torch.relu(x @ w)
+
+    x, w = torch.randn(50, 40), torch.randn(40, 30)
+    assert steps(check(product, x, w), x, w) == (0, 1)
+    v = torch.randn(40, 1)
+    assert steps(check(matrix_vector, x, v), x, v)[1] == 1
+    xi, wi = torch.randint(-5, 5, (50, 40)), torch.randint(-5, 5, (40, 30))
+    assert steps(check(integers, xi, wi), xi, wi)[1] == 1
+    explanation = str(tjit.explain(tjit.compile(product), x, w))
+    assert "library call, nothing to fuse" in explanation
+    monkeypatch.setenv("TJIT_MATMUL", "generated")
+    assert steps(check(product, x, w), x, w) == (1, 0)
+    assert "generated (tl.dot), TJIT_MATMUL=generated" in str(tjit.explain(tjit.compile(product), x, w))
+
+
+def write_product_into_operand(x, w):
+    x.copy_(torch.relu(x @ w))
+    return x
+
+
+def add_product_into_operand(x, w):
+    return x.add_(x @ w)
+
+
+@pytest.mark.parametrize("fn", [write_product_into_operand, add_product_into_operand])
+def test_writing_an_operand_in_place_reads_its_old_rows(fn):
+    """Each program reads whole rows of x while others write their tiles of x: the product
+    reads a copy made before (in the interpreter, programs run in turn, so an unstaged read
+    sees rows already overwritten)."""
+    x, w = torch.randn(150, 150), torch.randn(150, 150) / 10
+    check(fn, x, w)
+
+
+GRADIENT_CASES = {
+    "gelu_linear": (lambda x, w, b: F.gelu(F.linear(x, w, b)),
+                    lambda: (torch.randn(3, 37, 70), torch.randn(150, 70), torch.randn(150))),
+    "mlp_block": (mlp_block, lambda: (torch.randn(2, 45, 96), torch.randn(200, 96) / 10, torch.randn(200),
+                                      torch.randn(96, 200) / 10, torch.randn(96))),
+    "attention_weights": (lambda q, k: torch.softmax(q @ k.transpose(-1, -2) * 0.125, -1),
+                          lambda: (torch.randn(2, 3, 40, 24), torch.randn(2, 3, 50, 24))),
+    "broadcast_batch": (relu_matmul, lambda: (torch.randn(2, 1, 33, 40), torch.randn(3, 40, 70))),
+}
+
+
+@pytest.mark.parametrize("name", GRADIENT_CASES)
+def test_gradients_match_eager(name):
+    fn, make = GRADIENT_CASES[name]
+    inputs = make()
+    eager_args = [a.clone().requires_grad_() for a in inputs]
+    tjit_args = [a.clone().requires_grad_() for a in inputs]
+    out = fn(*eager_args)
+    g = torch.randn_like(out)
+    expected = torch.autograd.grad(out, eager_args, g)
+    got = torch.autograd.grad(tjit.compile(fn)(*tjit_args), tjit_args, g)
+    for k, (a, e) in enumerate(zip(got, expected)):
+        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4, msg=lambda m: f"gradient {k}: {m}")

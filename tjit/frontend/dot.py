@@ -1,0 +1,103 @@
+"""Building IR Dots: a matrix product, and the movement ops pushed into its operands.
+
+A Dot's a is [.., m, k] and its b [.., k, n] with the same batch axes, or [k, n]: one
+matrix shared by every batch index (linear's weight under a [b, t, d] input), which the
+kernel reads at stride 0 along the batch and whose gradient is then one product over all
+rows, not one per batch index summed after."""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from ..ir import DType, Dot, Extern, ExternCall, GraphNode, Operand, View
+from .library import in_memory
+
+aten = torch.ops.aten
+
+
+def tileable(shape: tuple) -> bool:
+    """A product tl.dot's tiles fit: rows and columns (a side of 1 is a matrix-vector
+    product, whose axis the kernel's schedule would drop)."""
+    return len(shape) >= 2 and shape[-2] != 1 and shape[-1] != 1
+
+
+def dot(vb, a: GraphNode, b: GraphNode) -> GraphNode:
+    """a @ b over the last two axes, batched over the others (broadcast to one batch shape),
+    as an IR Dot: float32, its operands read from memory."""
+    batch = tuple(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+    a = vb.expand_to(in_memory(vb, a), batch + a.shape[-2:])
+    b = in_memory(vb, b)
+    if all(n == 1 or st == 0 for n, st in zip(b.shape[:-2], b.view.strides[:-2])):
+        while len(b.shape) > 2:  # the same matrix for every batch index
+            b = vb.view(b, ("select", 0, 0))
+    else:
+        b = vb.expand_to(b, batch + b.shape[-2:])
+    shape = batch + (a.shape[-2], b.shape[-1])
+    assert a.shape[-1] == b.shape[-2] and tileable(shape), (a.shape, b.shape)
+    return vb.b.node(Dot(), DType.float32, (a, b), View.contiguous(shape))
+
+
+def view_of_dot(vb, node: GraphNode, desc: tuple) -> Optional[GraphNode]:
+    """The movement op `desc` applied to a Dot's operands, as another Dot (None where it has
+    no such form, or the result would not be tileable: the caller materialises the
+    product). Transposing the last two axes swaps the operands ((a @ b).T = b.T @ a.T); a
+    view of the batch axes applies to both; slicing rows slices a, columns b; a reshape
+    that keeps the columns splits or merges a's rows where b is shared (linear's [b*t, n]
+    read as [b, t, n])."""
+    new = getattr(node.view, desc[0])(*desc[1:])
+    if new is None or not tileable(new.shape):
+        return None
+    a, b = node.src
+    rank, shared = len(node.shape), len(b.shape) == 2 < len(node.shape)
+    kind, *args = desc
+    if kind == "permute":
+        dims = tuple(d % rank for d in args[0])
+        batch = dims[:-2]
+        if any(d >= rank - 2 for d in batch):
+            return None
+        if dims[-2:] == (rank - 2, rank - 1):
+            return dot(vb, vb.view(a, desc), b if shared else vb.view(b, desc))
+        swap = batch + (rank - 1, rank - 2)
+        b_t = vb.view(b, ("permute", (1, 0))) if shared else vb.view(b, ("permute", swap))
+        return dot(vb, b_t, vb.view(a, ("permute", swap)))
+    if kind in ("slice", "select"):
+        d = args[0] % rank
+        if d < rank - 2:
+            return dot(vb, vb.view(a, desc), b if shared else vb.view(b, desc))
+        if d == rank - 2:
+            return dot(vb, vb.view(a, desc), b)
+        return dot(vb, a, vb.view(b, (kind, len(b.shape) - 1, *args[1:])))
+    if kind in ("reshape", "unsqueeze", "squeeze"):
+        return _reshaped(vb, a, b, node.shape, new.shape, shared)
+    return None
+
+
+def _reshaped(vb, a: GraphNode, b: GraphNode, shape: tuple, new: tuple, shared: bool) -> Optional[GraphNode]:
+    if new[-2:] == shape[-2:]:  # the batch axes only
+        return dot(vb, vb.view(a, ("reshape", new[:-2] + a.shape[-2:])),
+                   b if shared or len(b.shape) == 2 else vb.view(b, ("reshape", new[:-2] + b.shape[-2:])))
+    if new[-1] != shape[-1] or not (shared or len(b.shape) == 2):
+        return None
+    return dot(vb, vb.view(a, ("reshape", new[:-1] + a.shape[-1:])), b)
+
+
+def library_product(vb, x: GraphNode, y: GraphNode) -> GraphNode:
+    """x @ y ([.., m, k] @ [.., k, n] or [k, n]) by one library call, in x's type: mm, with
+    a shared y over all of x's rows at once, else bmm over the flattened batch axes."""
+    batch, (m, k), n = x.shape[:-2], x.shape[-2:], y.shape[-1]
+    if len(y.shape) == 2:
+        rows = vb.view(x, ("reshape", (math.prod(batch) * m, k))) if batch else x
+        return vb.view(_call(vb, aten.mm.default, rows, y), ("reshape", batch + (m, n)))
+    flat = (math.prod(batch),)
+    product = _call(vb, aten.bmm.default, vb.view(x, ("reshape", flat + (m, k))),
+                    vb.view(vb.expand_to(y, batch + (k, n)), ("reshape", flat + (k, n))))
+    return vb.view(product, ("reshape", batch + (m, n)))
+
+
+def _call(vb, target, x: GraphNode, y: GraphNode) -> GraphNode:
+    call = ExternCall(target, (Operand(0), Operand(1)), {})
+    shape = x.shape[:-1] + y.shape[-1:]
+    call.results[0] = vb.b.node(Extern(call, 0), x.dtype, (in_memory(vb, x), in_memory(vb, y)), View.contiguous(shape))
+    return call.results[0]

@@ -1,0 +1,125 @@
+"""Matrix products: generated (an IR Dot, lowered to tl.dot with its epilogue fused) or a
+library call, chosen per call.
+
+The rule (`choose`): a product is generated where that fuses work away, the library runs
+it otherwise.
+- Generated: float32, float16 or bfloat16 operands, both sides of the result longer than 1
+  (a side of 1 is a matrix-vector product, which tl.dot's tiles do not fit), and work to
+  fuse: a bias (addmm, baddbmm) or a pointwise op reading the result (through views).
+- Library: everything else, and products above LIBRARY_ABOVE multiply-adds, where a tuned
+  library kernel's speed outweighs one trip of the result through memory (a guess, not yet
+  measured on a GPU).
+`TJIT_MATMUL=generated` or `=library` forces one side, for comparisons.
+
+A Dot's result is float32 (the accumulator's type); the handler casts it to torch's result
+type, as eager rounds a product once, so what reads it sees eager's values.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.fx as fx
+
+from ..ir import DType, GraphNode
+from .aten_ops import in_type, out_dtype, register
+from .dot import dot
+from .library import library_call
+
+aten = torch.ops.aten
+
+LIBRARY_ABOVE = 1 << 32  # multiply-adds
+TILED_TYPES = (DType.float32, DType.float16, DType.bfloat16)
+# ops through which a result is still "the product" for the rule: views of it
+_VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.permute.default, aten.t.default,
+          aten.transpose.int, aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.default, aten.expand.default,
+          aten.slice.Tensor, aten.select.int, aten.alias.default}
+
+
+@dataclass(frozen=True)
+class MatmulChoice:
+    """How one product is computed, for explain."""
+    op: str
+    a_shape: tuple
+    b_shape: tuple
+    generated: bool
+    why: str
+
+    def describe(self) -> str:
+        how = "generated (tl.dot)" if self.generated else "library call"
+        return f"{self.op} {list(self.a_shape)} @ {list(self.b_shape)}: {how}, {self.why}"
+
+
+def choose(node: fx.Node, a: GraphNode, b: GraphNode, with_bias: bool) -> tuple[bool, str]:
+    """(generated?, why) for the product a @ b made by `node`."""
+    mode = os.environ.get("TJIT_MATMUL", "auto")
+    if mode not in ("auto", "generated", "library"):
+        raise ValueError(f"TJIT_MATMUL={mode!r}: expected auto, generated or library")
+    if a.dtype != b.dtype or a.dtype not in TILED_TYPES:
+        return False, f"{a.dtype!r} operands: tl.dot tiles take float32, float16 or bfloat16"
+    if a.shape[-2] == 1 or b.shape[-1] == 1:
+        return False, "a matrix-vector product (a side of 1)"
+    if mode != "auto":
+        return mode == "generated", f"TJIT_MATMUL={mode}"
+    work = math.prod(a.shape[:-1]) * b.shape[-1] * a.shape[-1]
+    if work > LIBRARY_ABOVE:
+        return False, f"{work} multiply-adds: above {LIBRARY_ABOVE}, the library's kernel"
+    if with_bias:
+        return True, "fuses the bias"
+    reader = _pointwise_reader(node)
+    if reader is None:
+        return False, "nothing to fuse (no pointwise op reads the result)"
+    return True, f"fuses {reader}"
+
+
+def _pointwise_reader(node: fx.Node) -> Optional[str]:
+    """The name of a pointwise op that reads node's result, directly or through views."""
+    stack, seen = list(node.users), set()
+    while stack:
+        user = stack.pop()
+        if user in seen or user.op != "call_function":
+            continue
+        seen.add(user)
+        if user.target in _VIEWS:
+            stack.extend(user.users)
+        elif isinstance(user.target, torch._ops.OpOverload) and torch.Tag.pointwise in user.target.tags:
+            return user.target.overloadpacket.__name__
+    return None
+
+
+def _product(cv, node: fx.Node, args: tuple, kwargs: dict, a: GraphNode, b: GraphNode, bias=None, beta=1,
+             alpha=1) -> GraphNode:
+    generated, why = choose(node, a, b, bias is not None and beta != 0)
+    cv.matmul_choices.append(MatmulChoice(str(node.target), a.shape, b.shape, generated, why))
+    if not generated:
+        return library_call(cv, node, node.target, args, kwargs)
+    value = dot(cv, a, b)
+    if alpha != 1:
+        value = cv.elementwise("mul", [value, cv.expand_to(cv.const(alpha, DType.float32), value.shape)],
+                               DType.float32)
+    if bias is not None and beta != 0:  # (beta 0: the bias is not read, NaN or not, as in eager)
+        bias = cv.expand_to(in_type(cv, bias, DType.float32), value.shape)
+        if beta != 1:
+            bias = cv.elementwise("mul", [bias, cv.expand_to(cv.const(beta, DType.float32), value.shape)],
+                                  DType.float32)
+        value = cv.elementwise("add", [bias, value], DType.float32)
+    return cv.cast(value, out_dtype(node))
+
+
+@register(aten.mm, aten.bmm)
+def _mm(cv, node, *args, **kwargs):
+    a, b = args
+    return _product(cv, node, args, kwargs, a, b)
+
+
+@register(aten.addmm, aten.baddbmm)
+def _addmm(cv, node, *args, **kwargs):
+    bias, a, b, beta, alpha = _addmm_arguments(*args, **kwargs)
+    return _product(cv, node, args, kwargs, a, b, bias, beta, alpha)
+
+
+def _addmm_arguments(bias, a, b, beta=1, alpha=1):
+    return bias, a, b, beta, alpha

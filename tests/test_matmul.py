@@ -201,7 +201,10 @@ GRADIENT_CASES = {
 
 
 @pytest.mark.parametrize("name", GRADIENT_CASES)
-def test_gradients_match_eager(name):
+def test_gradients_match_eager(name, monkeypatch):
+    """Generated forwards (which the rule leaves to the library when a gradient flows), and
+    their gradients."""
+    monkeypatch.setenv("TJIT_MATMUL", "generated")
     fn, make = GRADIENT_CASES[name]
     inputs = make()
     eager_args = [a.clone().requires_grad_() for a in inputs]
@@ -212,3 +215,11 @@ def test_gradients_match_eager(name):
     got = torch.autograd.grad(tjit.compile(fn)(*tjit_args), tjit_args, g)
     for k, (a, e) in enumerate(zip(got, expected)):
         torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4, msg=lambda m: f"gradient {k}: {m}")
+
+
+def test_a_product_a_gradient_flows_through_is_a_library_call():
+    x, w, b = torch.randn(3, 37, 70), torch.randn(150, 70).requires_grad_(), torch.randn(150).requires_grad_()
+    explanation = str(tjit.explain(tjit.compile(gelu_linear), x, w, b))
+    assert "library call, a gradient flows through it" in explanation
+    with torch.no_grad():
+        assert steps(tjit.compile(gelu_linear), x, w, b) == (1, 0)

@@ -357,11 +357,11 @@ class Converter(ValueBuilder):
         # read of a view of the contents is an indexed read of its own, and a chain of such writes
         # makes backward kernels with hundreds of stores; nor complex values: calls only)
         write = WriteThroughView(tuple(val.shape), tuple(val.stride()), val.storage_offset())
-        if not base.dtype.is_complex and not self._reads_grad_inputs(base, value) and write.box(base.shape[0]):
+        if not base.dtype.is_complex and not self.reads_grad_inputs(base, value) and write.box(base.shape[0]):
             return write.as_kernels(self, base, value)
         return write.as_call(self, base, value)
 
-    def _reads_grad_inputs(self, *values: GraphNode) -> bool:
+    def reads_grad_inputs(self, *values: GraphNode) -> bool:
         """Whether a gradient may flow through these values: they read an input that gets one.
         (Memoised per node: a loop of writes asks it of ever longer chains.)"""
         if not self.requires_grad:

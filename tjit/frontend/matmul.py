@@ -6,9 +6,12 @@ it otherwise.
 - Generated: float32, float16 or bfloat16 operands, both sides of the result longer than 1
   (a side of 1 is a matrix-vector product, which tl.dot's tiles do not fit), and work to
   fuse: a bias (addmm, baddbmm) or a pointwise op reading the result (through views).
-- Library: everything else, and products above LIBRARY_ABOVE multiply-adds, where a tuned
+- Library: everything else; products above LIBRARY_ABOVE multiply-adds, where a tuned
   library kernel's speed outweighs one trip of the result through memory (a guess, not yet
-  measured on a GPU).
+  measured on a GPU); and products a gradient flows through, whose backward is library
+  products either way: on the zoo's training steps, generated forwards gave more kernels
+  and a higher peak (the saved values they leave), so training keeps the library's until
+  tjit generates the backward's products.
 `TJIT_MATMUL=generated` or `=library` forces one side, for comparisons.
 
 A Dot's result is float32 (the accumulator's type); the handler casts it to torch's result
@@ -53,8 +56,9 @@ class MatmulChoice:
         return f"{self.op} {list(self.a_shape)} @ {list(self.b_shape)}: {how}, {self.why}"
 
 
-def choose(node: fx.Node, a: GraphNode, b: GraphNode, with_bias: bool) -> tuple[bool, str]:
-    """(generated?, why) for the product a @ b made by `node`."""
+def choose(node: fx.Node, a: GraphNode, b: GraphNode, with_bias: bool, differentiated: bool) -> tuple[bool, str]:
+    """(generated?, why) for the product a @ b made by `node`; `differentiated`: a gradient
+    flows through it."""
     mode = os.environ.get("TJIT_MATMUL", "auto")
     if mode not in ("auto", "generated", "library"):
         raise ValueError(f"TJIT_MATMUL={mode!r}: expected auto, generated or library")
@@ -64,6 +68,10 @@ def choose(node: fx.Node, a: GraphNode, b: GraphNode, with_bias: bool) -> tuple[
         return False, "a matrix-vector product (a side of 1)"
     if mode != "auto":
         return mode == "generated", f"TJIT_MATMUL={mode}"
+    if differentiated:
+        # (measured on the zoo's training steps, bench/models.py: 6 to 110 more kernels per
+        # step and 1.1-1.4x the peak memory with generated forwards; evaluation had fewer)
+        return False, "a gradient flows through it: the library's, until tjit generates the backward's products"
     work = math.prod(a.shape[:-1]) * b.shape[-1] * a.shape[-1]
     if work > LIBRARY_ABOVE:
         return False, f"{work} multiply-adds: above {LIBRARY_ABOVE}, the library's kernel"
@@ -92,7 +100,7 @@ def _pointwise_reader(node: fx.Node) -> Optional[str]:
 
 def _product(cv, node: fx.Node, args: tuple, kwargs: dict, a: GraphNode, b: GraphNode, bias=None, beta=1,
              alpha=1) -> GraphNode:
-    generated, why = choose(node, a, b, bias is not None and beta != 0)
+    generated, why = choose(node, a, b, bias is not None and beta != 0, cv.reads_grad_inputs(a, b))
     cv.matmul_choices.append(MatmulChoice(str(node.target), a.shape, b.shape, generated, why))
     if not generated:
         return library_call(cv, node, node.target, args, kwargs)

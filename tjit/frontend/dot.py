@@ -75,6 +75,8 @@ def view_of_dot(vb, node: GraphNode, desc: tuple) -> Optional[GraphNode]:
 
 
 def _reshaped(vb, a: GraphNode, b: GraphNode, shape: tuple, new: tuple, shared: bool) -> Optional[GraphNode]:
+    """The product of `shape` reshaped to `new`: its batch axes alone (both operands'), or
+    its rows split or merged with the columns kept, where b is one matrix for every row."""
     if new[-2:] == shape[-2:]:  # the batch axes only
         return dot(vb, vb.view(a, ("reshape", new[:-2] + a.shape[-2:])),
                    b if shared or len(b.shape) == 2 else vb.view(b, ("reshape", new[:-2] + b.shape[-2:])))

@@ -52,8 +52,9 @@ class Access:
     view: View  # over the kernel's logical shape
     store: bool
     gather: Optional[tuple[int, int, int]] = None  # gathered axis (stride, size), elements read
-    # the addresses a masked access loads, where they are fewer than its view's (a Window
-    # reads its source's elements only): what byte counts count
+    # the addresses an access loads where its view over the kernel's shape does not say them:
+    # fewer (a Window reads its source's elements only) or more (a product's operand, read
+    # along k as well): what byte counts count, and what an int64 index must reach
     reads: Optional[View] = None
 
     @property

@@ -19,7 +19,7 @@ from ..ir import (AxisStrategy, Const, Cumulative, Dot, DType, Elementwise, Exte
                   ViewOp, Window, toposort)
 from ..errors import UnsupportedOpError
 from ..ir.ops import op_def
-from .domains import is_value_ref
+from .domains import is_value_ref, leaf_view
 from .elementwise import _cast, literal, render, tl_dtype
 from .fusion import (BufferTarget, InputTarget, KernelGroup, OutputTarget, PutAt, ScatterTarget, buffer_of,
                      expression_leaves, is_kernel_input)
@@ -251,7 +251,7 @@ class _Emitter(GridReductionEmitter):
                 base = buffer_of(leaf)
                 if base is None or id(leaf) in self.leaf_access or id(leaf) not in read_directly:
                     continue
-                view = self._leaf_view(leaf)
+                view = leaf_view(leaf)
                 self.leaf_access[id(leaf)] = len(self.accesses)
                 self.accesses.append(Access(self._buffer_for_node(base), self.domain.to_domain(view), False))
         self.store_access = []
@@ -287,16 +287,12 @@ class _Emitter(GridReductionEmitter):
         """The table of a Gather is read at the node's own index on every axis but the gathered
         one, whose coordinate is data: its stride is left out of the view and added per load."""
         table, axis = node.src[0], node.op.axis
-        view = self._leaf_view(table)
+        view = leaf_view(table)
         strides = tuple(0 if d == axis else st for d, st in enumerate(view.strides))
         self.gather_access[id(node)] = len(self.accesses)
         self.accesses.append(Access(self._buffer_for_node(buffer_of(table)),
                                     self.domain.to_domain(View(node.shape, strides, view.offset)), False,
                                     (view.strides[axis], table.shape[axis], math.prod(node.shape))))
-
-    @staticmethod
-    def _leaf_view(leaf: GraphNode) -> View:
-        return leaf.view if isinstance(leaf.op, (ViewOp, Input, Extern)) else View.contiguous(leaf.shape)
 
     def _collect_dot(self, node: GraphNode) -> None:
         """A product's operands a [.., m, k] and b [.., k, n] (or [k, n]) are read over the kernel's
@@ -304,7 +300,7 @@ class _Emitter(GridReductionEmitter):
         stride added per step; what they read in all is their own views."""
         found, batch = [], len(node.shape) - 2
         for leaf, kept in zip(node.src, ((1, 0), (0, 1))):
-            view = self._leaf_view(leaf)
+            view = leaf_view(leaf)
             # (a shared b, [k, n], is read at stride 0 along the batch axes)
             strides = (view.strides[:-2] or (0,) * batch) + tuple(st * keep for st, keep in zip(view.strides[-2:], kept))
             found.append(len(self.accesses))
@@ -334,7 +330,7 @@ class _Emitter(GridReductionEmitter):
         (addresses off the source only on lanes its bounds mask off); each shifted axis's
         bounds test a coordinate along it."""
         src, low = node.src[0], node.op.low
-        view = self._leaf_view(src)
+        view = leaf_view(src)
         offset = view.offset - sum(lo * st for lo, st in zip(low, view.strides))
         self.window_access[id(node)] = len(self.accesses)
         self.accesses.append(Access(self._buffer_for_node(buffer_of(src)),
@@ -852,8 +848,8 @@ class _Emitter(GridReductionEmitter):
         body = [f"{rk} = {k0} + tl.arange(0, {step})" + (".to(tl.int64)" if self.int64 else "")]
         tiles = []
         for n, (stride, k_axis, kept, shape) in zip(self.dot_access[id(node)], (
-                (self._leaf_view(node.src[0]).strides[-1], cols, rows, (f"BLOCK_{rows}", step)),
-                (self._leaf_view(node.src[1]).strides[-2], rows, cols, (step, f"BLOCK_{cols}")))):
+                (leaf_view(node.src[0]).strides[-1], cols, rows, (f"BLOCK_{rows}", step)),
+                (leaf_view(node.src[1]).strides[-2], rows, cols, (step, f"BLOCK_{cols}")))):
             along = f"{rk}[{', '.join(':' if d == k_axis else 'None' for d in range(rank))}]"
             offset = "" if stride == 0 else f" + {along}" + ("" if stride == 1 else
                                                             f" * {self._scalar(f'a{n}_kstride', stride)}")

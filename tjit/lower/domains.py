@@ -126,6 +126,12 @@ def dots_in(value: GraphNode) -> list[GraphNode]:
     return [n for n in toposort([value], stop=is_kernel_input) if isinstance(n.op, Dot)]
 
 
+def leaf_view(leaf: GraphNode) -> View:
+    """How a kernel reads a leaf's memory: through its view (an input, a view, a call's
+    result) or densely (a buffer)."""
+    return leaf.view if isinstance(leaf.op, (ViewOp, Input, Extern)) else View.contiguous(leaf.shape)
+
+
 def product_key(node: GraphNode) -> Optional[tuple]:
     """What a Dot computes, in its elements' row-major order: the memory its operands read,
     a's rows flattened over the batch and b's columns over the batch, k. Two Dots with one key
@@ -133,7 +139,7 @@ def product_key(node: GraphNode) -> Optional[tuple]:
     as [b*h, s, s] and as [b, h, s, s]); None where the rows or columns do not flatten."""
     a, b = node.src
     *batch, m, n = node.shape
-    a_view, b_view = (x.view if isinstance(x.op, (ViewOp, Input, Extern)) else View.contiguous(x.shape) for x in (a, b))
+    a_view, b_view = leaf_view(a), leaf_view(b)
     b_batch = b_view.strides[:-2] or (0,) * len(batch)
     rows = View((*batch, m), a_view.strides[:-1], a_view.offset).reshape((math.prod(batch) * m,))
     columns = View((*batch, n), (*b_batch, b_view.strides[-1]), b_view.offset).reshape((math.prod(batch), n))

@@ -34,7 +34,7 @@ def check(fn, *args):
         return compiled
     compiled = tjit.compile(fn)
     got, eager = compiled(*clone_args(args)), fn(*clone_args(args))
-    exact = fn(*[a.double() for a in args])
+    exact = fn(*[a.double() if a.is_floating_point() else a for a in args])
     assert got.dtype == eager.dtype and got.shape == eager.shape
     tjit_error, eager_error = (_largest((r.double() - exact).abs()) for r in (got, eager))
     assert tjit_error <= 2 * eager_error + 1e-3, (tjit_error, eager_error)
@@ -197,6 +197,10 @@ GRADIENT_CASES = {
     "attention_weights": (lambda q, k: torch.softmax(q @ k.transpose(-1, -2) * 0.125, -1),
                           lambda: (torch.randn(2, 3, 40, 24), torch.randn(2, 3, 50, 24))),
     "broadcast_batch": (relu_matmul, lambda: (torch.randn(2, 1, 33, 40), torch.randn(3, 40, 70))),
+    # operands whose memory runs down their columns: their gradients are transposed products
+    "transposed_operands": (lambda x, w: torch.relu(x.t() @ w.t()), lambda: (torch.randn(70, 33), torch.randn(50, 70))),
+    "batched_transposed_operands": (lambda q, k: torch.relu(q.transpose(-1, -2) @ k.transpose(-1, -2)),
+                                    lambda: (torch.randn(2, 40, 33), torch.randn(2, 50, 40))),
 }
 
 
@@ -223,3 +227,55 @@ def test_a_product_a_gradient_flows_through_is_a_library_call():
     assert "library call, a gradient flows through it" in explanation
     with torch.no_grad():
         assert steps(tjit.compile(gelu_linear), x, w, b) == (1, 0)
+
+
+def dot_kernels(compiled, *args) -> int:
+    return sum("tl.dot(" in k.source for k in tjit.explain(compiled, *args).kernels)
+
+
+def test_a_products_column_blocks_are_one_product():
+    """Attention's q, k and v as column blocks of one projection: one product (with its bias)
+    whose memory the attention call reads, not a product per block."""
+    def attention(x, w, b):
+        q, k, v = (t.unflatten(-1, (3, 16)).transpose(1, 2) for t in F.linear(x, w, b).chunk(3, -1))
+        return F.scaled_dot_product_attention(q, k, v)
+    x, w, b = torch.randn(2, 70, 48), torch.randn(144, 48) / 7, torch.randn(144)
+    compiled = check(attention, x, w, b)
+    assert dot_kernels(compiled, x, w, b) == 1
+    assert steps(compiled, x, w, b) == (1, 1)
+
+
+def test_a_product_read_as_it_is_and_transposed_is_computed_once():
+    def both_ways(x, w, b):
+        y = torch.relu(x @ w + b)
+        return y + y.t() * 2
+    x, w, b = torch.randn(70, 40), torch.randn(40, 70), torch.randn(70)
+    compiled = check(both_ways, x, w, b)
+    assert dot_kernels(compiled, x, w, b) == 1
+
+
+def test_a_shared_weights_product_read_with_its_rows_split_and_merged_is_computed_once():
+    """A linear over [b, t, d] is one product over b*t rows: read as [b, t, n] and as
+    [b*t, n] (by two reductions, which read it from memory) it is written once."""
+    def two_softmaxes(x, w, b):
+        y = F.linear(x, w, b)
+        return y.softmax(-1) + y.reshape(-1, y.shape[-1]).softmax(0).view(y.shape)
+    x, w, b = torch.randn(2, 50, 40), torch.randn(60, 40), torch.randn(60)
+    compiled = check(two_softmaxes, x, w, b)
+    assert dot_kernels(compiled, x, w, b) == 1
+
+
+def test_a_linear_weights_gradient_is_written_in_the_weights_layout(monkeypatch):
+    """x @ w.t(): w's gradient is computed as (grad.t() @ x), in w's own [n, k] layout, as
+    ATen's mm backward does; as x.t() @ grad it came out [k, n] and took a transposing copy
+    kernel per weight."""
+    monkeypatch.setenv("TJIT_MATMUL", "generated")
+    fn, make = GRADIENT_CASES["mlp_block"]
+    x, w1, b1, w2, b2 = make()
+    leaves = [t.requires_grad_() for t in (w1, b1, w2, b2)]
+    explanation = tjit.explain(tjit.compile(lambda *a: fn(*a).sum()), x, *leaves)
+    backward_kernels = [k.source for k in explanation.backward.kernels]
+    # the layer-norm input's rows for b2's sum... : a kernel for the bias sums and gelu's
+    # backward, one for the first bias sum; no copies
+    assert len(backward_kernels) == 2, backward_kernels
+

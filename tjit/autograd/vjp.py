@@ -14,6 +14,7 @@ from typing import Callable, Optional, Union
 
 from ..errors import UnsupportedOpError
 from ..frontend.dot import library_product
+from ..frontend.library import in_memory
 from ..ir import (Const, Contiguous, Cumulative, Dot, DType, Elementwise, Extern, Gather, GraphNode, Input, Iota, Reduce,
                   Scatter, ViewOp, Window)
 from ..ir.ops import NO_GRAD, define_gradient, op_def
@@ -44,18 +45,33 @@ MAX_ONE_HOT_WORK = 64
 
 def _dot(alg: Algebra, node: GraphNode, grad: GraphNode, value: ValueOf) -> Grads:
     """As eager's matmul backward: grad @ b.T and a.T @ grad, in the operands' type, by
-    library products. A shared b's gradient is one product over all of a's rows."""
+    library products. A shared b's gradient is one product over all of a's rows. An operand
+    that is a transposed view of its memory (a linear's weight) gets its gradient as the
+    transposed product, transposed back, as ATen's mm backward does: written in the layout of
+    the operand's memory, it needs no transposing copy to become the parameter's gradient."""
     a, b = (value(s) for s in node.src)
-    g, vb = alg.cast(grad, a.dtype), alg.vb
+    vb = alg.vb
+    # both products read g: in memory once, then through views (a transposed view of an
+    # expression would be written again, transposed)
+    g = in_memory(vb, alg.cast(grad, a.dtype))
     last_two = lambda x: vb.view(x, ("permute", tuple(range(len(x.shape) - 2)) + (len(x.shape) - 1, len(x.shape) - 2)))
-    grad_a = library_product(vb, g, last_two(b))
+    if _columns_in_memory(a) and len(b.shape) == len(a.shape):
+        grad_a = last_two(library_product(vb, b, last_two(g)))
+    else:
+        grad_a = library_product(vb, g, last_two(b))
     if len(b.shape) == 2 < len(a.shape):
-        rows = (math.prod(a.shape[:-1]),)
-        grad_b = library_product(vb, vb.view(vb.view(a, ("reshape", rows + a.shape[-1:])), ("permute", (1, 0))),
-                                 vb.view(g, ("reshape", rows + g.shape[-1:])))
+        a, g = (vb.view(x, ("reshape", (math.prod(x.shape[:-1]), x.shape[-1]))) for x in (a, g))
+    if _columns_in_memory(b):
+        grad_b = last_two(library_product(vb, last_two(g), a))
     else:
         grad_b = library_product(vb, last_two(a), g)
     return [grad_a, grad_b]
+
+
+def _columns_in_memory(x: GraphNode) -> bool:
+    """Whether a matrix operand's memory runs down its columns (a transposed view)."""
+    (rows, columns), (row_stride, column_stride) = x.shape[-2:], x.view.strides[-2:]
+    return isinstance(x.op, ViewOp) and rows > 1 and columns > 1 and row_stride == 1 != column_stride
 
 
 def differentiable(node: GraphNode) -> bool:

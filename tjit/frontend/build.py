@@ -247,6 +247,16 @@ class ValueBuilder:
             return None if apply_view_desc(node.view, desc) is None else self.view(node, desc)
         if isinstance(node.op, Window):
             return self.view(node, desc) if self.view_window(node, desc) is not None else None
+        if isinstance(node.op, Dot):
+            # a product the view cannot be pushed into is written with the expression around
+            # it (its bias, activation), which then is the copy the view reads
+            key = (id(node), desc)
+            if key not in self._view_memo:
+                found = view_of_dot(self, node, desc)
+                if found is None:
+                    return None
+                self._view_memo[key] = found
+            return self._view_memo[key]
         return self.view(node, desc)
 
     def expand_to(self, node: GraphNode, shape: tuple[int, ...]) -> GraphNode:

@@ -42,8 +42,7 @@ def dot(vb, a: GraphNode, b: GraphNode) -> GraphNode:
 def view_of_dot(vb, node: GraphNode, desc: tuple) -> Optional[GraphNode]:
     """The movement op `desc` applied to a Dot's operands, as another Dot (None where it has
     no such form, or the result would not be tileable: the caller materialises the
-    product). Transposing the last two axes swaps the operands ((a @ b).T = b.T @ a.T); a
-    view of the batch axes applies to both; slicing rows slices a, columns b; a reshape
+    product). A view of the batch axes applies to both operands; slicing rows slices a; a reshape
     that keeps the columns splits or merges a's rows where b is shared (linear's [b*t, n]
     read as [b, t, n])."""
     new = getattr(node.view, desc[0])(*desc[1:])
@@ -57,18 +56,22 @@ def view_of_dot(vb, node: GraphNode, desc: tuple) -> Optional[GraphNode]:
         batch = dims[:-2]
         if any(d >= rank - 2 for d in batch):
             return None
-        if dims[-2:] == (rank - 2, rank - 1):
-            return dot(vb, vb.view(a, desc), b if shared else vb.view(b, desc))
-        swap = batch + (rank - 1, rank - 2)
-        b_t = vb.view(b, ("permute", (1, 0))) if shared else vb.view(b, ("permute", swap))
-        return dot(vb, b_t, vb.view(a, ("permute", swap)))
+        if dims[-2:] != (rank - 2, rank - 1):
+            # a transposed product (b.T @ a.T) is not built: where the product is also read
+            # as it is (a residual stream read by a norm, and transposed by token mixing) it
+            # would be computed twice, where its memory read through a transposed view is free
+            return None
+        return dot(vb, vb.view(a, desc), b if shared else vb.view(b, desc))
     if kind in ("slice", "select"):
         d = args[0] % rank
         if d < rank - 2:
             return dot(vb, vb.view(a, desc), b if shared else vb.view(b, desc))
         if d == rank - 2:
             return dot(vb, vb.view(a, desc), b)
-        return dot(vb, a, vb.view(b, (kind, len(b.shape) - 1, *args[1:])))
+        # columns are not sliced into b: a fused projection's column blocks (attention's
+        # q, k, v) would each become a product of its own, and in training each its own
+        # weight gradient, where one product and its memory serve them all
+        return None
     if kind in ("reshape", "unsqueeze", "squeeze"):
         return _reshaped(vb, a, b, node.shape, new.shape, shared)
     return None

@@ -134,15 +134,18 @@ def leaf_view(leaf: GraphNode) -> View:
 
 def product_key(node: GraphNode) -> Optional[tuple]:
     """What a Dot computes, in its elements' row-major order: the memory its operands read,
-    a's rows flattened over the batch and b's columns over the batch, k. Two Dots with one key
+    a's rows flattened over the batch and b's columns over the batch (b's columns alone where
+    one b serves every row), k. Two Dots with one key
     are one product under two shapes (a reshape pushed into the operands: attention's scores
     as [b*h, s, s] and as [b, h, s, s]); None where the rows or columns do not flatten."""
     a, b = node.src
     *batch, m, n = node.shape
     a_view, b_view = leaf_view(a), leaf_view(b)
-    b_batch = b_view.strides[:-2] or (0,) * len(batch)
     rows = View((*batch, m), a_view.strides[:-1], a_view.offset).reshape((math.prod(batch) * m,))
-    columns = View((*batch, n), (*b_batch, b_view.strides[-1]), b_view.offset).reshape((math.prod(batch), n))
+    if len(b.shape) == 2:  # one b for every row: the rows may be split or merged in any way
+        m, columns = None, View((n,), b_view.strides[-1:], b_view.offset)
+    else:
+        columns = View((*batch, n), (*b_view.strides[:-2], b_view.strides[-1]), b_view.offset).reshape((math.prod(batch), n))
     if rows is None or columns is None:
         return None
     base = lambda x: id(x.src[0] if isinstance(x.op, ViewOp) else x)

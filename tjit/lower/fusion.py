@@ -9,6 +9,7 @@ kernel, so a function's pointwise work over one shape is one kernel.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -351,16 +352,21 @@ def _read_earlier_buffers(stores: list[Store], levels: dict[int, int]) -> bool:
     """A store whose expression computes a value that an earlier kernel writes to a buffer
     anyway (a matmul's operand) reads the buffer instead: an unrolled RNN's step computes
     its hidden state from the previous one, which the step's matmul read from memory, and
-    recomputed, each step would compute every step before it. Whether any store changed."""
+    recomputed, each step would compute every step before it. A product is never computed
+    again where its value is in a buffer. Whether any store changed."""
     filled = {id(s.target.node.src[0]): (s.target.node, levels[id(s)]) for s in stores
               if isinstance(s.target, BufferTarget) and s.target.node.src[0] is s.value
-              and len(expression_leaves(s.value)) > RECOMPUTED_LOADS}
+              and (len(expression_leaves(s.value)) > RECOMPUTED_LOADS or dots_in(s.value))}
     changed = False
     for store in stores:
         earlier = {key: buffer for key, (buffer, level) in filled.items() if level < levels[id(store)]}
         if earlier and any(id(n) in earlier and n is not store.value
                            for n in toposort([store.value], stop=is_kernel_input)):
             store.value = read_from_buffers(store.value, earlier)
+            if store.totals:  # (the grid reductions of the new expression)
+                store.totals = tuple(totals_of(store.value))
+            if store.domain.dot and not dots_in(store.value):  # (its products are read instead)
+                store.domain = dataclasses.replace(store.domain, dot=False)
             changed = True
     return changed
 

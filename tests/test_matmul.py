@@ -128,13 +128,36 @@ def test_a_batch_broadcast_on_both_sides_is_copied_once_as_in_eager():
     assert steps(check(relu_matmul, x, w), x, w) == (2, 0)
 
 
-def test_a_product_read_by_a_reduction_is_written_once_then_reduced():
-    """softmax of scores: the scaled product in a tiled kernel, the softmax in a row kernel."""
+def softmax_of_linear(x, w, b):
+    return torch.softmax(F.linear(x, w, b), -1)
+
+
+def norm_of_residual_linear(x, h, w, b):
+    return F.layer_norm(x + F.linear(h, w, b), (x.shape[-1],))
+
+
+@pytest.mark.parametrize("columns", [50, 300])  # a whole row in one tile; rows walked in column tiles
+@pytest.mark.parametrize("dtype", [torch.float32, *LOW_PRECISION])
+def test_a_products_rows_are_reduced_in_its_own_kernel(columns, dtype):
+    """A row reduction of a product (softmax, a norm of a linear's output) tiles the rows
+    over programs (150 rows: several programs) and walks the columns, computing the product
+    tile by tile in the reduction's own kernel: no product in memory."""
+    x, w, b = (t.to(dtype) for t in (torch.randn(150, 40), torch.randn(columns, 40) / 6, torch.randn(columns)))
+    compiled = check(softmax_of_linear, x, w, b)
+    assert steps(compiled, x, w, b) == (1, 0)
+    assert dot_kernels(compiled, x, w, b) == 1
+    args = [t.to(dtype) for t in (torch.randn(3, 50, columns), torch.randn(3, 50, 40), torch.randn(columns, 40) / 6,
+                                  torch.randn(columns))]
+    assert steps(check(norm_of_residual_linear, *args), *args) == (1, 0)
+
+
+def test_attention_weights_are_one_kernel():
+    """softmax of scaled scores, batched over [b, h]: the product and its softmax in one kernel."""
     def attention_weights(q, k):
         return torch.softmax(q @ k.transpose(-1, -2) * 0.125, -1)
     q, k = torch.randn(2, 3, 70, 24), torch.randn(2, 3, 90, 24)
     compiled = check(attention_weights, q, k)
-    assert steps(compiled, q, k) == (2, 0)
+    assert steps(compiled, q, k) == (1, 0)
 
 
 def test_a_product_read_under_two_shapes_is_computed_once():

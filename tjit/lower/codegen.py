@@ -26,7 +26,7 @@ from .fusion import (BufferTarget, InputTarget, KernelGroup, OutputTarget, PutAt
 from .grid_reduction import GridReductionEmitter
 from .reduction import (LoopContext, accumulator_for, block_reduce, identity, scan_carry_init, scan_identity,
                         scan_lines, scan_work_dtype, work_dtype)
-from .schedule import (AUTO_WARPS, DotTiles, IterationSpace, LoopDim, dot_schedule, dot_tiles, lanes_per_thread,
+from .schedule import (AUTO_WARPS, DotTiles, IterationSpace, LoopDim, dot_row_tiles, dot_schedule, dot_tiles, lanes_per_thread,
                        schedule)
 
 INT32_LIMIT = 2**31 - 1
@@ -156,7 +156,8 @@ class _Emitter(GridReductionEmitter):
         strides = [a.view.strides for a in self.accesses]
         self.tiles = self._dot_tiles() if group.domain.dot else None
         if self.tiles is not None:
-            self.space = dot_schedule(self.shape, strides + [c.strides for c in self.coords], self.tiles)
+            self.space = dot_schedule(self.shape, strides + [c.strides for c in self.coords], self.tiles,
+                                      reduces_rows=bool(self.domain.axes))
         else:
             # the coordinates take part in the schedule like accesses: axes merge only where
             # every access and every coordinate walks them as one
@@ -313,8 +314,8 @@ class _Emitter(GridReductionEmitter):
         dots = [n for n in toposort(self._store_values(), stop=is_kernel_input) if isinstance(n.op, Dot)]
         *_, m, n = self.shape
         k = max(d.src[0].shape[-1] for d in dots)
-        return dot_tiles(m, n, k, max(d.src[0].dtype.itemsize for d in dots), len(dots),
-                         len(self.accesses) - 2 * len(dots))
+        choose = dot_row_tiles if self.domain.axes else dot_tiles
+        return choose(m, n, k, max(d.src[0].dtype.itemsize for d in dots), len(dots), len(self.accesses) - 2 * len(dots))
 
     def _coordinate(self, view: View) -> int:
         """The index of the coordinate that computes `view`'s offset for each kernel index."""
@@ -508,8 +509,8 @@ class _Emitter(GridReductionEmitter):
                 found = self._varies_along_reduction(node.src[0])
             elif isinstance(node.op, Elementwise):
                 found = any(self._varies_along_reduction(s) for s in node.src)
-            else:  # literals, reductions and their broadcasts; scans vary
-                found = isinstance(node.op, Cumulative)
+            else:  # literals, reductions and their broadcasts; scans and products (of the domain's shape) vary
+                found = isinstance(node.op, (Cumulative, Dot))
             self._varies[id(node)] = found
         return self._varies[id(node)]
 

@@ -11,6 +11,7 @@ into a buffer that a later kernel loads.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -24,8 +25,9 @@ from ..ir import (Const, Contiguous, Cumulative, Dot, Elementwise, Extern, Gathe
 class Domain:
     shape: tuple[int, ...]
     axes: tuple[int, ...] = ()  # the reduced axes
-    # a pointwise domain whose kernel computes matrix products (Dot nodes of its shape): the
-    # last two axes are tiled for tl.dot, and it shares a kernel with no other domain's stores
+    # a domain whose kernel computes matrix products (Dot nodes of its shape): the last two
+    # axes are tiled for tl.dot (a reduction's reduced last axis walked in column tiles), and
+    # it shares a kernel with no other domain's stores
     dot: bool = False
 
     @property
@@ -167,13 +169,30 @@ def store_domain(value: GraphNode) -> Placement:
     registers in that domain (they must be materialised first)."""
     reduces = reduces_in(value)
     dots = dots_in(value)
-    if dots and (reduces or any(d.shape != value.shape for d in dots)):
-        # (a product is computed in a tiled pointwise kernel of its own shape: one that
-        # reduces or has another shape reads it from a buffer)
+    if dots and reduces:
+        placement = _reduction_placement(value, reduces)
+        if placement.foreign or not _reduces_product_rows(placement.domain, dots):
+            # (a product is computed in a tiled kernel of its own shape: one that reduces
+            # its rows or has another shape reads it from a buffer)
+            return Placement(Domain(value.shape), dots)
+        return dataclasses.replace(placement, domain=dataclasses.replace(placement.domain, dot=True))
+    if dots and any(d.shape != value.shape for d in dots):
         return Placement(Domain(value.shape), dots)
     if not reduces:
         refs = [n for n in toposort([value], stop=is_kernel_input) if is_value_ref(n)]
         return Placement(Domain(value.shape, dot=bool(dots)), [r.src[0] for r in refs])
+    return _reduction_placement(value, reduces)
+
+
+def _reduces_product_rows(domain: Domain, dots: list[GraphNode]) -> bool:
+    """Whether a reduction domain computes its products in its own kernel: products of its
+    shape whose rows it reduces (over the columns, the last axis), tiled over programs by
+    rows and walking the columns in steps (softmax of a product, its cross-entropy, a norm
+    of a linear's output)."""
+    return domain.axes == (len(domain.shape) - 1,) and all(d.shape == domain.shape for d in dots)
+
+
+def _reduction_placement(value: GraphNode, reduces: list[GraphNode]) -> Placement:
     found = grid_totals(value)
     if found is not None:
         domain, totals = found

@@ -7,6 +7,7 @@ one, becomes a LoopDim realised as DESIGN.md's table says.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -309,11 +310,39 @@ def dot_tiles(m: int, n: int, k: int, itemsize: int, products: int = 1, accesses
     return DotTiles(rows, columns, step, 8 if wide and rows * columns >= 32 * 64 else 4, 3)
 
 
-def dot_schedule(shape: Sequence[int], access_strides: Sequence[Sequence[int]], tiles: DotTiles) -> IterationSpace:
+WHOLE_ROWS = 128  # the longest reduced row of a product held in one tile (a power of two)
+
+
+def dot_row_tiles(m: int, n: int, k: int, itemsize: int, products: int = 1, accesses: int = 3) -> DotTiles:
+    """The tiles of a kernel that reduces its products' rows: a row that fits the tile's
+    accumulator budget with 16 rows (up to WHOLE_ROWS columns) is one tile (each product
+    computed once, the reductions over registers); a longer one is walked in column tiles
+    (each pass of the reduction computes its tiles again: softmax's two, cross-entropy's
+    one), half as many rows per program. float32's budget (32x32) holds rows of 64: at
+    16x128 a softmax spilled at sm_90."""
+    tiles = dot_tiles(m, n, k, itemsize, products, accesses)
+    whole, budget = max(16, _pow2(n)), tiles.rows * tiles.columns
+    if whole > min(WHOLE_ROWS, budget // 16):  # (half the rows: a float32 softmax at 32x32 spilled)
+        return dataclasses.replace(tiles, rows=max(16, tiles.rows // 2))
+    return dataclasses.replace(tiles, rows=max(16, min(tiles.rows, budget // whole)), columns=whole)
+
+
+def dot_schedule(shape: Sequence[int], access_strides: Sequence[Sequence[int]], tiles: DotTiles,
+                 reduces_rows: bool = False) -> IterationSpace:
     """The last two axes (the product's rows and columns, never of size 1) tiled over
-    programs; each other axis (a batch axis) one index per program."""
+    programs, or with reduces_rows, the rows tiled over programs and the columns reduced:
+    in one tile (a whole row) or walked by a loop; each other axis (a batch axis) one index
+    per program."""
     sizes, strides, _ = simplify(shape, access_strides, merge=False)
     dims = [LoopDim((k,), "group", 1, reason="Dot: a batch index per program") for k in range(len(sizes) - 2)]
     dims.append(LoopDim((len(sizes) - 2,), "group", tiles.rows, reason="Dot: the result's rows, tiled"))
-    dims.append(LoopDim((len(sizes) - 1,), "group", tiles.columns, reason="Dot: the result's columns, tiled"))
+    columns = (len(sizes) - 1,)
+    if not reduces_rows:
+        dims.append(LoopDim(columns, "group", tiles.columns, reason="Dot: the result's columns, tiled"))
+    elif tiles.columns >= sizes[-1]:
+        dims.append(LoopDim(columns, "thread", tiles.columns, reduce=True,
+                            reason="Dot: the reduced columns, a whole row in one tile"))
+    else:
+        dims.append(LoopDim(columns, "loop", tiles.columns, reduce=True,
+                            reason=f"Dot: the reduced columns, walked {tiles.columns} at a time"))
     return IterationSpace(sizes, strides, tuple(dims))

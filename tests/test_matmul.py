@@ -302,3 +302,40 @@ def test_a_linear_weights_gradient_is_written_in_the_weights_layout(monkeypatch)
     # backward, one for the first bias sum; no copies
     assert len(backward_kernels) == 2, backward_kernels
 
+
+def linear_cross_entropy(h, w, target):
+    return F.cross_entropy(F.linear(h, w).flatten(0, -2), target.flatten())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, *LOW_PRECISION])
+def test_linear_cross_entropy_never_writes_the_logits(dtype):
+    """cross_entropy(h @ w.T): the logits' rows are reduced tile by tile where they are
+    computed (an online logsumexp, the target's logit picked in the same pass): one kernel,
+    which writes the loss and its partial sums, nothing of the (tokens x vocab) logits. The
+    vocabulary (300) spans several column tiles, the 2 x 75 tokens several row tiles, and
+    ignored targets (-100) are left out of the mean as eager does."""
+    h, w = torch.randn(2, 75, 40, dtype=dtype), torch.randn(300, 40, dtype=dtype) / 6
+    target = torch.randint(0, 300, (2, 75))
+    target[0, ::7] = -100
+    if dtype is torch.float32:
+        compiled = check(linear_cross_entropy, h, w, target)
+    else:  # a 16-bit loss near 5.7 is one of values 1/32 apart: within one of them of float64's
+        compiled = tjit.compile(linear_cross_entropy)
+        exact = linear_cross_entropy(h.double(), w.double(), target)
+        got = compiled(h, w, target)
+        assert got.dtype == dtype and abs(got.double() - exact) <= exact.abs() * torch.finfo(dtype).eps
+    assert steps(compiled, h, w, target) == (1, 0)
+    explanation = tjit.explain(compiled, h, w, target)
+    (kernel,) = explanation.kernels
+    assert kernel.bytes_written < 150 * 300 * h.element_size() / 8
+    # the rule: a product whose rows a reduction reads is generated (at any size: it is never written)
+    assert "generated (tl.dot), fuses _log_softmax over its rows" in str(explanation)
+
+
+def test_a_target_out_of_range_raises_as_in_eager():
+    h, w, target = torch.randn(2, 75, 40), torch.randn(300, 40), torch.randint(0, 300, (2, 75))
+    target[1, 40] = 300
+    with pytest.raises(IndexError):
+        linear_cross_entropy(h, w, target)
+    with pytest.raises(IndexError, match="out of bounds"):
+        tjit.compile(linear_cross_entropy)(h, w, target)

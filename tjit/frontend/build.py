@@ -123,10 +123,35 @@ class ValueBuilder:
             # a gather's table must be memory (materialize keeps a literal as it is): a buffer
             # the literal is written to, whose read checks the index as eager does
             node = self.b.node(Contiguous(), node.dtype, (node,), View.contiguous(node.shape))
+        if isinstance(node.op, Dot) and axis == len(shape) - 1 and shape == node.shape[:-1] + (1,):
+            return self._picked_from_rows(node, index, wrap_negative, in_range)
         if not (node.is_leaf and not isinstance(node.op, (Const, Iota))) and not isinstance(node.op, Contiguous):
             node = self.materialize(node)
         return self.b.node(Gather(axis, wrap_negative, what, checked=not in_range), node.dtype, (node, index),
                            View.contiguous(shape))
+
+    def _picked_from_rows(self, product: GraphNode, index: GraphNode, wrap_negative: bool, in_range: bool):
+        """One element per row of a product (cross-entropy's target logit): the row's sum of
+        the one element whose column is the index, so the kernel that reduces the product's
+        rows computes it too and the product need not be in memory; the index is checked
+        in range as a read of memory would check it."""
+        columns = product.shape[-1]
+        index = self.cast(index, DType.int64)
+
+        def num(v):
+            return self.expand_to(self.const(v, DType.int64), index.shape)
+
+        if wrap_negative:
+            negative = self.elementwise("lt", [index, num(0)], DType.bool)
+            index = self.elementwise("where", [negative, self.elementwise("add", [index, num(columns)], DType.int64),
+                                               index], DType.int64)
+        if not in_range:
+            index = self.elementwise("index_in_range", [index, num(columns)], DType.int64)
+        hit = self.elementwise("eq", [self.coordinate(product.shape, len(product.shape) - 1, DType.int64),
+                                      self.expand_to(index, product.shape)], DType.bool)
+        zero = self.expand_to(self.const(0, product.dtype), product.shape)
+        return self.reduce("add", self.elementwise("where", [hit, product, zero], product.dtype),
+                           (len(product.shape) - 1,))
 
     def _gather_of_gather(self, inner: GraphNode, axis: int, index: GraphNode, wrap_negative: bool, what: str,
                           in_range: bool) -> GraphNode:

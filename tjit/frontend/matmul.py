@@ -5,10 +5,12 @@ The rule (`choose`): a product is generated where that fuses work away, the libr
 it otherwise.
 - Generated: float32, float16 or bfloat16 operands, both sides of the result longer than 1
   (a side of 1 is a matrix-vector product, which tl.dot's tiles do not fit), and work to
-  fuse: a bias (addmm, baddbmm) or a pointwise op reading the result (through views).
+  fuse: a bias (addmm, baddbmm), or a pointwise op or a reduction of the result's rows
+  (softmax, log_softmax, sums over the last axis) reading the result (through views).
 - Library: everything else; products above LIBRARY_ABOVE multiply-adds, where a tuned
   library kernel's speed outweighs one trip of the result through memory (a guess, not yet
-  measured on a GPU); and products a gradient flows through, whose backward is library
+  measured on a GPU), unless a reduction of their rows reads them (cross-entropy over an LM
+  head's logits: the generated kernel never writes the product); and products a gradient flows through, whose backward is library
   products either way: on the zoo's training steps, generated forwards gave more kernels
   and a higher peak (the saved values they leave), so training keeps the library's until
   tjit generates the backward's products.
@@ -72,20 +74,24 @@ def choose(node: fx.Node, a: GraphNode, b: GraphNode, with_bias: bool, different
         # (measured on the zoo's training steps, bench/models.py: 6 to 110 more kernels per
         # step and 1.1-1.4x the peak memory with generated forwards; evaluation had fewer)
         return False, "a gradient flows through it: the library's, until tjit generates the backward's products"
+    reader, reduces_rows = _fusing_reader(node)
     work = math.prod(a.shape[:-1]) * b.shape[-1] * a.shape[-1]
+    if reduces_rows:  # (however large: the product is never written, a (tokens x vocab) logits' worth)
+        return True, f"fuses {reader} over its rows"
     if work > LIBRARY_ABOVE:
         return False, f"{work} multiply-adds: above {LIBRARY_ABOVE}, the library's kernel"
     if with_bias:
         return True, "fuses the bias"
-    reader = _pointwise_reader(node)
     if reader is None:
-        return False, "nothing to fuse (no pointwise op reads the result)"
+        return False, "nothing to fuse (no pointwise op or row reduction reads the result)"
     return True, f"fuses {reader}"
 
 
-def _pointwise_reader(node: fx.Node) -> Optional[str]:
-    """The name of a pointwise op that reads node's result, directly or through views."""
-    stack, seen = list(node.users), set()
+def _fusing_reader(node: fx.Node) -> tuple[Optional[str], bool]:
+    """(the name of an op that reads node's result, directly or through views, and fuses
+    with the product, whether it reduces the product's rows): a reduction of its rows over
+    the last axis, else a pointwise op; (None, False) if there is neither."""
+    stack, seen, pointwise = list(node.users), set(), None
     while stack:
         user = stack.pop()
         if user in seen or user.op != "call_function":
@@ -93,9 +99,23 @@ def _pointwise_reader(node: fx.Node) -> Optional[str]:
         seen.add(user)
         if user.target in _VIEWS:
             stack.extend(user.users)
+        elif _reduces_rows(user):
+            return user.target.overloadpacket.__name__, True
         elif isinstance(user.target, torch._ops.OpOverload) and torch.Tag.pointwise in user.target.tags:
-            return user.target.overloadpacket.__name__
-    return None
+            pointwise = pointwise or user.target.overloadpacket.__name__
+    return pointwise, False
+
+
+def _reduces_rows(user: fx.Node) -> bool:
+    """softmax, log_softmax, amax, sum, mean or logsumexp over the last axis alone."""
+    if user.target in (aten._softmax.default, aten._log_softmax.default):
+        dims = [user.args[1]]
+    elif user.target in (aten.amax.default, aten.sum.dim_IntList, aten.mean.dim, aten.logsumexp.default):
+        dims = list(user.args[1]) if len(user.args) > 1 and user.args[1] is not None else []
+    else:
+        return False
+    rank = len(user.args[0].meta["val"].shape) if "val" in user.args[0].meta else 0
+    return rank > 0 and [d % rank for d in dims] == [rank - 1]
 
 
 def _product(cv, node: fx.Node, args: tuple, kwargs: dict, a: GraphNode, b: GraphNode, bias=None, beta=1,

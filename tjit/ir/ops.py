@@ -59,6 +59,9 @@ class OpDef:
     opmath: bool = True
     # an integer src[1] is a divisor, which may be zero (CPU eager raises ZeroDivisionError)
     divides: bool = False
+    # src[0] is an index that must lie in [0, src[1]) (src[1] a literal): the kernel reports
+    # one out of range (IndexError, as eager's indexed reads raise) and passes it on as it is
+    checks_index: bool = False
     grad: Union[GradRule, _NoGrad, None] = None
     aten: tuple[str, ...] = ()  # aten ops (by name) that are this op, computed in torch's result type
 
@@ -120,6 +123,7 @@ _DEFS = [
     OpDef("truncdiv", 2, floats="tm.truncdiv({0}, {1})", ints="{0} // {1}", divides=True, grad=NO_GRAD),
     OpDef("rem", 2, floats="tm.float_rem({0}, {1})", ints="tm.int_rem({0}, {1})", divides=True),
     OpDef("fmod", 2, floats="tm.fmod({0}, {1})", ints="{0} % {1}", divides=True),
+    OpDef("index_in_range", 2, ints="{0}", checks_index=True, grad=NO_GRAD),
     OpDef("pow", 2, floats="tm.pow({0}, {1})", ints="tm.int_pow({0}, {1})"),
     OpDef("max", 2, floats="tm.float_max({0}, {1})", ints="tl.maximum({0}, {1})", bools=_OR, aten=("maximum",)),
     OpDef("min", 2, floats="tm.float_min({0}, {1})", ints="tl.minimum({0}, {1})", bools=_AND, aten=("minimum",)),

@@ -181,7 +181,8 @@ class _Emitter(GridReductionEmitter):
         self._dot_steps: dict[str, int] = {}  # constexpr name -> the contraction step of one product
         self.checks: list[Check] = []
         self._zero_div_code = 0  # the status code of this kernel's integer divisions (0: none yet)
-        divides = any(_checked_division(n) for n in toposort(self._store_values(), stop=is_kernel_input))
+        divides = any(_checked_division(n) or _checks_index(n)
+                      for n in toposort(self._store_values(), stop=is_kernel_input))
         scatters = [s.target.node for s in group.stores if isinstance(s.target, ScatterTarget)]
         if any(n.op.checked for n in self._gathers() + scatters) or divides:
             self.buffers[("status",)] = STATUS
@@ -611,7 +612,14 @@ class _Emitter(GridReductionEmitter):
         return self._value(node, {}, lines)
 
     def _elementwise(self, node: GraphNode, args: list[str], lines: list[str], mask: str) -> str:
-        """render(), with an integer divisor that may be zero made safe and checked first."""
+        """render(), with an integer divisor that may be zero made safe and checked first,
+        and an index checked to be in range."""
+        if _checks_index(node):
+            size = node.src[1].src[0] if isinstance(node.src[1].op, ViewOp) else node.src[1]  # (a literal)
+            self.checks.append(Check(IndexError, f"an index is out of bounds (valid: 0 to {size.op.value - 1})"))
+            failed = f"(tl.where({mask}, 1, 0) * tl.where(({args[0]} >= 0) & ({args[0]} < {args[1]}), 0, 1)) != 0"
+            lines.append(f"tl.store({STATUS.param} + tl.where({mask}, 0, 0), {len(self.checks)}, mask={failed})")
+            return args[0]
         if _checked_division(node):
             if not self._zero_div_code:
                 self.checks.append(Check(RuntimeError, "ZeroDivisionError", interpreted_only=True))  # eager's words
@@ -904,6 +912,10 @@ class _Emitter(GridReductionEmitter):
         if self.red_dims and not any(self.space.strides[n]):  # one value per program: a 1-element block
             address += f" + tl.zeros({self._row_shape()}, tl.int32)"
         return f"tl.store({address}, {value}, mask={self._mask_for(n)})"
+
+
+def _checks_index(node: GraphNode) -> bool:
+    return isinstance(node.op, Elementwise) and op_def(node.op.op).checks_index
 
 
 def _checked_division(node: GraphNode) -> bool:

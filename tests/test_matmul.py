@@ -339,3 +339,34 @@ def test_a_target_out_of_range_raises_as_in_eager():
         linear_cross_entropy(h, w, target)
     with pytest.raises(IndexError, match="out of bounds"):
         tjit.compile(linear_cross_entropy)(h, w, target)
+
+
+PROLOGUE_CASES = {
+    # elementwise work on an operand, computed on each tile the product loads: k (70) is not a
+    # multiple of the step, and past k the prologue's value is not 0 (x + 1, a log's -inf)
+    "scaled_input": (lambda x, w, b: F.gelu(F.linear(x * 0.5, w, b)),
+                     lambda: (torch.randn(3, 37, 70), torch.randn(150, 70), torch.randn(150))),
+    "both_operands": (lambda x, w: torch.relu((x + 1) @ w.exp()), lambda: (torch.randn(70, 70), torch.randn(70, 90) / 4)),
+    "a_log": (lambda x, w: torch.relu(torch.log(x.abs()) @ w), lambda: (torch.randn(70, 70), torch.randn(70, 90))),
+    "scaled_queries": (lambda q, k: torch.softmax((q * 0.125) @ k.transpose(-1, -2), -1),
+                       lambda: (torch.randn(2, 3, 70, 24), torch.randn(2, 3, 90, 24))),
+    "widened_16_bit": (lambda x, w: torch.relu(x.float() @ w.float()),
+                       lambda: (torch.randn(70, 70, dtype=torch.bfloat16), torch.randn(70, 90, dtype=torch.bfloat16))),
+    "read_by_the_epilogue_too": (lambda x, w: torch.relu((x + 1) @ w) + (x + 1),
+                                 lambda: (torch.randn(150, 150), torch.randn(150, 150) / 10)),
+}
+
+
+@pytest.mark.parametrize("name", PROLOGUE_CASES)
+def test_an_operands_elementwise_work_is_a_prologue_of_the_products_kernel(name):
+    fn, make = PROLOGUE_CASES[name]
+    args = make()
+    compiled = check(fn, *args)
+    assert steps(compiled, *args) == (1, 0)
+
+
+def test_an_operand_with_a_prologue_written_in_place_reads_its_old_rows():
+    def add_scaled_product(x, w):
+        return x.add_((x * 2) @ w)
+    x, w = torch.randn(150, 150), torch.randn(150, 150) / 10
+    check(add_scaled_product, x, w)

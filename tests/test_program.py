@@ -19,6 +19,7 @@ def test_a_program_lists_its_steps_in_order():
     assert program.memory.slab_size > 0  # relu(a * 2) lives in the slab until the call reads it
 
 
+@pytest.mark.usefixtures("library_matmuls")  # (a kernel, then the call that reads its buffer)
 def test_verifier_catches_steps_out_of_order():
     a, b = torch.randn(40, 30), torch.randn(30, 20)
     conversion = trace_and_convert(lambda a, b: torch.relu(a * 2) @ b + 1, (a, b), {})

@@ -11,7 +11,9 @@ from typing import Optional
 
 import torch
 
-from ..ir import DType, Dot, Extern, ExternCall, GraphNode, Operand, View
+from ..ir import (Const, Contiguous, DType, Dot, Elementwise, Extern, ExternCall, GraphNode, Iota, Operand, View,
+                  ViewOp, toposort)
+from ..ir.ops import op_def
 from .library import in_memory
 
 aten = torch.ops.aten
@@ -27,8 +29,8 @@ def dot(vb, a: GraphNode, b: GraphNode) -> GraphNode:
     """a @ b over the last two axes, batched over the others (broadcast to one batch shape),
     as an IR Dot: float32, its operands read from memory."""
     batch = tuple(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
-    a = vb.expand_to(in_memory(vb, a), batch + a.shape[-2:])
-    b = in_memory(vb, b)
+    a = vb.expand_to(_operand(vb, a), batch + a.shape[-2:])
+    b = _operand(vb, b)
     if all(n == 1 or st == 0 for n, st in zip(b.shape[:-2], b.view.strides[:-2])):
         while len(b.shape) > 2:  # the same matrix for every batch index
             b = vb.view(b, ("select", 0, 0))
@@ -37,6 +39,33 @@ def dot(vb, a: GraphNode, b: GraphNode) -> GraphNode:
     shape = batch + (a.shape[-2], b.shape[-1])
     assert a.shape[-1] == b.shape[-2] and tileable(shape), (a.shape, b.shape)
     return vb.b.node(Dot(), DType.float32, (a, b), View.contiguous(shape))
+
+
+PROLOGUE_LOADS = 3  # the most memory reads an operand computed on its tiles makes
+
+
+def _operand(vb, x: GraphNode) -> GraphNode:
+    """x as a product reads it: memory, or an elementwise expression of a few reads of memory
+    and literals (a cast, a scale, a norm's normalisation from its row statistics: a
+    prologue), which the product's kernel computes on each tile it loads."""
+    return x if is_prologue(x) else in_memory(vb, x)
+
+
+def is_prologue(x: GraphNode) -> bool:
+    """An elementwise expression whose leaves are memory (read in tiles) or literals."""
+    if not isinstance(x.op, Elementwise):
+        return False
+    nodes = toposort([x], stop=lambda n: n.is_leaf or isinstance(n.op, Contiguous))
+    leaves = [n for n in nodes if n.is_leaf or isinstance(n.op, Contiguous)]
+    inner = [n for n in nodes if not (n.is_leaf or isinstance(n.op, Contiguous))]
+    return all(isinstance(n.op, Elementwise) and not op_def(n.op.op).divides and not op_def(n.op.op).checks_index
+               for n in inner) and \
+        not any(isinstance(n.op, Iota) for n in leaves) and \
+        sum(not _is_literal(n) for n in leaves) <= PROLOGUE_LOADS
+
+
+def _is_literal(node: GraphNode) -> bool:
+    return isinstance(node.op, Const) or isinstance(node.op, ViewOp) and isinstance(node.src[0].op, Const)
 
 
 def view_of_dot(vb, node: GraphNode, desc: tuple) -> Optional[GraphNode]:

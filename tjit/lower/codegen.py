@@ -19,7 +19,7 @@ from ..ir import (AxisStrategy, Const, Cumulative, Dot, DType, Elementwise, Exte
                   ViewOp, Window, toposort)
 from ..errors import UnsupportedOpError
 from ..ir.ops import op_def
-from .domains import is_value_ref, leaf_view
+from .domains import is_value_ref, leaf_view, operand_leaves
 from .elementwise import _cast, literal, render, tl_dtype
 from .fusion import (BufferTarget, InputTarget, KernelGroup, OutputTarget, PutAt, ScatterTarget, buffer_of,
                      expression_leaves, is_kernel_input)
@@ -233,7 +233,7 @@ class _Emitter(GridReductionEmitter):
         self.coord_index: dict[tuple, int] = {}
         read_directly = {id(s.value) for s in self.group.stores}  # leaves loaded at the kernel's own index
         self.dot_access: dict[int, tuple[int, int]] = {}
-        for node in toposort([s.value for s in self.group.stores], stop=is_kernel_input):
+        for node in toposort([s.value for s in self.group.stores], stop=_at_own_index):
             if isinstance(node.op, Dot) and id(node) not in self.dot_access:
                 self._collect_dot(node)
                 continue  # its operands are read in tiles along the contraction, not at the lane's index
@@ -301,14 +301,18 @@ class _Emitter(GridReductionEmitter):
         [.., m, n] as a (stride 0 along n) and b (stride 0 along m), the contraction's
         stride added per step; what they read in all is their own views."""
         found, batch = [], len(node.shape) - 2
-        for leaf, kept in zip(node.src, ((1, 0), (0, 1))):
-            view = leaf_view(leaf)
-            # (a shared b, [k, n], is read at stride 0 along the batch axes)
-            strides = (view.strides[:-2] or (0,) * batch) + tuple(st * keep for st, keep in zip(view.strides[-2:], kept))
-            found.append(len(self.accesses))
-            self.accesses.append(Access(self._buffer_for_node(buffer_of(leaf)),
-                                        self.domain.to_domain(View(node.shape, strides, view.offset)), False,
-                                        reads=view))
+        for operand, kept in zip(node.src, ((1, 0), (0, 1))):
+            found.append({})
+            for leaf in operand_leaves(operand):  # (an operand computed on its tiles reads several)
+                if buffer_of(leaf) is None:  # a literal
+                    continue
+                view = leaf_view(leaf)
+                # (a shared b, [k, n], is read at stride 0 along the batch axes)
+                strides = (view.strides[:-2] or (0,) * batch) + tuple(st * keep for st, keep in zip(view.strides[-2:], kept))
+                found[-1][id(leaf)] = len(self.accesses)
+                self.accesses.append(Access(self._buffer_for_node(buffer_of(leaf)),
+                                            self.domain.to_domain(View(node.shape, strides, view.offset)), False,
+                                            reads=view))
         self.dot_access[id(node)] = tuple(found)
 
     def _dot_tiles(self) -> DotTiles:
@@ -682,7 +686,7 @@ class _Emitter(GridReductionEmitter):
         an input in this kernel must see its old contents."""
         lines, names = [], {}
         pending = [(s, n) for s, n in zip(self.group.stores, self.store_access) if not s.totals]
-        for node in toposort(self._roots(), stop=is_kernel_input):
+        for node in toposort(self._roots(), stop=_at_own_index):
             if is_kernel_input(node) and buffer_of(node) is not None and id(node) not in self.leaf_access:
                 continue  # a table only a Gather reads, at its own addresses
             if is_value_ref(node):  # the reduced value broadcasts over the block by itself
@@ -856,18 +860,11 @@ class _Emitter(GridReductionEmitter):
         lines.append(f"for {k0} in range(0, {size}, {step}):")
         body = [f"{rk} = {k0} + tl.arange(0, {step})" + (".to(tl.int64)" if self.int64 else "")]
         tiles = []
-        for n, (stride, k_axis, kept, shape) in zip(self.dot_access[id(node)], (
-                (leaf_view(node.src[0]).strides[-1], cols, rows, (f"BLOCK_{rows}", step)),
-                (leaf_view(node.src[1]).strides[-2], rows, cols, (step, f"BLOCK_{cols}")))):
+        for operand, accesses, (k_axis, kept, shape) in zip(node.src, self.dot_access[id(node)], (
+                (cols, rows, (f"BLOCK_{rows}", step)), (rows, cols, (step, f"BLOCK_{cols}")))):
             along = f"{rk}[{', '.join(':' if d == k_axis else 'None' for d in range(rank))}]"
-            offset = "" if stride == 0 else f" + {along}" + ("" if stride == 1 else
-                                                            f" * {self._scalar(f'a{n}_kstride', stride)}")
-            # (an address that does not move along a tile's axis is spread over it, as the mask is)
-            full = [f"BLOCK_{kept}" if d == kept else step if d == k_axis else "1" for d in range(rank)]
-            spread = "" if stride and self.space.strides[n][kept] else f" + tl.zeros(({', '.join(full)},), tl.int32)"
             mask = f"(i{kept} < size{kept}) & ({along} < {size})"
-            tile = self._fresh()
-            body.append(f"{tile} = tl.load({self._address(n)}{offset}{spread}, mask={mask}, other=0.0)")
+            tile = self._operand_tile(operand, accesses, along, step, mask, (k_axis, kept), body)
             if rank > 2:
                 body.append(f"{tile} = tl.reshape({tile}, ({', '.join(shape)}))")
             tiles.append(tile)
@@ -878,6 +875,37 @@ class _Emitter(GridReductionEmitter):
             return acc
         shape = ", ".join("1" for _ in range(rank - 2))
         return f"tl.reshape({acc}, ({shape}, BLOCK_{rows}, BLOCK_{cols}))"
+
+    def _operand_tile(self, operand: GraphNode, accesses: dict[int, int], along: str, step: str, mask: str,
+                      axes: tuple[int, int], body: list[str]) -> str:
+        """One step's tile of a product's operand: its memory loaded (0 past its rows or
+        columns and past k), or its expression computed over its leaves' tiles, then 0
+        where the mask is off, so steps past k add nothing (a prologue's value there need not
+        be 0: x + 1, or a log's -inf)."""
+        k_axis, kept = axes
+        rank = len(self.space.sizes)
+        names: dict[int, str] = {}
+        for node in toposort([operand], stop=is_kernel_input):
+            if id(node) in accesses:
+                n, view = accesses[id(node)], leaf_view(node)
+                stride = view.strides[-1] if k_axis == rank - 1 else view.strides[-2]
+                offset = "" if stride == 0 else f" + {along}" + ("" if stride == 1 else
+                                                                f" * {self._scalar(f'a{n}_kstride', stride)}")
+                # (an address that does not move along a tile's axis is spread over it, as the mask is)
+                full = [f"BLOCK_{kept}" if d == kept else step if d == k_axis else "1" for d in range(rank)]
+                spread = "" if stride and self.space.strides[n][kept] else \
+                    f" + tl.zeros(({', '.join(full)},), tl.int32)"
+                expr = f"tl.load({self._address(n)}{offset}{spread}, mask={mask}, other=0.0)"
+            elif is_kernel_input(node):  # a literal
+                expr = self._value(node, names, body)
+            else:
+                expr = self._elementwise(node, [names[id(s)] for s in node.src], body, mask)
+            names[id(node)] = self._fresh()
+            body.append(f"{names[id(node)]} = {expr}")
+        tile = names[id(operand)]
+        if not is_kernel_input(operand):
+            body.append(f"{tile} = tl.where({mask}, {tile}, 0.0).to({tile}.dtype)")
+        return tile
 
     def _store(self, store, n: int, names: dict[int, str]) -> list[str]:
         if isinstance(store.target, ScatterTarget):
@@ -912,6 +940,12 @@ class _Emitter(GridReductionEmitter):
         if self.red_dims and not any(self.space.strides[n]):  # one value per program: a 1-element block
             address += f" + tl.zeros({self._row_shape()}, tl.int32)"
         return f"tl.store({address}, {value}, mask={self._mask_for(n)})"
+
+
+def _at_own_index(node: GraphNode) -> bool:
+    """Where a walk of the values a kernel computes at its own index stops: its leaves, and
+    its products, whose operands it computes on the products' tiles instead (_dot)."""
+    return is_kernel_input(node) or isinstance(node.op, Dot)
 
 
 def _checks_index(node: GraphNode) -> bool:

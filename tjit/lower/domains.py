@@ -128,6 +128,12 @@ def dots_in(value: GraphNode) -> list[GraphNode]:
     return [n for n in toposort([value], stop=is_kernel_input) if isinstance(n.op, Dot)]
 
 
+def operand_leaves(operand: GraphNode) -> list[GraphNode]:
+    """What a product's operand reads: itself (memory), or the leaves of the expression its
+    kernel computes on each tile (a prologue)."""
+    return [n for n in toposort([operand], stop=is_kernel_input) if is_kernel_input(n)]
+
+
 def leaf_view(leaf: GraphNode) -> View:
     """How a kernel reads a leaf's memory: through its view (an input, a view, a call's
     result) or densely (a buffer)."""
@@ -137,10 +143,12 @@ def leaf_view(leaf: GraphNode) -> View:
 def product_key(node: GraphNode) -> Optional[tuple]:
     """What a Dot computes, in its elements' row-major order: the memory its operands read,
     a's rows flattened over the batch and b's columns over the batch (b's columns alone where
-    one b serves every row), k. Two Dots with one key
+    one b serves every row), k; None for operands computed on their tiles. Two Dots with one key
     are one product under two shapes (a reshape pushed into the operands: attention's scores
     as [b*h, s, s] and as [b, h, s, s]); None where the rows or columns do not flatten."""
     a, b = node.src
+    if not (is_kernel_input(a) and is_kernel_input(b)):  # (an operand computed on its tiles)
+        return None
     *batch, m, n = node.shape
     a_view, b_view = leaf_view(a), leaf_view(b)
     rows = View((*batch, m), a_view.strides[:-1], a_view.offset).reshape((math.prod(batch) * m,))

@@ -13,7 +13,7 @@ kernel, which the writing kernel then reads.
 from __future__ import annotations
 
 from ..ir import Contiguous, Dot, Gather, GraphNode, Input, View, ViewOp, Window, toposort
-from .domains import Domain, is_kernel_input, normal
+from .domains import Domain, is_kernel_input, normal, operand_leaves
 
 
 def reads_older_version(leaf: GraphNode, name: str, version: int) -> bool:
@@ -28,7 +28,7 @@ def gather_tables(value: GraphNode) -> set[int]:
     (each program reads whole rows of one and columns of the other)."""
     nodes = toposort([value], stop=is_kernel_input)
     return {id(n.src[0]) for n in nodes if isinstance(n.op, (Gather, Window))} | \
-        {id(s) for n in nodes if isinstance(n.op, Dot) for s in n.src}
+        {id(leaf) for n in nodes if isinstance(n.op, Dot) for s in n.src for leaf in operand_leaves(s)}
 
 
 def same_program_access(read: View, write: View, domain: Domain) -> bool:

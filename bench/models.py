@@ -248,7 +248,7 @@ def counted(call, record_bytes: bool = True) -> dict:
            "tjit_library_calls": tjit.counters.library_calls - lib0}
     if record_bytes:
         r_iss, w_iss, r_dis, w_dis = launches.bytes()
-        row.update(bytes_distinct=r_dis + w_dis, bytes_issued=r_iss + w_iss)
+        row.update(bytes_distinct=r_dis + w_dis, bytes_issued=r_iss + w_iss, bytes_written=w_dis)
     return row
 
 

@@ -370,3 +370,26 @@ def test_an_operand_with_a_prologue_written_in_place_reads_its_old_rows():
         return x.add_((x * 2) @ w)
     x, w = torch.randn(150, 150), torch.randn(150, 150) / 10
     check(add_scaled_product, x, w)
+
+
+def rms_norm_linear(x, g, w):
+    return torch.relu(F.linear(x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * g, w))
+
+
+NORM_PROLOGUE_CASES = {
+    "layer_norm": (lambda x, w, b: F.gelu(F.linear(F.layer_norm(x, (x.shape[-1],)), w, b)),
+                   lambda: (torch.randn(3, 37, 70), torch.randn(150, 70) / 8, torch.randn(150))),
+    "rms_norm": (rms_norm_linear, lambda: (torch.randn(2, 45, 96), torch.randn(96), torch.randn(200, 96) / 10)),
+}
+
+
+@pytest.mark.parametrize("name", NORM_PROLOGUE_CASES)
+def test_a_norms_normalisation_is_a_prologue_of_the_next_linear(name):
+    """The norm's row statistics in one reduction kernel (a few bytes per row), the
+    normalisation computed on the linear's tiles: the normalised [rows, d] is never written."""
+    fn, make = NORM_PROLOGUE_CASES[name]
+    args = make()
+    compiled = check(fn, *args)
+    assert steps(compiled, *args) == (2, 0)
+    x = args[0]
+    assert tjit.explain(compiled, *args).memory.slab_size < x.numel() * x.element_size() / 8

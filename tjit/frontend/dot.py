@@ -11,8 +11,8 @@ from typing import Optional
 
 import torch
 
-from ..ir import (Const, Contiguous, DType, Dot, Elementwise, Extern, ExternCall, GraphNode, Iota, Operand, View,
-                  ViewOp, toposort)
+from ..ir import (Const, Contiguous, DType, Dot, Elementwise, Extern, ExternCall, GraphNode, Iota, Operand, Reduce,
+                  View, ViewOp, toposort)
 from ..ir.ops import op_def
 from .library import in_memory
 
@@ -41,27 +41,33 @@ def dot(vb, a: GraphNode, b: GraphNode) -> GraphNode:
     return vb.b.node(Dot(), DType.float32, (a, b), View.contiguous(shape))
 
 
-PROLOGUE_LOADS = 3  # the most memory reads an operand computed on its tiles makes
+PROLOGUE_LOADS = 6  # the most memory reads an operand computed on its tiles makes
 
 
 def _operand(vb, x: GraphNode) -> GraphNode:
-    """x as a product reads it: memory, or an elementwise expression of a few reads of memory
-    and literals (a cast, a scale, a norm's normalisation from its row statistics: a
-    prologue), which the product's kernel computes on each tile it loads."""
+    """x as a product reads it: memory, or an elementwise expression of a few reads of memory,
+    literals and row values of reductions (a cast, a scale, a norm's normalisation from its
+    row statistics: a prologue), which the product's kernel computes on each tile it loads
+    (the statistics come from a buffer their reduction's kernel writes)."""
     return x if is_prologue(x) else in_memory(vb, x)
 
 
 def is_prologue(x: GraphNode) -> bool:
-    """An elementwise expression whose leaves are memory (read in tiles) or literals."""
+    """An elementwise expression whose leaves are memory (read in tiles), literals or a
+    reduction's row values."""
     if not isinstance(x.op, Elementwise):
         return False
-    nodes = toposort([x], stop=lambda n: n.is_leaf or isinstance(n.op, Contiguous))
-    leaves = [n for n in nodes if n.is_leaf or isinstance(n.op, Contiguous)]
-    inner = [n for n in nodes if not (n.is_leaf or isinstance(n.op, Contiguous))]
+    nodes = toposort([x], stop=_prologue_leaf)
+    leaves = [n for n in nodes if _prologue_leaf(n)]
+    inner = [n for n in nodes if not _prologue_leaf(n)]
     return all(isinstance(n.op, Elementwise) and not op_def(n.op.op).divides and not op_def(n.op.op).checks_index
                for n in inner) and \
         not any(isinstance(n.op, Iota) for n in leaves) and \
         sum(not _is_literal(n) for n in leaves) <= PROLOGUE_LOADS
+
+
+def _prologue_leaf(n: GraphNode) -> bool:
+    return n.is_leaf or isinstance(n.op, Contiguous) or isinstance(n.op, ViewOp) and isinstance(n.src[0].op, Reduce)
 
 
 def _is_literal(node: GraphNode) -> bool:

@@ -128,6 +128,12 @@ def dots_in(value: GraphNode) -> list[GraphNode]:
     return [n for n in toposort([value], stop=is_kernel_input) if isinstance(n.op, Dot)]
 
 
+def reduces_in_epilogue(value: GraphNode) -> list[GraphNode]:
+    """The reductions a store's expression computes outside its products' operands."""
+    stop = lambda n: is_kernel_input(n) or isinstance(n.op, Dot)  # noqa: E731
+    return [n for n in toposort([value], stop=stop) if isinstance(n.op, (Reduce, Cumulative))]
+
+
 def operand_leaves(operand: GraphNode) -> list[GraphNode]:
     """What a product's operand reads: itself (memory), or the leaves of the expression its
     kernel computes on each tile (a prologue)."""
@@ -177,6 +183,9 @@ def store_domain(value: GraphNode) -> Placement:
     registers in that domain (they must be materialised first)."""
     reduces = reduces_in(value)
     dots = dots_in(value)
+    if dots and reduces and all(d.shape == value.shape for d in dots) and not reduces_in_epilogue(value):
+        # only the products' prologues reduce (a norm's statistics): read from buffers
+        return Placement(Domain(value.shape, dot=True), reduces)
     if dots and reduces:
         placement = _reduction_placement(value, reduces)
         if placement.foreign or not _reduces_product_rows(placement.domain, dots):

@@ -393,3 +393,15 @@ def test_a_norms_normalisation_is_a_prologue_of_the_next_linear(name):
     assert steps(compiled, *args) == (2, 0)
     x = args[0]
     assert tjit.explain(compiled, *args).memory.slab_size < x.numel() * x.element_size() / 8
+
+
+def test_the_rule_generates_a_product_whose_operand_is_computed():
+    """Nothing reads (x * 0.5) @ w but the caller: the scale fuses as the product's prologue,
+    where a library call would read it from memory. (In a library call's gradient formula
+    the rule leaves such products to the library: the zoo's training peaks rose with them.)"""
+    def scaled_product(x, w):
+        return (x * 0.5) @ w
+    x, w = torch.randn(50, 40), torch.randn(40, 30)
+    compiled = check(scaled_product, x, w)
+    assert steps(compiled, x, w) == (1, 0)
+    assert "fuses its operand's elementwise work (a prologue)" in str(tjit.explain(compiled, x, w))

@@ -190,6 +190,7 @@ class FormulaConverter(Converter):
     """Converts a traced derivative formula into the backward graph being built: its
     placeholders are the operands' and the gradient's values there; the op's own call in the
     formula gives the forward's value for the result being differentiated."""
+    is_gradient_formula = True
 
     def __init__(self, gm: fx.GraphModule, vb, node: GraphNode, value: ValueOf):
         super().__init__(gm, [])

@@ -68,6 +68,8 @@ def storage_key(t: torch.Tensor):
 
 
 class Converter(ValueBuilder):
+    is_gradient_formula = False  # (FormulaConverter: a library call's derivative formula)
+
     def __init__(self, gm: fx.GraphModule, input_names: list[str], requires_grad: frozenset = frozenset()):
         """requires_grad: the inputs (by name) that get a gradient."""
         from .aten_ops import HANDLERS  # the op table imports Converter's helpers

@@ -31,7 +31,7 @@ import torch.fx as fx
 
 from ..ir import DType, GraphNode
 from .aten_ops import in_type, out_dtype, register
-from .dot import dot
+from .dot import dot, is_prologue
 from .library import library_call
 
 aten = torch.ops.aten
@@ -58,9 +58,10 @@ class MatmulChoice:
         return f"{self.op} {list(self.a_shape)} @ {list(self.b_shape)}: {how}, {self.why}"
 
 
-def choose(node: fx.Node, a: GraphNode, b: GraphNode, with_bias: bool, differentiated: bool) -> tuple[bool, str]:
+def choose(node: fx.Node, a: GraphNode, b: GraphNode, with_bias: bool, differentiated: bool,
+           in_gradient: bool = False) -> tuple[bool, str]:
     """(generated?, why) for the product a @ b made by `node`; `differentiated`: a gradient
-    flows through it."""
+    flows through it; `in_gradient`: it is part of a library call's gradient formula."""
     mode = os.environ.get("TJIT_MATMUL", "auto")
     if mode not in ("auto", "generated", "library"):
         raise ValueError(f"TJIT_MATMUL={mode!r}: expected auto, generated or library")
@@ -82,9 +83,14 @@ def choose(node: fx.Node, a: GraphNode, b: GraphNode, with_bias: bool, different
         return False, f"{work} multiply-adds: above {LIBRARY_ABOVE}, the library's kernel"
     if with_bias:
         return True, "fuses the bias"
-    if reader is None:
-        return False, "nothing to fuse (no pointwise op or row reduction reads the result)"
-    return True, f"fuses {reader}"
+    if reader is not None:
+        return True, f"fuses {reader}"
+    if (is_prologue(a) or is_prologue(b)) and not in_gradient:
+        # (in gradient formulas, a weight's and an input's gradient products each computing the
+        # activation's gradient on their tiles raised the zoo's training peaks: ViT 1.36x ->
+        # 1.52x eager's, Llama 1.08x -> 1.24x; what the prologue reads is held until both ran)
+        return True, "fuses its operand's elementwise work (a prologue)"
+    return False, "nothing to fuse (no pointwise op or row reduction reads the result, no operand is computed)"
 
 
 def _fusing_reader(node: fx.Node) -> tuple[Optional[str], bool]:
@@ -120,7 +126,8 @@ def _reduces_rows(user: fx.Node) -> bool:
 
 def _product(cv, node: fx.Node, args: tuple, kwargs: dict, a: GraphNode, b: GraphNode, bias=None, beta=1,
              alpha=1) -> GraphNode:
-    generated, why = choose(node, a, b, bias is not None and beta != 0, cv.reads_grad_inputs(a, b))
+    generated, why = choose(node, a, b, bias is not None and beta != 0, cv.reads_grad_inputs(a, b),
+                            cv.is_gradient_formula)
     cv.matmul_choices.append(MatmulChoice(str(node.target), a.shape, b.shape, generated, why))
     if not generated:
         return library_call(cv, node, node.target, args, kwargs)

@@ -320,7 +320,9 @@ class _Emitter(GridReductionEmitter):
         *_, m, n = self.shape
         k = max(d.src[0].shape[-1] for d in dots)
         choose = dot_row_tiles if self.domain.axes else dot_tiles
-        return choose(m, n, k, max(d.src[0].dtype.itemsize for d in dots), len(dots), len(self.accesses) - 2 * len(dots))
+        computed = sum(not is_kernel_input(s) for d in dots for s in d.src)  # (prologues)
+        return choose(m, n, k, max(d.src[0].dtype.itemsize for d in dots), len(dots) + computed / 2,
+                      len(self.accesses) - 2 * len(dots))
 
     def _coordinate(self, view: View) -> int:
         """The index of the coordinate that computes `view`'s offset for each kernel index."""

@@ -285,14 +285,16 @@ class DotTiles:
         return f"tl.dot tiles {self.rows}x{self.columns}, k step {self.step}, {self.warps} warps, {self.stages} stages"
 
 
-def dot_tiles(m: int, n: int, k: int, itemsize: int, products: int = 1, accesses: int = 3) -> DotTiles:
+def dot_tiles(m: int, n: int, k: int, itemsize: int, products: float = 1, accesses: int = 3) -> DotTiles:
     """Per size class and register pressure: each side a power of two from 16 (tl.dot's
     least), the contraction stepping 64 (16-bit operands, tensor cores) or 32 (float32,
     computed exactly by FMA, as eager's float32 matmul is) at a time, operand tiles
     pipelined 3 stages deep, 8 warps from 2048 16-bit tile elements on (float32: 4). One
     product alone takes up to 128x64 (16-bit) or 32x32 (float32) per program; a kernel of several products (an
     LSTM's gates) or of many loads and stores in its epilogue takes each product's share of
-    that, so its tile shrinks, the larger side first. These were the largest that compiled
+    that, so its tile shrinks, the larger side first (an operand computed on its tiles, a
+    prologue, counts half a product: float32 32x32 with x * 0.5 as a spilled 8 bytes). These
+    were the largest that compiled
     for sm_90 without spills over the tests' kernels (128x128 16-bit with a gelu epilogue
     spilled; float32's FMA products spilled at 64x64 with 4 or 8 warps and at 32x64 with 8);
     their speed is not yet measured on a GPU."""
@@ -313,7 +315,7 @@ def dot_tiles(m: int, n: int, k: int, itemsize: int, products: int = 1, accesses
 WHOLE_ROWS = 128  # the longest reduced row of a product held in one tile (a power of two)
 
 
-def dot_row_tiles(m: int, n: int, k: int, itemsize: int, products: int = 1, accesses: int = 3) -> DotTiles:
+def dot_row_tiles(m: int, n: int, k: int, itemsize: int, products: float = 1, accesses: int = 3) -> DotTiles:
     """The tiles of a kernel that reduces its products' rows: a row that fits the tile's
     accumulator budget with 16 rows (up to WHOLE_ROWS columns) is one tile (each product
     computed once, the reductions over registers); a longer one is walked in column tiles

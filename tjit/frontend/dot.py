@@ -1,4 +1,5 @@
-"""Building IR Dots: a matrix product, and the movement ops pushed into its operands.
+"""Building IR Dots: a matrix product, its operands (memory, or prologues: elementwise work
+its kernel computes on the tiles it loads), and the movement ops pushed into them.
 
 A Dot's a is [.., m, k] and its b [.., k, n] with the same batch axes, or [k, n]: one
 matrix shared by every batch index (linear's weight under a [b, t, d] input), which the
@@ -27,7 +28,7 @@ def tileable(shape: tuple) -> bool:
 
 def dot(vb, a: GraphNode, b: GraphNode) -> GraphNode:
     """a @ b over the last two axes, batched over the others (broadcast to one batch shape),
-    as an IR Dot: float32, its operands read from memory."""
+    as an IR Dot: float32, its operands read from memory or computed on their tiles."""
     batch = tuple(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
     a = vb.expand_to(_operand(vb, a), batch + a.shape[-2:])
     b = _operand(vb, b)
@@ -77,9 +78,9 @@ def _is_literal(node: GraphNode) -> bool:
 def view_of_dot(vb, node: GraphNode, desc: tuple) -> Optional[GraphNode]:
     """The movement op `desc` applied to a Dot's operands, as another Dot (None where it has
     no such form, or the result would not be tileable: the caller materialises the
-    product). A view of the batch axes applies to both operands; slicing rows slices a; a reshape
-    that keeps the columns splits or merges a's rows where b is shared (linear's [b*t, n]
-    read as [b, t, n])."""
+    product). A view of the batch axes applies to both operands; slicing rows slices a; a
+    reshape that keeps the columns splits or merges a's rows where b is shared (linear's
+    [b*t, n] read as [b, t, n])."""
     new = getattr(node.view, desc[0])(*desc[1:])
     if new is None or not tileable(new.shape):
         return None

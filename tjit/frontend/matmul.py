@@ -5,15 +5,17 @@ The rule (`choose`): a product is generated where that fuses work away, the libr
 it otherwise.
 - Generated: float32, float16 or bfloat16 operands, both sides of the result longer than 1
   (a side of 1 is a matrix-vector product, which tl.dot's tiles do not fit), and work to
-  fuse: a bias (addmm, baddbmm), or a pointwise op or a reduction of the result's rows
-  (softmax, log_softmax, sums over the last axis) reading the result (through views).
+  fuse: a bias (addmm, baddbmm), a pointwise op or a reduction of the result's rows
+  (softmax, log_softmax, sums over the last axis) reading the result (through views), or an
+  operand computed by a prologue (outside library calls' gradient formulas).
 - Library: everything else; products above LIBRARY_ABOVE multiply-adds, where a tuned
   library kernel's speed outweighs one trip of the result through memory (a guess, not yet
   measured on a GPU), unless a reduction of their rows reads them (cross-entropy over an LM
-  head's logits: the generated kernel never writes the product); and products a gradient flows through, whose backward is library
-  products either way: on the zoo's training steps, generated forwards gave more kernels
-  and a higher peak (the saved values they leave), so training keeps the library's until
-  tjit generates the backward's products.
+  head's logits: the generated kernel never writes the product); and products a gradient
+  flows through, whose backward is library products either way: on the zoo's training
+  steps, generated forwards gave more kernels and a higher peak (Llama: the product saved
+  under two shapes, each differentiated), so training keeps the library's until tjit
+  generates the backward's products.
 `TJIT_MATMUL=generated` or `=library` forces one side, for comparisons.
 
 A Dot's result is float32 (the accumulator's type); the handler casts it to torch's result

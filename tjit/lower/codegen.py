@@ -26,8 +26,8 @@ from .fusion import (BufferTarget, InputTarget, KernelGroup, OutputTarget, PutAt
 from .grid_reduction import GridReductionEmitter
 from .reduction import (LoopContext, accumulator_for, block_reduce, identity, scan_carry_init, scan_identity,
                         scan_lines, scan_work_dtype, work_dtype)
-from .schedule import (AUTO_WARPS, DotTiles, IterationSpace, LoopDim, dot_row_tiles, dot_schedule, dot_tiles, lanes_per_thread,
-                       schedule)
+from .schedule import (AUTO_WARPS, DotTiles, IterationSpace, LoopDim, dot_row_tiles, dot_schedule, dot_tiles,
+                       lanes_per_thread, schedule)
 
 INT32_LIMIT = 2**31 - 1
 
@@ -232,7 +232,7 @@ class _Emitter(GridReductionEmitter):
         self.window_access: dict[int, int] = {}
         self.coord_index: dict[tuple, int] = {}
         read_directly = {id(s.value) for s in self.group.stores}  # leaves loaded at the kernel's own index
-        self.dot_access: dict[int, tuple[int, int]] = {}
+        self.dot_access: dict[int, tuple[dict, dict]] = {}  # a Dot -> per operand, its leaves' accesses
         for node in toposort([s.value for s in self.group.stores], stop=_at_own_index):
             if isinstance(node.op, Dot) and id(node) not in self.dot_access:
                 self._collect_dot(node)
@@ -299,7 +299,8 @@ class _Emitter(GridReductionEmitter):
     def _collect_dot(self, node: GraphNode) -> None:
         """A product's operands a [.., m, k] and b [.., k, n] (or [k, n]) are read over the kernel's
         [.., m, n] as a (stride 0 along n) and b (stride 0 along m), the contraction's
-        stride added per step; what they read in all is their own views."""
+        stride added per step; what they read in all is their own views. An operand computed
+        on its tiles (a prologue) is read so through each of its leaves in memory."""
         found, batch = [], len(node.shape) - 2
         for operand, kept in zip(node.src, ((1, 0), (0, 1))):
             found.append({})

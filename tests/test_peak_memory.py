@@ -156,6 +156,7 @@ def frexp_then_matmul(x, a, b):
     return (rows * a) @ b
 
 
+@pytest.mark.usefixtures("library_matmuls")  # (the matmul is the library call whose allocation is checked)
 def test_a_library_result_is_freed_after_its_last_reader():
     """The exponent dies once the kernel that reads it has run: the matmul after it, whose
     result (64 KB) is returned, allocates with the exponent freed (it would add 32 KB)."""

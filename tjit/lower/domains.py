@@ -300,10 +300,18 @@ def reshaped_expression(value: GraphNode, shape: tuple[int, ...],
     """The value's fused expression computed in `shape`, an axis split of its own (a norm's
     output read as [b*t, d] computed over the norm's [b, t, d]) or, with `dims`, its own axes
     in another order (value.permute(dims) has `shape`: a norm's output read as [t, b, d]):
-    each read through the split or permuted view, elementwise work as it is; None where a
-    part has no such form (a gather, a window, a scan over the value's shape)."""
+    each read through the split or permuted view, elementwise work as it is, a product with
+    only its batch axes split (attention's scores as [b*h, s, s] computed as [b, h, s, s]) as
+    the product of its operands' batch axes split; None where a part has no such form (a
+    gather, a window, a scan over the value's shape)."""
     new: dict[int, GraphNode] = {}
     relaid = (lambda view: view.reshape(shape)) if dims is None else (lambda view: view.permute(dims))
+
+    def leaf(node: GraphNode, view: Optional[View]) -> Optional[GraphNode]:
+        if view is None:
+            return None
+        return GraphNode(node.op, node.dtype, node.src, view) if isinstance(node.op, (ViewOp, Iota)) else \
+            GraphNode(ViewOp(), node.dtype, (node,), view)
 
     def split(node: GraphNode) -> Optional[GraphNode]:
         if id(node) in new:
@@ -313,12 +321,13 @@ def reshaped_expression(value: GraphNode, shape: tuple[int, ...],
             src = [split(s) for s in node.src]
             if all(s is not None for s in src):
                 found = GraphNode(node.op, node.dtype, tuple(src), View.contiguous(shape))
-        elif isinstance(node.op, (ViewOp, Iota)):
-            view = relaid(node.view)
-            found = None if view is None else GraphNode(node.op, node.dtype, node.src, view)
-        elif isinstance(node.op, (Input, Const, Contiguous, Extern)):
-            view = relaid(node.view)
-            found = None if view is None else GraphNode(ViewOp(), node.dtype, (node,), view)
+        elif isinstance(node.op, Dot) and dims is None and shape[-2:] == node.shape[-2:] and \
+                all(is_kernel_input(s) for s in node.src):
+            src = [s if len(s.shape) == 2 else leaf(s, s.view.reshape(shape[:-2] + s.shape[-2:])) for s in node.src]
+            if all(s is not None for s in src):
+                found = GraphNode(node.op, node.dtype, tuple(src), View.contiguous(shape))
+        elif isinstance(node.op, (ViewOp, Iota, Input, Const, Contiguous, Extern)):
+            found = leaf(node, relaid(node.view))
         new[id(node)] = found
         return found
 

@@ -7,7 +7,13 @@ compile with no register spills.
 """
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+# TJIT_TEST_DEVICE=cuda (on a machine with a GPU): the tests' tensors are made on the GPU (torch's
+# default device and generators), kernels are compiled and run there, and the sm_90 compile
+# check below is left out (every kernel is compiled for the device it runs on). Tests that
+# measure the interpreter (bytes moved, errors raised from inside kernels) fail there by design.
+ON_CUDA = os.environ.get("TJIT_TEST_DEVICE") == "cuda"
+if not ON_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ["TJIT_POISON"] = "1"
 os.environ["TJIT_VERIFY"] = "1"
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
@@ -24,6 +30,20 @@ settings.register_profile("explore", deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "tjit"))
 
 from tjit.runtime.loader import launched_kernels  # noqa: E402
+
+if ON_CUDA:
+    torch.set_default_device("cuda")
+
+    class GeneratorOnTheGPU(torch.Generator):
+        """torch.Generator() makes a CPU generator whatever the default device, and torch.randn
+        refuses a CPU generator for a CUDA tensor: the tests' generators are made on the GPU.
+        (A subclass, not a function: torch's code annotates with `torch.Generator | None`.)"""
+        def __new__(cls, device=None):
+            return super().__new__(cls, device if device is not None else "cuda")
+
+        def __init__(self, device=None):
+            pass
+    torch.Generator = GeneratorOnTheGPU
 
 _checked: set = set()
 
@@ -75,5 +95,16 @@ def library_matmuls(monkeypatch):
 @pytest.fixture(autouse=True)
 def _every_kernel_compiles_for_sm90(request):
     yield
+    if ON_CUDA:
+        return
     # a test marked spills_at_sm90 (a known gap, with its reason) must still compile
     check_gpu_compiles(allow_spills=request.node.get_closest_marker("spills_at_sm90") is not None)
+
+
+def pytest_runtest_logreport(report):
+    """TJIT_FAILURE_LOG=PATH: each failure's report appended to PATH as it happens, for runs
+    that a time limit may stop before pytest prints its summary (bench/gpu_session.sh)."""
+    path = os.environ.get("TJIT_FAILURE_LOG")
+    if path and report.failed:
+        with open(path, "a") as f:
+            f.write(f"==== {report.nodeid} ({report.when})\n{report.longreprtext[-4000:]}\n")

@@ -8,7 +8,9 @@ it otherwise.
   fuse: a bias (addmm, baddbmm), a pointwise op or a reduction of the result's rows
   (softmax, log_softmax, sums over the last axis) reading the result (through views), or an
   operand computed by a prologue (outside library calls' gradient formulas).
-- Library: everything else; products above LIBRARY_ABOVE multiply-adds, where a tuned
+- Library: float32 products on a GPU at torch's default ("highest") float32 matmul
+  precision (tl.dot computes exact float32 without tensor cores: measured 12x slower than
+  cuBLAS on an H100); everything else; products above LIBRARY_ABOVE multiply-adds, where a tuned
   library kernel's speed outweighs one trip of the result through memory (a guess, not yet
   measured on a GPU), unless a reduction of their rows reads them (cross-entropy over an LM
   head's logits: the generated kernel never writes the product); and products a gradient
@@ -73,6 +75,11 @@ def choose(node: fx.Node, a: GraphNode, b: GraphNode, with_bias: bool, different
         return False, "a matrix-vector product (a side of 1)"
     if mode != "auto":
         return mode == "generated", f"TJIT_MATMUL={mode}"
+    if a.dtype is DType.float32 and exact_float32_on_gpu(node):
+        # (bench/gpu.py on an H100: cross_entropy(h @ w.T) [4096, 1024] x [32000, 1024] ran 75 ms
+        # generated, 6 ms as cuBLAS's float32 product, which eager runs without tf32 too)
+        return False, ("float32 on a GPU at torch's 'highest' matmul precision: tl.dot would compute it "
+                       "exactly by FMA, without tensor cores (12x slower than the library's, measured)")
     if differentiated:
         # (measured on the zoo's training steps, bench/models.py: 6 to 110 more kernels per
         # step and 1.1-1.4x the peak memory with generated forwards; evaluation had fewer)
@@ -93,6 +100,16 @@ def choose(node: fx.Node, a: GraphNode, b: GraphNode, with_bias: bool, different
         # 1.52x eager's, Llama 1.08x -> 1.24x; what the prologue reads is held until both ran)
         return True, "fuses its operand's elementwise work (a prologue)"
     return False, "nothing to fuse (no pointwise op or row reduction reads the result, no operand is computed)"
+
+
+def exact_float32_on_gpu(node: fx.Node) -> bool:
+    """Whether node's float32 product runs on a GPU at torch's "highest" float32 matmul
+    precision (its default): eager's product is then exact float32 (no tf32), which tl.dot
+    computes only by FMA, without tensor cores. (Under "high" or "medium", eager's cuBLAS
+    products round their operands to tf32, and so do tjit's tl.dot kernels on a GPU.)"""
+    val = node.meta.get("val")
+    return (isinstance(val, torch.Tensor) and val.device.type == "cuda"
+            and torch.get_float32_matmul_precision() == "highest")
 
 
 def _fusing_reader(node: fx.Node) -> tuple[Optional[str], bool]:

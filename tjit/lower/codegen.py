@@ -132,6 +132,13 @@ class KernelPlan:
         return _distinct_bytes([a for a in stores if not a.gather]) + scattered + self._scratch_bytes
 
 
+def float32_dot_precision(device: str) -> str:
+    """tl.dot's input_precision for float32 operands: tf32 on a GPU where torch's float32
+    matmul precision lets eager's cuBLAS products use it, exact ("ieee") otherwise (torch's
+    default, and always in the interpreter, as eager on the CPU)."""
+    return "tf32" if device != "cpu" and torch.get_float32_matmul_precision() != "highest" else "ieee"
+
+
 def plan_kernel(group: KernelGroup, output_strides: dict[str, tuple[int, ...]],
                 forced: Optional[Sequence[AxisStrategy]] = None, device: str = "cuda") -> KernelPlan:
     """The kernel for `group`, generated for `device` ("cpu": Triton's interpreter, or
@@ -322,8 +329,9 @@ class _Emitter(GridReductionEmitter):
         k = max(d.src[0].shape[-1] for d in dots)
         choose = dot_row_tiles if self.domain.axes else dot_tiles
         computed = sum(not is_kernel_input(s) for d in dots for s in d.src)  # (prologues)
-        return choose(m, n, k, max(d.src[0].dtype.itemsize for d in dots), len(dots) + computed / 2,
-                      len(self.accesses) - 2 * len(dots))
+        itemsize = max(d.src[0].dtype.itemsize for d in dots)
+        tensor_cores = itemsize <= 2 or float32_dot_precision(self.device) == "tf32"
+        return choose(m, n, k, itemsize, len(dots) + computed / 2, len(self.accesses) - 2 * len(dots), tensor_cores)
 
     def _coordinate(self, view: View) -> int:
         """The index of the coordinate that computes `view`'s offset for each kernel index."""
@@ -871,8 +879,9 @@ class _Emitter(GridReductionEmitter):
             if rank > 2:
                 body.append(f"{tile} = tl.reshape({tile}, ({', '.join(shape)}))")
             tiles.append(tile)
-        exact = ', input_precision="ieee"' if node.src[0].dtype is DType.float32 else ""
-        body.append(f"{acc} = tl.dot({tiles[0]}, {tiles[1]}, {acc}{exact})")
+        precision = f', input_precision="{float32_dot_precision(self.device)}"' \
+            if node.src[0].dtype is DType.float32 else ""
+        body.append(f"{acc} = tl.dot({tiles[0]}, {tiles[1]}, {acc}{precision})")
         lines += ["    " + ln for ln in body]
         if rank == 2:
             return acc

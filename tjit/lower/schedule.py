@@ -285,47 +285,58 @@ class DotTiles:
         return f"tl.dot tiles {self.rows}x{self.columns}, k step {self.step}, {self.warps} warps, {self.stages} stages"
 
 
-def dot_tiles(m: int, n: int, k: int, itemsize: int, products: float = 1, accesses: int = 3) -> DotTiles:
+def dot_tiles(m: int, n: int, k: int, itemsize: int, products: float = 1, accesses: int = 3,
+              tensor_cores: Optional[bool] = None) -> DotTiles:
     """Per size class and register pressure: each side a power of two from 16 (tl.dot's
-    least), the contraction stepping 64 (16-bit operands, tensor cores) or 32 (float32,
-    computed exactly by FMA, as eager's float32 matmul is) at a time, operand tiles
-    pipelined 3 stages deep, 8 warps from 2048 16-bit tile elements on (float32: 4). One
-    product alone takes up to 128x64 (16-bit) or 32x32 (float32) per program; a kernel of several products (an
-    LSTM's gates) or of many loads and stores in its epilogue takes each product's share of
-    that, so its tile shrinks, the larger side first (an operand computed on its tiles, a
-    prologue, counts half a product: float32 32x32 with x * 0.5 as a spilled 8 bytes). These
-    were the largest that compiled
-    for sm_90 without spills over the tests' kernels (128x128 16-bit with a gelu epilogue
-    spilled; float32's FMA products spilled at 64x64 with 4 or 8 warps and at 32x64 with 8);
-    their speed is not yet measured on a GPU."""
-    wide = itemsize <= 2
+    least), the contraction stepping 64 (16-bit operands) or 32 (float32) at a time, operand
+    tiles pipelined 3 stages deep, 8 warps from 2048 tile elements on (FMA products: 4).
+    `tensor_cores`: whether tl.dot runs on the tensor cores (16-bit operands, or float32 as
+    tf32; by default 16-bit only) or computes exact float32 by FMA, as eager's float32 matmul
+    does at torch's default precision.
+
+    One product alone takes up to 128x64 on the tensor cores, 32x32 by FMA; a kernel of
+    several products (an LSTM's gates) or of many loads and stores in its epilogue takes
+    each product's share of that, so its tile shrinks, the larger side first (an operand
+    computed on its tiles, a prologue, counts half a product). These were the largest that
+    compiled for sm_90 without spills over the tests' kernels: 128x128 with a gelu epilogue
+    spilled (16-bit; with 4 warps, or 8 in float16), FMA products at 64x64 with 4 or 8 warps
+    and at 32x64 with 8. Measured on an H100 (bench/gpu.py, 4096-row products, 2026-11-27):
+    128x64 ran bfloat16 gelu(linear) at 399 TFLOP/s (cuBLAS and the epilogue: 650; 128x256,
+    which spills, 544); tf32 products at 128x64 208 TFLOP/s against 69 at 32x32; FMA
+    products run ~12x slower than cuBLAS at any tile (the rule gives them to the library on
+    a GPU)."""
+    wide = itemsize <= 2 if tensor_cores is None else tensor_cores
     pressure = products + max(0, accesses - 3) / 8  # (a bias, a residual and the output come free)
     budget = max(256, int((128 * 64 if wide else 32 * 32) / pressure))  # accumulator elements per program
-    rows = min(128 if wide else 32, max(16, _pow2(m)))
-    columns = min(64 if wide else 32, max(16, _pow2(n)))
+    rows, columns = min(128 if wide else 32, max(16, _pow2(m))), min(64 if wide else 32, max(16, _pow2(n)))
     while rows * columns > budget and max(rows, columns) > 16:
         if rows >= columns:
             rows //= 2
         else:
             columns //= 2
-    step = min(64 if wide else 32, max(16, _pow2(k)))
+    step = min(64 if itemsize <= 2 else 32, max(16, _pow2(k)))
     return DotTiles(rows, columns, step, 8 if wide and rows * columns >= 32 * 64 else 4, 3)
 
 
 WHOLE_ROWS = 128  # the longest reduced row of a product held in one tile (a power of two)
 
 
-def dot_row_tiles(m: int, n: int, k: int, itemsize: int, products: float = 1, accesses: int = 3) -> DotTiles:
+def dot_row_tiles(m: int, n: int, k: int, itemsize: int, products: float = 1, accesses: int = 3,
+                  tensor_cores: Optional[bool] = None) -> DotTiles:
     """The tiles of a kernel that reduces its products' rows: a row that fits the tile's
     accumulator budget with 16 rows (up to WHOLE_ROWS columns) is one tile (each product
     computed once, the reductions over registers); a longer one is walked in column tiles
     (each pass of the reduction computes its tiles again: softmax's two, cross-entropy's
-    one), half as many rows per program. float32's budget (32x32) holds rows of 64: at
-    16x128 a softmax spilled at sm_90."""
-    tiles = dot_tiles(m, n, k, itemsize, products, accesses)
+    one), half as many rows per program, and on the tensor cores twice as many columns
+    (128x64 -> 64x128: cross_entropy(linear) over 32000 columns in bfloat16 ran 1.5x as
+    fast on an H100 as at 64x64, bench/gpu.py). float32's budget (32x32) holds rows of 64:
+    at 16x128 a softmax spilled at sm_90."""
+    tiles = dot_tiles(m, n, k, itemsize, products, accesses, tensor_cores)
     whole, budget = max(16, _pow2(n)), tiles.rows * tiles.columns
     if whole > min(WHOLE_ROWS, budget // 16):  # (half the rows: a float32 softmax at 32x32 spilled)
-        return dataclasses.replace(tiles, rows=max(16, tiles.rows // 2))
+        wide = itemsize <= 2 if tensor_cores is None else tensor_cores
+        columns = min(2 * tiles.columns, WHOLE_ROWS, whole) if wide and tiles.rows > 16 else tiles.columns
+        return dataclasses.replace(tiles, rows=max(16, tiles.rows // 2), columns=columns)
     return dataclasses.replace(tiles, rows=max(16, min(tiles.rows, budget // whole)), columns=whole)
 
 

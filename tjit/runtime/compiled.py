@@ -46,7 +46,8 @@ class CompiledEntry:
 
 def guard_key(flat: list[tuple[str, Any]], numbers: tuple[str, ...] = ()) -> tuple:
     """numbers: the float arguments passed as runtime numbers (their values are not part of it)."""
-    key = [torch.is_grad_enabled(), numbers]
+    # (the float32 matmul precision: a generated float32 product uses tf32 where it allows)
+    key = [torch.is_grad_enabled(), numbers, torch.get_float32_matmul_precision()]
     storages: dict[int, tuple[int, int]] = {}  # which tensors share memory is traced in
     for k, (name, v) in enumerate(flat):
         if isinstance(v, torch.Tensor) and v.layout != torch.strided:  # (no storage: a sparse tensor)

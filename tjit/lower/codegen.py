@@ -867,21 +867,22 @@ class _Emitter(GridReductionEmitter):
         self._dot_steps[step] = self.tiles.step
         size = self._scalar(f"dot{j}_k", node.src[0].shape[-1])
         acc, k0, rk = self._fresh(), self._fresh(), self._fresh()
-        lines.append(f"{acc} = tl.zeros((BLOCK_{rows}, BLOCK_{cols}), tl.float32)")
-        lines.append(f"for {k0} in range(0, {size}, {step}):")
         body = [f"{rk} = {k0} + tl.arange(0, {step})" + (".to(tl.int64)" if self.int64 else "")]
-        tiles = []
+        tiles, before = [], []
         for operand, accesses, (k_axis, kept, shape) in zip(node.src, self.dot_access[id(node)], (
                 (cols, rows, (f"BLOCK_{rows}", step)), (rows, cols, (step, f"BLOCK_{cols}")))):
             along = f"{rk}[{', '.join(':' if d == k_axis else 'None' for d in range(rank))}]"
             mask = f"(i{kept} < size{kept}) & ({along} < {size})"
-            tile = self._operand_tile(operand, accesses, along, step, mask, (k_axis, kept), body)
+            tile = self._operand_tile(operand, accesses, along, step, mask, (k_axis, kept), body, before)
             if rank > 2:
                 body.append(f"{tile} = tl.reshape({tile}, ({', '.join(shape)}))")
             tiles.append(tile)
         precision = f', input_precision="{float32_dot_precision(self.device)}"' \
             if node.src[0].dtype is DType.float32 else ""
         body.append(f"{acc} = tl.dot({tiles[0]}, {tiles[1]}, {acc}{precision})")
+        lines += before
+        lines.append(f"{acc} = tl.zeros((BLOCK_{rows}, BLOCK_{cols}), tl.float32)")
+        lines.append(f"for {k0} in range(0, {size}, {step}):")
         lines += ["    " + ln for ln in body]
         if rank == 2:
             return acc
@@ -889,31 +890,44 @@ class _Emitter(GridReductionEmitter):
         return f"tl.reshape({acc}, ({shape}, BLOCK_{rows}, BLOCK_{cols}))"
 
     def _operand_tile(self, operand: GraphNode, accesses: dict[int, int], along: str, step: str, mask: str,
-                      axes: tuple[int, int], body: list[str]) -> str:
+                      axes: tuple[int, int], body: list[str], before: list[str]) -> str:
         """One step's tile of a product's operand: its memory loaded (0 past its rows or
         columns and past k), or its expression computed over its leaves' tiles, then 0
         where the mask is off, so steps past k add nothing (a prologue's value there need not
-        be 0: x + 1, or a log's -inf)."""
+        be 0: x + 1, or a log's -inf). What does not vary along k (a norm's row statistics,
+        literals, and what is computed from them alone) is loaded and computed once, in
+        `before` (ahead of the k loop), on [.., rows, 1] (or [.., 1, columns]) tiles that
+        broadcast against the step's."""
         k_axis, kept = axes
         rank = len(self.space.sizes)
+        kept_mask = f"(i{kept} < size{kept})"
         names: dict[int, str] = {}
+        fixed: set[int] = set()  # the nodes that do not vary along k
         for node in toposort([operand], stop=is_kernel_input):
+            lines, node_mask = body, mask
             if id(node) in accesses:
                 n, view = accesses[id(node)], leaf_view(node)
                 stride = view.strides[-1] if k_axis == rank - 1 else view.strides[-2]
-                offset = "" if stride == 0 else f" + {along}" + ("" if stride == 1 else
-                                                                f" * {self._scalar(f'a{n}_kstride', stride)}")
                 # (an address that does not move along a tile's axis is spread over it, as the mask is)
-                full = [f"BLOCK_{kept}" if d == kept else step if d == k_axis else "1" for d in range(rank)]
-                spread = "" if stride and self.space.strides[n][kept] else \
-                    f" + tl.zeros(({', '.join(full)},), tl.int32)"
-                expr = f"tl.load({self._address(n)}{offset}{spread}, mask={mask}, other=0.0)"
+                full = [f"BLOCK_{kept}" if d == kept else step if d == k_axis and stride else "1" for d in range(rank)]
+                spread = "" if self.space.strides[n][kept] else f" + tl.zeros(({', '.join(full)},), tl.int32)"
+                if stride == 0:
+                    fixed.add(id(node))
+                    lines, expr = before, f"tl.load({self._address(n)}{spread}, mask={kept_mask}, other=0.0)"
+                else:
+                    offset = f" + {along}" + ("" if stride == 1 else f" * {self._scalar(f'a{n}_kstride', stride)}")
+                    expr = f"tl.load({self._address(n)}{offset}{spread}, mask={mask}, other=0.0)"
             elif is_kernel_input(node):  # a literal
-                expr = self._value(node, names, body)
+                fixed.add(id(node))
+                lines = before
+                expr = self._value(node, names, before)
             else:
-                expr = self._elementwise(node, [names[id(s)] for s in node.src], body, mask)
+                if all(id(s) in fixed for s in node.src):
+                    fixed.add(id(node))
+                    lines, node_mask = before, kept_mask
+                expr = self._elementwise(node, [names[id(s)] for s in node.src], lines, node_mask)
             names[id(node)] = self._fresh()
-            body.append(f"{names[id(node)]} = {expr}")
+            lines.append(f"{names[id(node)]} = {expr}")
         tile = names[id(operand)]
         if not is_kernel_input(operand):
             body.append(f"{tile} = tl.where({mask}, {tile}, 0.0).to({tile}.dtype)")

@@ -132,7 +132,7 @@ def test_a_refused_dynamo_graph_runs_eagerly_with_a_warning(monkeypatch):
     def refuse(self, *args, **kwargs):
         raise tjit.UnsupportedOpError("some_op", "refused for this test")
 
-    monkeypatch.setattr(tjit.runtime.compiled.CompiledFunction, "entry_for", refuse)
+    monkeypatch.setattr(tjit.runtime.compiled.CompiledFunction, "prepare", refuse)
     x = torch.randn(300)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -67,6 +67,16 @@ def guard_key(flat: list[tuple[str, Any]], numbers: tuple[str, ...] = ()) -> tup
     return tuple(key)
 
 
+@dataclass
+class PreparedCall:
+    """A call's compiled entry and its arguments (CompiledFunction.prepare, then .run)."""
+    entry: CompiledEntry
+    args: tuple
+    kwargs: dict
+    flat: list
+    tensors: dict
+
+
 class CompiledFunction:
     def __init__(self, fn: Callable, axis_strategies: Optional[Mapping[str, Sequence[AxisStrategy]]] = None,
                  donate: Sequence[str] = (), split_data_dependent: bool = True):
@@ -81,16 +91,21 @@ class CompiledFunction:
         self._cache: dict[tuple, CompiledEntry] = {}
         self._lock = threading.Lock()
         self._positional_names = _plain_positional_names(fn)
+        self._var_positional = _var_positional_name(fn)  # `args` of fn(*args): a Dynamo graph's forward
         self._takes_out = _has_parameter(fn, "out")  # then out= is the function's own argument
         # why float arguments are specialised (a runtime number failed the trace), or None
         self.literal_numbers: Optional[str] = None
         self._number_parameters = _named_parameters(fn)  # those a float can be passed to as a runtime number
 
     def _flatten(self, args, kwargs) -> list[tuple[str, Any]]:
-        # The common call (all parameters given positionally) skips inspect's binding.
-        if not kwargs and self._positional_names is not None and len(args) == len(self._positional_names) \
-                and not any(isinstance(a, CONTAINERS) and holds_tensors(a) for a in args):  # (those are flattened)
+        # The common calls (all parameters given positionally, or a Dynamo graph's forward(*args))
+        # skip inspect's binding, which costs tens of microseconds.
+        if kwargs or any(isinstance(a, CONTAINERS) and holds_tensors(a) for a in args):  # (those are flattened)
+            return flatten_arguments(self.fn, args, kwargs)
+        if self._positional_names is not None and len(args) == len(self._positional_names):
             return list(zip(self._positional_names, args))
+        if self._var_positional is not None:
+            return [(f"{self._var_positional}{k}", a) for k, a in enumerate(args)]
         return flatten_arguments(self.fn, args, kwargs)
 
     def __call__(self, *args, **kwargs):
@@ -99,6 +114,11 @@ class CompiledFunction:
         place: they are written straight into it when its layout is the result's, else
         copied; the call returns the out tensors."""
         out = kwargs.pop("out", None) if not self._takes_out else None
+        return self.run(self.prepare(args, kwargs), out)
+
+    def prepare(self, args: tuple, kwargs: dict) -> "PreparedCall":
+        """The compiled entry for these arguments, compiled on a miss (which raises tjit's
+        errors before anything runs), and the arguments as run() takes them."""
         flat = self._flatten(args, kwargs)
         tensors = {name: v for name, v in flat if isinstance(v, torch.Tensor)}
         _check_not_donated(tensors)
@@ -110,10 +130,15 @@ class CompiledFunction:
                 entry = self._entry(args, kwargs, flat, numbers)
         else:
             counters.cache_hits += 1
+        return PreparedCall(entry, args, kwargs, flat, tensors)
+
+    def run(self, call: "PreparedCall", out=None):
+        """Run a prepared call (see __call__ for `out`)."""
+        entry, tensors = call.entry, call.tensors
         if isinstance(entry.executable, SplitFunction):
-            return _into_out(entry.executable(args, kwargs), out)
+            return _into_out(entry.executable(call.args, call.kwargs), out)
         if entry.numbers:
-            tensors.update(_as_tensors(flat, entry.numbers))
+            tensors.update(_as_tensors(call.flat, entry.numbers))
         return entry.executable(tensors, out)
 
     def entry_for(self, *args, **kwargs) -> CompiledEntry:
@@ -300,6 +325,18 @@ def _plain_positional_names(fn) -> Optional[tuple[str, ...]]:
         return None
     if all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params):
         return tuple(p.name for p in params)
+    return None
+
+
+def _var_positional_name(fn) -> Optional[str]:
+    """The name of fn's *args when that is its only positional parameter (fn(*args) or
+    fn(*args, **kwargs)), else None."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if params and params[0].kind is params[0].VAR_POSITIONAL and all(p.kind is p.VAR_KEYWORD for p in params[1:]):
+        return params[0].name
     return None
 
 

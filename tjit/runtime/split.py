@@ -63,7 +63,7 @@ def graph_backend(gm: torch.fx.GraphModule, example_inputs) -> Callable:
             return _specialised(gm, reads, by_values, graph, args)
         if graph.eager_because is None:
             try:
-                graph.compiled.entry_for(*args)
+                prepared = graph.compiled.prepare(args, {})
             except DataDependentError as e:
                 if reads and _branched_on_data(e):  # on a number read from an input: specialise on it
                     return _specialised(gm, reads, by_values, graph, args)
@@ -73,7 +73,7 @@ def graph_backend(gm: torch.fx.GraphModule, example_inputs) -> Callable:
                 warnings.warn(f"tjit runs a graph of {len(gm.graph.nodes)} nodes eagerly: {e}", stacklevel=2)
         if graph.eager_because is not None:
             return gm(*args)
-        return graph.compiled(*args)
+        return graph.compiled.run(prepared)
 
     run.split_graph = graph
     return run

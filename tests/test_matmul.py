@@ -1,6 +1,8 @@
 """Matrix products generated as tl.dot kernels with their epilogues fused (frontend/matmul.py,
 the IR Dot, lower/codegen.py), against eager: layouts, sizes past every tile, low-precision
 types, gradients, the generated-or-library rule, and in-place writes of an operand."""
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -9,6 +11,15 @@ import tjit
 from helpers import clone_args, launches
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+@pytest.fixture(autouse=True)
+def _generated_float32_on_the_gpu(request, monkeypatch):
+    """With CUDA tensors (TJIT_TEST_DEVICE=cuda) the rule gives float32 products to the library
+    (frontend/matmul.py: exact float32 is FMA work for tl.dot): these tests generate them as on
+    the CPU, so that the GPU runs the same kernels and counts, checked against eager."""
+    if os.environ.get("TJIT_TEST_DEVICE") == "cuda" and "matmul_precision" not in request.node.name:
+        monkeypatch.setattr("tjit.frontend.matmul.exact_float32_on_gpu", lambda node: False)
 
 
 def steps(compiled, *args) -> tuple[int, int]:

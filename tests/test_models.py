@@ -3,6 +3,7 @@ forward and a training step (loss, backward, SGD with momentum), against eager o
 of the same model. Batch norm's running statistics must be updated as eager updates them.
 """
 import copy
+import os
 
 import pytest
 import torch
@@ -10,8 +11,10 @@ import torch
 from zoo import ZOO
 
 # float32 on CPU: the model's outputs and gradients go through matmuls and long sums whose
-# order differs between tjit's kernels and eager's (MKL) ones.
-RTOL, ATOL = 1e-4, 1e-5
+# order differs between tjit's kernels and eager's (MKL) ones. On a GPU (TJIT_TEST_DEVICE=cuda)
+# eager's own error is larger: ViT's eval output was 1.6e-4 from a float64 run, eager's and
+# tjit's alike, on an H100.
+RTOL, ATOL = (1e-3, 1e-3) if os.environ.get("TJIT_TEST_DEVICE") == "cuda" else (1e-4, 1e-5)
 
 
 def _close(got, expected, what):

@@ -5,7 +5,7 @@ import torch
 import tjit
 from tjit.ir import Sequential, Thread, ThreadGroup
 
-from helpers import check_against_eager
+from helpers import assert_as_accurate_as_eager, check_against_eager
 
 MAPPINGS = {"auto": None, "persistent": (ThreadGroup(), Thread()), "looped": (ThreadGroup(), Sequential(16))}
 SCANS = {
@@ -37,6 +37,11 @@ def test_scan_matches_eager_in_one_kernel(name, mapping):
 def test_cumsum_dtypes(dtype):
     fn = lambda x: torch.cumsum(x, 0)  # noqa: E731
     x = (torch.randn(40, 3) * 4).to(dtype)
+    if x.is_cuda and dtype in (torch.float16, torch.bfloat16):
+        # (CUDA eager's 16-bit scan state is 16-bit: on an H100 its float16 error was 0.029 where
+        # tjit's, accumulated in float32, was 0.0077; CPU eager accumulates in float32 as tjit does)
+        assert_as_accurate_as_eager(tjit.compile(fn)(x), fn(x), fn(x.double()), 1e-3, 1e-3, "cumsum")
+        return
     check_against_eager(fn, x)
 
 

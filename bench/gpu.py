@@ -38,6 +38,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import tjit  # noqa: E402
+from matmul import attention, gelu_linear, mlp_block  # noqa: E402
+from models import train_step  # noqa: E402
 from zoo import ZOO, WithLoss  # noqa: E402
 
 COMPILERS = ("eager", "tjit", "inductor")
@@ -60,6 +62,11 @@ def wall(call) -> float:
     return time.perf_counter() - t
 
 
+def record_error(row: dict, error: Exception) -> None:
+    row["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"
+    row["traceback"] = traceback.format_exc()[-3000:]
+
+
 def compiled_with(compiler: str, module):
     if compiler == "eager":
         return module
@@ -70,14 +77,6 @@ def compiled_with(compiler: str, module):
 
 
 # -- models --------------------------------------------------------------------------------------
-
-def train_step(fn, params, x, target):
-    for p in params:
-        p.grad = None
-    loss = fn(x, target)
-    loss.backward()
-    return loss
-
 
 def step_peak(fn, params, x, target) -> int:
     for p in params:
@@ -138,8 +137,7 @@ def run_model(name: str, compiler: str) -> dict:
             train_step(wrapped, params, x, target)
             row["train_launches"] = tjit.counters.launches - before
     except Exception as e:  # noqa: BLE001  (recorded in the row)
-        row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
-        row["traceback"] = traceback.format_exc()[-3000:]
+        record_error(row, e)
     return row
 
 
@@ -157,23 +155,12 @@ def model_line(r: dict) -> str:
 
 # -- functions -----------------------------------------------------------------------------------
 
-def gelu_linear(x, w, b):
-    return F.gelu(F.linear(x, w, b))
-
-
-def mlp_block(x, w1, b1, w2, b2):
-    return x + F.linear(F.gelu(F.linear(F.layer_norm(x, (x.shape[-1],)), w1, b1)), w2, b2)
-
-
-def attention(q, k, v):
-    return torch.softmax(q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5, -1) @ v
-
-
 def causal_sdpa(q, k, v):
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
 def linear_ce(h, w, target):
+    """(bench/matmul.py's, with the logits in float32 as LLM training code computes its loss)"""
     return F.cross_entropy(F.linear(h, w).float(), target)
 
 
@@ -229,8 +216,7 @@ def run_function(name: str, dtype: torch.dtype) -> list[dict]:
                 row["ms"] = median_ms(lambda: f(*args))
                 row["tflops"] = flops / (row["ms"] * 1e-3) / 1e12
         except Exception as e:  # noqa: BLE001  (recorded in the row)
-            row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
-            row["traceback"] = traceback.format_exc()[-3000:]
+            record_error(row, e)
         rows.append(row)
     return rows
 
@@ -295,7 +281,7 @@ def run_tiles(dtype_name: str) -> list[dict]:
                         row["tflops"] = flops / (row["ms"] * 1e-3) / 1e12
                         row["chosen"] = seen[-1].describe() if seen else ""
                     except Exception as e:  # noqa: BLE001  (recorded in the row)
-                        row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+                        record_error(row, e)
                     rows.append(row)
                     print(tiles_line(row), flush=True)
     finally:

@@ -36,16 +36,29 @@ def call_results(call: ExternCall, operands: list[torch.Tensor]) -> list[torch.T
     copy of each operand it writes in place, as the op left it (the op writes the copies:
     the operands themselves stay as they were)."""
     copies = {k: operands[k].clone(memory_format=torch.contiguous_format) for k in call.writes}
-
-    def bind(arg):
-        return copies.get(arg.index, operands[arg.index]) if isinstance(arg, Operand) else arg
-
+    bound = [copies.get(k, t) for k, t in enumerate(operands)] if copies else operands
     if call.seed is None:
-        result = call.target(*tree_map(bind, call.args), **tree_map(bind, call.kwargs))
+        result = call.target(*bind(call.args, bound), **bind(call.kwargs, bound))
     else:
         with seeded(operands[call.seed], operands):
-            result = call.target(*tree_map(bind, call.args), **tree_map(bind, call.kwargs))
+            result = call.target(*bind(call.args, bound), **bind(call.kwargs, bound))
     return [t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)] + [copies[k] for k in call.writes]
+
+
+def bind(value, operands: list[torch.Tensor]):
+    """A call's arguments (or one of them) with each Operand replaced by its tensor, in lists
+    and tuples too (cat's). Plain lists, tuples and dicts are walked directly: through pytree
+    this cost tens of microseconds per call."""
+    if isinstance(value, Operand):
+        return operands[value.index]
+    kind = type(value)
+    if kind is tuple or kind is list:
+        return kind(bind(v, operands) for v in value)
+    if kind is dict:
+        return {k: bind(v, operands) for k, v in value.items()}
+    if isinstance(value, (tuple, list, dict)):  # (a namedtuple or another container type)
+        return tree_map(lambda v: operands[v.index] if isinstance(v, Operand) else v, value)
+    return value
 
 
 def results_into(plan: LibraryPlan, operands: list[torch.Tensor], memory: dict) -> list[torch.Tensor]:
@@ -53,9 +66,6 @@ def results_into(plan: LibraryPlan, operands: list[torch.Tensor], memory: dict) 
     in the slab, or memory of its own in the traced layout (a result the function returns).
     A result no step reads gets an empty tensor the op resizes (tracing may not know its
     size: embedding_bag's unused offset2bag)."""
-    def bind(arg):
-        return operands[arg.index] if isinstance(arg, Operand) else arg
-
     device = operands[0].device if operands else torch.device("cpu")
     placed = {id(node) for node in plan.in_slab}
     read = {id(node) for node in plan.results}
@@ -68,7 +78,7 @@ def results_into(plan: LibraryPlan, operands: list[torch.Tensor], memory: dict) 
             outs.append(torch.empty_strided(node.shape, node.view.strides, dtype=node.dtype.torch, device=device))
         else:
             outs.append(torch.empty(0, dtype=node.dtype.torch, device=device))
-    plan.out_form(*tree_map(bind, plan.call.args), **tree_map(bind, plan.call.kwargs), **dict(zip(plan.out_names, outs)))
+    plan.out_form(*bind(plan.call.args, operands), **bind(plan.call.kwargs, operands), **dict(zip(plan.out_names, outs)))
     for node in plan.results:
         if tuple(outs[node.op.index].shape) != node.shape:  # the op resized it: tracing was wrong
             raise TjitError(f"{plan.out_form} resized its result {node.op.index} to "

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """On a CUDA GPU: tjit, Inductor and eager PyTorch on the same work, checked and timed.
 
-    python bench/gpu.py [--sections functions,models] [--functions a,b] [--dtypes float32,...]
+    python bench/gpu.py [--sections functions,models,profile,tiles] [--functions a,b] [--dtypes float32,...]
                         [--models a,b] [--json PATH]
 
 models: tests/zoo.py's zoo on the GPU (same weights and inputs for every compiler), each through
@@ -12,6 +12,10 @@ models: tests/zoo.py's zoo on the GPU (same weights and inputs for every compile
   median), the peak of the CUDA allocator over a training step above what was allocated before
   it (for tjit plus its slab arena, as bench/models.py counts it), and the largest difference to
   eager of the output, the loss and every gradient.
+profile: one steady call of each function (in the last of --dtypes) and of each model's eval
+  forward under torch's profiler: wall time against the sum of its GPU kernels' times (a call
+  far above its kernels' time is bound by host work) and the longest kernels.
+tiles: every product generated, at each of TILES' tile sizes, timed.
 functions: matrix products with fused work around them at sizes that fill the GPU, in float32,
   float16 and bfloat16: time per call, TFLOP/s (2*m*n*k per product over the time) and the
   relative error ||out - ref|| / ||ref|| against a float64 reference, for eager, Inductor and
@@ -301,6 +305,63 @@ def tiles_line(r: dict) -> str:
     return f"{head} {r['ms']:>8.3f} {r['tflops']:>8.1f} {r['eager_ms']:>8.3f} {r['rel_diff']:>8.1e} {r['chosen']}"
 
 
+# -- where a call's time goes ------------------------------------------------------------------------
+
+def profile_call(call, top: int = 8) -> dict:
+    """One steady call under torch's profiler: the GPU time of each kernel (Triton's and the
+    library's), their sum against the call's wall time (a call whose wall time is far above
+    its kernels' is bound by host work: tjit's Python, Triton's launcher, library calls'
+    dispatch), and the kernels that took longest."""
+    from torch.profiler import ProfilerActivity, profile
+    call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        wall_s = wall(call)
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    times: dict = {}
+    for e in kernels:
+        times[e.name] = times.get(e.name, 0.0) + e.device_time_total
+    if not kernels:  # (a build whose events() lists no device events: the ops' own device time)
+        for e in prof.events():
+            if e.self_device_time_total:
+                times[e.name] = times.get(e.name, 0.0) + e.self_device_time_total
+    ranked = sorted(times.items(), key=lambda kv: -kv[1])[:top]
+    return {"wall_us": wall_s * 1e6, "kernels_us": sum(times.values()), "kernel_count": len(kernels),
+            "top": [(name[:60], us) for name, us in ranked]}
+
+
+def run_profiles(functions: list[str], dtype: torch.dtype, models: list[str]) -> list[dict]:
+    import torch._dynamo
+    rows = []
+    for name in functions:
+        args, _ = function_inputs(name, dtype)
+        for compiler in COMPILERS:
+            torch._dynamo.reset()
+            f = {"eager": FUNCTIONS[name], "tjit": tjit.compile(FUNCTIONS[name]),
+                 "inductor": torch.compile(FUNCTIONS[name])}[compiler]
+            with torch.no_grad():
+                rows.append({"what": f"{name} {str(dtype).removeprefix('torch.')}", "compiler": compiler,
+                             **profile_call(lambda: f(*args))})
+            print(profile_line(rows[-1]), flush=True)
+    for name in models:
+        torch.manual_seed(0)
+        model = ZOO[name].build().cuda().eval()
+        x = ZOO[name].inputs(torch.Generator().manual_seed(1)).cuda()
+        for compiler in COMPILERS:
+            torch._dynamo.reset()
+            compiled = compiled_with(compiler, model)
+            with torch.no_grad():
+                rows.append({"what": f"{name} eval", "compiler": compiler, **profile_call(lambda: compiled(x))})
+            print(profile_line(rows[-1]), flush=True)
+    return rows
+
+
+def profile_line(r: dict) -> str:
+    top = "; ".join(f"{name} {us:.0f}" for name, us in r["top"][:4])
+    return (f"{r['what']:<20} {r['compiler']:<9} wall {r['wall_us']:>8.0f} us, {r['kernel_count']:>3} GPU kernels "
+            f"{r['kernels_us']:>8.0f} us | {top}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sections", default="functions,models")
@@ -331,6 +392,12 @@ def main() -> int:
                     results["functions"].append(row)
                     print(function_line(row), flush=True)
                 save()
+    if "profile" in sections:
+        print("\n== one call profiled: wall time against the GPU kernels' time, longest kernels (us) ==", flush=True)
+        progress("profiles")
+        results["profiles"] = run_profiles(opts.functions.split(","), getattr(torch, opts.dtypes.split(",")[-1]),
+                                           opts.models.split(","))
+        save()
     if "tiles" in sections:
         print("\n== generated products at forced tiles (TJIT_MATMUL=generated) ==")
         print(TILES_HEADER, flush=True)

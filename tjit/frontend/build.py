@@ -117,7 +117,7 @@ class ValueBuilder:
             if view == base.view and isinstance(base.op, Reduce):
                 return base
             return self.b.node(ViewOp(), node.dtype, (base,), view)
-        if _is_literal(node):  # (a view of) a literal with extent along the axis (a 0-d one read as a line)
+        if node.is_literal:  # (a view of) a literal with extent along the axis (a 0-d one read as a line)
             if in_range:  # every element is the literal: nothing to read
                 return self.expand_to(node.src[0] if node.src else node, shape)
             # a gather's table must be memory (materialize keeps a literal as it is): a buffer
@@ -349,7 +349,7 @@ class ValueBuilder:
     def _shifted_uncached(self, node: GraphNode, low, shape) -> GraphNode:
         if all(lo == 0 for lo in low) and node.shape == shape:
             return node
-        if isinstance(node.op, Const) or isinstance(node.op, ViewOp) and isinstance(node.src[0].op, Const):
+        if node.is_literal:
             return self.expand_to(node.src[0] if node.src else node, shape)
         if isinstance(node.op, Iota):
             v = node.view
@@ -516,7 +516,7 @@ class ValueBuilder:
         out of range (coordinates that were out of range arrive as -1) is reported; without
         it, the coordinates are in range by construction."""
         shape = coords[0].shape
-        if isinstance(node.op, Const) or isinstance(node.op, ViewOp) and isinstance(node.src[0].op, Const):
+        if node.is_literal:
             return self.expand_to(node.src[0] if node.src else node, shape)  # (a checked read checks elsewhere)
         if isinstance(node.op, Iota) and not checked:
             terms = [self.expand_to(self.const(node.view.offset, DType.int64), shape)]
@@ -680,7 +680,3 @@ def _checks_an_index(value: GraphNode) -> bool:
     stop = lambda n: n.is_leaf or isinstance(n.op, (Contiguous, Gather))  # noqa: E731
     return any(isinstance(n.op, Gather) and n.op.checked for n in toposort([value], stop=stop))
 
-
-def _is_literal(node: GraphNode) -> bool:
-    """A literal or a view of one: every element is the same value, and no memory holds it."""
-    return isinstance(node.op, Const) or isinstance(node.op, ViewOp) and isinstance(node.src[0].op, Const)

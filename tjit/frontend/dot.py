@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from ..ir import (Const, Contiguous, DType, Dot, Elementwise, Extern, ExternCall, GraphNode, Iota, Operand, Reduce,
+from ..ir import (Contiguous, DType, Dot, Elementwise, Extern, ExternCall, GraphNode, Iota, Operand, Reduce,
                   View, ViewOp, toposort)
 from ..ir.ops import op_def
 from .library import in_memory
@@ -64,15 +64,12 @@ def is_prologue(x: GraphNode) -> bool:
     return all(isinstance(n.op, Elementwise) and not op_def(n.op.op).divides and not op_def(n.op.op).checks_index
                for n in inner) and \
         not any(isinstance(n.op, Iota) for n in leaves) and \
-        sum(not _is_literal(n) for n in leaves) <= PROLOGUE_LOADS
+        sum(not n.is_literal for n in leaves) <= PROLOGUE_LOADS
 
 
 def _prologue_leaf(n: GraphNode) -> bool:
     return n.is_leaf or isinstance(n.op, Contiguous) or isinstance(n.op, ViewOp) and isinstance(n.src[0].op, Reduce)
 
-
-def _is_literal(node: GraphNode) -> bool:
-    return isinstance(node.op, Const) or isinstance(node.op, ViewOp) and isinstance(node.src[0].op, Const)
 
 
 def view_of_dot(vb, node: GraphNode, desc: tuple) -> Optional[GraphNode]:

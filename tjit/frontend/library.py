@@ -17,7 +17,7 @@ import torch.fx as fx
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from ..errors import UnsupportedOpError
-from ..ir import Const, Contiguous, DType, Extern, ExternCall, GraphNode, Input, Operand, View, ViewOp, contiguous_strides
+from ..ir import Contiguous, DType, Extern, ExternCall, GraphNode, Input, Operand, View, ViewOp, contiguous_strides
 from .overlap import is_non_overlapping_and_dense
 
 MEMORY = (Input, Contiguous, Extern)  # nodes whose value lives in memory a library call can read
@@ -210,7 +210,7 @@ def in_memory(vb, value: GraphNode) -> GraphNode:
     view of it), else written to a buffer by a kernel (literals too)."""
     if reads_memory(value):
         return value
-    if isinstance(value.op, Const) or (isinstance(value.op, ViewOp) and isinstance(value.src[0].op, Const)):
+    if value.is_literal:
         return vb.b.node(Contiguous(), value.dtype, (value,), View.contiguous(value.shape))
     return vb.materialize(value)
 

@@ -184,6 +184,11 @@ class GraphNode:
         return self.view.shape
 
     @property
+    def is_literal(self) -> bool:
+        """A literal or a view of one: every element is the same value, and no memory holds it."""
+        return isinstance(self.op, Const) or isinstance(self.op, ViewOp) and isinstance(self.src[0].op, Const)
+
+    @property
     def is_leaf(self) -> bool:
         """Leaves are read from memory (or are literals) inside a kernel. A view of a
         reduction's result is not: the kernel that reduces may hold it in registers."""

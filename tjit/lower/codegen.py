@@ -849,7 +849,7 @@ class _Emitter(GridReductionEmitter):
             # a load that no index reaches (a broadcast scalar) is one unmasked scalar load
             masked = f", mask={self._mask_for(n)}" if any(self.space.strides[n]) else ""
             return f"tl.load({self._address(n)}{masked})"
-        if isinstance(node.op, Const) or (isinstance(node.op, ViewOp) and isinstance(node.src[0].op, Const)):
+        if node.is_literal:
             const = node if isinstance(node.op, Const) else node.src[0]
             return literal(const.op.value, const.dtype)
         if isinstance(node.op, Elementwise):

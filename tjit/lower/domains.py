@@ -268,7 +268,7 @@ def totals_of(value: GraphNode) -> Optional[list[GraphNode]]:
             totals.append(node)
         elif isinstance(node.op, Elementwise):
             stack.extend(node.src)
-        elif not (isinstance(node.op, Const) or (isinstance(node.op, ViewOp) and isinstance(node.src[0].op, Const))):
+        elif not node.is_literal:
             return None
     return list({id(t): t for t in totals}.values()) or None
 

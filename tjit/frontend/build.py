@@ -137,16 +137,11 @@ class ValueBuilder:
         in range as a read of memory would check it."""
         columns = product.shape[-1]
         index = self.cast(index, DType.int64)
-
-        def num(v):
-            return self.expand_to(self.const(v, DType.int64), index.shape)
-
         if wrap_negative:
-            negative = self.elementwise("lt", [index, num(0)], DType.bool)
-            index = self.elementwise("where", [negative, self.elementwise("add", [index, num(columns)], DType.int64),
-                                               index], DType.int64)
+            index = wrapped(self, index, columns)
         if not in_range:
-            index = self.elementwise("index_in_range", [index, num(columns)], DType.int64)
+            size = self.expand_to(self.const(columns, DType.int64), index.shape)
+            index = self.elementwise("index_in_range", [index, size], DType.int64)
         hit = self.elementwise("eq", [self.coordinate(product.shape, len(product.shape) - 1, DType.int64),
                                       self.expand_to(index, product.shape)], DType.bool)
         zero = self.expand_to(self.const(0, product.dtype), product.shape)
@@ -667,12 +662,19 @@ def in_range_or_minus_one(vb: ValueBuilder, index: GraphNode, size: int, wrap: b
         return vb.expand_to(vb.const(v, DType.int64), shape)
 
     if wrap:
-        negative = vb.elementwise("lt", [index, num(0)], DType.bool)
-        index = vb.elementwise("where", [negative, vb.elementwise("add", [index, num(size)], DType.int64), index],
-                               DType.int64)
+        index = wrapped(vb, index, size)
     ok = vb.elementwise("logical_and", [vb.elementwise("ge", [index, num(0)], DType.bool),
                                         vb.elementwise("lt", [index, num(size)], DType.bool)], DType.bool)
     return vb.elementwise("where", [ok, index, num(-1)], DType.int64)
+
+
+def wrapped(vb: ValueBuilder, index: GraphNode, size: int) -> GraphNode:
+    """index (int64) with size added where it is negative, as eager's indexing wraps it."""
+    def num(v):
+        return vb.expand_to(vb.const(v, DType.int64), index.shape)
+    negative = vb.elementwise("lt", [index, num(0)], DType.bool)
+    return vb.elementwise("where", [negative, vb.elementwise("add", [index, num(size)], DType.int64), index],
+                          DType.int64)
 
 
 def _checks_an_index(value: GraphNode) -> bool:

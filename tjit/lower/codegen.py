@@ -132,6 +132,11 @@ class KernelPlan:
         return _distinct_bytes([a for a in stores if not a.gather]) + scattered + self._scratch_bytes
 
 
+def _reach(view: View) -> int:
+    """The farthest element offset a view addresses, from its storage's start."""
+    return abs(view.offset) + sum((s - 1) * abs(st) for s, st in zip(view.shape, view.strides))
+
+
 def float32_dot_precision(device: str) -> str:
     """tl.dot's input_precision for float32 operands: tf32 on a GPU where torch's float32
     matmul precision lets eager's cuBLAS products use it, exact ("ieee") otherwise (torch's
@@ -362,15 +367,13 @@ class _Emitter(GridReductionEmitter):
                 if lo > 0 or lo + n < size]
 
     def _needs_int64(self) -> bool:
-        for c in self.coords:
-            if abs(c.offset) + sum((s - 1) * abs(st) for s, st in zip(c.shape, c.strides)) > INT32_LIMIT:
-                return True
+        if any(_reach(c) > INT32_LIMIT for c in self.coords):
+            return True
         for a in self.accesses:
-            for view in (a.view, a.reads or a.view):  # (a product's operand reaches along k too)
-                reach = abs(view.offset) + sum((s - 1) * abs(st) for s, st in zip(view.shape, view.strides))
-                reach += (a.gather[1] - 1) * abs(a.gather[0]) if a.gather else 0
-                if reach > INT32_LIMIT:
-                    return True
+            gathered = (a.gather[1] - 1) * abs(a.gather[0]) if a.gather else 0
+            # (a product's operand reaches along k too: what it reads)
+            if any(_reach(view) + gathered > INT32_LIMIT for view in {id(v): v for v in (a.view, a.reads) if v}.values()):
+                return True
         return math.prod(self.shape) > INT32_LIMIT
 
     # -- source ---------------------------------------------------------------------------

@@ -448,6 +448,31 @@ def test_a_prologue_reading_a_scalar_tensor(dtype):
     assert steps(compiled, x, s, w) == (1, 0)
 
 
+K_INVARIANT_PROLOGUES = {
+    "rows_of_a": lambda x, w, r, c, s, col: (x * r + c) @ w,
+    "columns_of_b": lambda x, w, r, c, s, col: x @ (w * col + s),
+    "both": lambda x, w, r, c, s, col: ((x - r) * s) @ (torch.exp(w * 0.1) * col),
+}
+
+
+@pytest.mark.parametrize("name", K_INVARIANT_PROLOGUES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m,k,n,batch", [(70, 100, 90, None), (130, 257, 65, 3)])
+def test_prologue_values_that_do_not_vary_along_k(name, dtype, m, k, n, batch, monkeypatch):
+    """A row's value in a's prologue, a column's in b's and a scalar are loaded once ahead of
+    the k loop and broadcast against each step's tiles: rows, columns and k over several tiles
+    (k not a multiple of the step), with a batch axis."""
+    monkeypatch.setenv("TJIT_MATMUL", "generated")
+    fn = K_INVARIANT_PROLOGUES[name]
+    shape = (m, k) if batch is None else (batch, m, k)
+    args = (torch.randn(*shape, dtype=dtype), torch.randn(k, n, dtype=dtype) / 8,
+            torch.randn(*shape[:-1], 1, dtype=dtype), torch.randn(k, dtype=dtype), torch.tensor(0.7, dtype=dtype),
+            torch.randn(1, n, dtype=dtype))
+    compiled = check(fn, *args)
+    [product] = [kernel.source for kernel in tjit.explain(compiled, *args).kernels if "tl.dot(" in kernel.source]
+    assert loads_in_k_loop(product, moving_along_k=False) == 0
+
+
 def test_float32_products_on_a_gpu_follow_torchs_matmul_precision():
     """At torch's default ("highest") float32 precision a GPU product is exact float32, which
     tl.dot computes without tensor cores (12x slower than cuBLAS on an H100): the library's.

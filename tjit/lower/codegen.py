@@ -105,6 +105,11 @@ class KernelPlan:
     def numel(self) -> int:
         return math.prod(self.shape)
 
+    @functools.cached_property
+    def constexpr_key(self) -> tuple:
+        """The constexprs as a key (runtime/loader.py's count of launch configurations, per launch)."""
+        return tuple(sorted(self.constexprs.items()))
+
     @property
     def writes_anything(self) -> bool:
         """A kernel with no element to write need not launch (a reduction over an empty axis

@@ -12,6 +12,8 @@ import tempfile
 import threading
 from pathlib import Path
 
+import torch
+
 from ..lower.codegen import KernelPlan
 from .counters import counters
 from .interpreter import install_patches, interpreting
@@ -68,7 +70,7 @@ def note_launch_config(plan: KernelPlan, args: list) -> None:
     kernel source, constexprs and the argument properties Triton's JIT specialises on
     (ints equal to 1, ints and pointers divisible by 16). The first arguments of each are
     kept (as descriptions, not tensors) so tests can compile every launched kernel for a GPU."""
-    key = (plan.name, tuple(sorted(plan.constexprs.items())), tuple(_specialization(a) for a in args))
+    key = (plan.name, plan.constexpr_key, tuple(map(_specialization, args)))
     if key not in _launched_configs:
         with _lock:  # two threads launching it first count one compile
             if key not in _launched_configs:
@@ -77,8 +79,10 @@ def note_launch_config(plan: KernelPlan, args: list) -> None:
 
 
 def _specialization(arg) -> str:
-    value = arg.data_ptr() if hasattr(arg, "data_ptr") else arg
-    return "1" if value == 1 and not hasattr(arg, "data_ptr") else ("D" if value % 16 == 0 else "")
+    # (per argument of every launch: isinstance, not hasattr, whose miss raises inside)
+    if isinstance(arg, torch.Tensor):
+        return "D" if arg.data_ptr() % 16 == 0 else ""
+    return "1" if arg == 1 else ("D" if arg % 16 == 0 else "")
 
 
 def describe_arg(arg):

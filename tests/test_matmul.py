@@ -452,6 +452,9 @@ K_INVARIANT_PROLOGUES = {
     "rows_of_a": lambda x, w, r, c, s, col: (x * r + c) @ w,
     "columns_of_b": lambda x, w, r, c, s, col: x @ (w * col + s),
     "both": lambda x, w, r, c, s, col: ((x - r) * s) @ (torch.exp(w * 0.1) * col),
+    # a whole operand that does not vary along k: computed, and read from memory as it is
+    "whole_operand_computed": lambda x, w, r, c, s, col: (r * 2).expand(x.shape) @ w,
+    "whole_operand_in_memory": lambda x, w, r, c, s, col: x @ col.expand(w.shape),
 }
 
 

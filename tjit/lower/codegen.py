@@ -937,8 +937,13 @@ class _Emitter(GridReductionEmitter):
             names[id(node)] = self._fresh()
             lines.append(f"{names[id(node)]} = {expr}")
         tile = names[id(operand)]
-        if not is_kernel_input(operand):
-            body.append(f"{tile} = tl.where({mask}, {tile}, 0.0).to({tile}.dtype)")
+        if not is_kernel_input(operand) or id(operand) in fixed:
+            # (a new name: a value computed ahead of the loop and assigned again in it would be a
+            # loop-carried variable changing shape, which Triton refuses; and a [rows, 1] value
+            # is broadcast to the step's tile here)
+            masked = self._fresh()
+            body.append(f"{masked} = tl.where({mask}, {tile}, 0.0).to({tile}.dtype)")
+            return masked
         return tile
 
     def _store(self, store, n: int, names: dict[int, str]) -> list[str]:

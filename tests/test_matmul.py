@@ -6,6 +6,8 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import tjit
 from helpers import clone_args, launches
@@ -474,6 +476,49 @@ def test_prologue_values_that_do_not_vary_along_k(name, dtype, m, k, n, batch, m
     compiled = check(fn, *args)
     [product] = [kernel.source for kernel in tjit.explain(compiled, *args).kernels if "tl.dot(" in kernel.source]
     assert loads_in_k_loop(product, moving_along_k=False) == 0
+
+
+PROLOGUE_UNARY = {"exp": torch.exp, "tanh": torch.tanh, "sigmoid": torch.sigmoid, "half": lambda t: t * 0.5,
+                  "neg": torch.neg, "abs": torch.abs}
+PROLOGUE_BINARY = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "maximum": torch.maximum}
+
+
+def _prologue_expression(draw, leaves: list[str], depth: int):
+    """A random elementwise expression over named leaves (a function of the leaves' dict)."""
+    if depth == 0 or draw(st.booleans()):
+        name = draw(st.sampled_from(leaves))
+        return lambda env: env[name]
+    if draw(st.booleans()):
+        f = PROLOGUE_UNARY[draw(st.sampled_from(sorted(PROLOGUE_UNARY)))]
+        a = _prologue_expression(draw, leaves, depth - 1)
+        return lambda env: f(a(env))
+    f = PROLOGUE_BINARY[draw(st.sampled_from(sorted(PROLOGUE_BINARY)))]
+    a, b = _prologue_expression(draw, leaves, depth - 1), _prologue_expression(draw, leaves, depth - 1)
+    return lambda env: f(a(env), b(env))
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[
+    HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture])  # (the same env each example)
+@given(data=st.data())
+def test_random_prologues_on_both_operands(monkeypatch, data):
+    """Random elementwise expressions over a's tile, its rows' values, a k-vector and a
+    scalar (a) and over b's tile, its rows' and columns' values and the scalar (b), on odd
+    sizes with and without a batch axis: against eager, and every kernel compiles for sm_90."""
+    monkeypatch.setenv("TJIT_MATMUL", "generated")
+    draw = data.draw
+    dtype = draw(st.sampled_from([torch.float32, torch.bfloat16, torch.float16]))
+    m, k, n = draw(st.sampled_from([3, 17, 70])), draw(st.sampled_from([16, 33, 100])), draw(st.sampled_from([5, 17, 65]))
+    batch = draw(st.sampled_from([(), (2,)]))
+    shapes = {"x": batch + (m, k), "row_a": batch + (m, 1), "k_vector": (k,), "scalar": (),
+              "w": (k, n), "row_b": (k, 1), "column_b": (1, n)}
+    a = _prologue_expression(draw, ["x", "row_a", "k_vector", "scalar"], 3)
+    b = _prologue_expression(draw, ["w", "row_b", "column_b", "scalar"], 3)
+    names = list(shapes)
+
+    def product(*args):
+        env = dict(zip(names, args))
+        return a(env).expand(batch + (m, k)) @ b(env).expand(k, n)
+    check(product, *[torch.randn(shape).to(dtype) / 2 for shape in shapes.values()])
 
 
 def test_float32_products_on_a_gpu_follow_torchs_matmul_precision():

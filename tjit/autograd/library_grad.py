@@ -28,7 +28,7 @@ from ..errors import TjitError
 from ..frontend.convert import Converter
 from ..frontend.library import WriteThroughView, library_call_gradient, write_through_view_gradient
 from ..frontend.trace import decomposition_table
-from ..ir import Extern, GraphNode, Operand
+from ..ir import Extern, GraphNode, Operand, bind_operands
 
 ValueOf = Callable[[GraphNode], GraphNode]
 
@@ -135,11 +135,7 @@ def trace_formula(node: GraphNode, wrt: tuple[int, ...], grad: GraphNode) -> fx.
     def formula(*tensors):
         *operands, g = tensors
         leaves = [t.detach().requires_grad_() if k in wrt else t for k, t in enumerate(operands)]
-
-        def bind(arg):
-            return leaves[arg.index] if isinstance(arg, Operand) else arg
-
-        result = call.target(*tree_map(bind, call.args), **tree_map(bind, call.kwargs))
+        result = call.target(*bind_operands(call.args, leaves), **bind_operands(call.kwargs, leaves))
         out = [t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)][index]
         if not out.requires_grad:
             return [None] * len(wrt)

@@ -71,7 +71,6 @@ def _prologue_leaf(n: GraphNode) -> bool:
     return n.is_leaf or isinstance(n.op, Contiguous) or isinstance(n.op, ViewOp) and isinstance(n.src[0].op, Reduce)
 
 
-
 def view_of_dot(vb, node: GraphNode, desc: tuple) -> Optional[GraphNode]:
     """The movement op `desc` applied to a Dot's operands, as another Dot (None where it has
     no such form, or the result would not be tileable: the caller materialises the

@@ -1,8 +1,8 @@
 """tjit's graph IR (after seed 003): types, views, axis strategies, ops, nodes, graphs."""
 from .dtype import DType
 from .graph import (Const, Contiguous, Cumulative, Dot, Elementwise, Extern, ExternCall, Gather, Graph, GraphBuilder,
-                    GraphNode, GraphOp, Input, Iota, Mutation, Operand, Reduce, Scatter, ViewOp, Window, covered_memory,
-                    format_graph, toposort)
+                    GraphNode, GraphOp, Input, Iota, Mutation, Operand, Reduce, Scatter, ViewOp, Window, bind_operands,
+                    covered_memory, format_graph, toposort)
 from .ops import NO_GRAD, OPS, OpDef, op_def
 from .strategy import Auto, AxisStrategy, Sequential, Thread, ThreadGroup
 from .view import View, contiguous_strides
@@ -10,6 +10,6 @@ from .view import View, contiguous_strides
 __all__ = [
     "DType", "View", "contiguous_strides", "AxisStrategy", "Auto", "Sequential", "Thread", "ThreadGroup",
     "GraphOp", "Input", "Const", "ViewOp", "Contiguous", "Elementwise", "Reduce", "Cumulative", "Gather",
-    "Iota", "Window", "Dot", "Scatter", "Extern", "ExternCall", "Operand",
+    "Iota", "Window", "Dot", "Scatter", "Extern", "ExternCall", "Operand", "bind_operands",
     "GraphNode", "Graph", "GraphBuilder", "Mutation", "toposort", "format_graph", "OPS", "OpDef", "NO_GRAD", "op_def",
 ]

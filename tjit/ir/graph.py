@@ -156,6 +156,23 @@ class Operand:
     index: int
 
 
+def bind_operands(value, operands: Sequence):
+    """A call's arguments (or one of them) with each Operand replaced by operands[index], in
+    lists and tuples too (cat's). Plain lists, tuples and dicts are walked directly: through
+    pytree this cost tens of microseconds per library call."""
+    if isinstance(value, Operand):
+        return operands[value.index]
+    kind = type(value)
+    if kind is tuple or kind is list:
+        return kind(bind_operands(v, operands) for v in value)
+    if kind is dict:
+        return {k: bind_operands(v, operands) for k, v in value.items()}
+    if isinstance(value, (tuple, list, dict)):  # (a namedtuple or another container type)
+        from torch.utils._pytree import tree_map
+        return tree_map(lambda v: operands[v.index] if isinstance(v, Operand) else v, value)
+    return value
+
+
 @dataclass(frozen=True)
 class Extern:
     """Tensor result `index` (in pytree order) of an ExternCall. The node's src are the

@@ -376,8 +376,8 @@ class _Emitter(GridReductionEmitter):
             return True
         for a in self.accesses:
             gathered = (a.gather[1] - 1) * abs(a.gather[0]) if a.gather else 0
-            # (a product's operand reaches along k too: what it reads)
-            if any(_reach(view) + gathered > INT32_LIMIT for view in {id(v): v for v in (a.view, a.reads) if v}.values()):
+            views = (a.view,) if a.reads is None else (a.view, a.reads)  # (a product's operand reaches along k too)
+            if any(_reach(view) + gathered > INT32_LIMIT for view in views):
                 return True
         return math.prod(self.shape) > INT32_LIMIT
 

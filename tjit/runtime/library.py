@@ -5,10 +5,10 @@ from __future__ import annotations
 import contextlib
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_flatten
 
 from ..errors import TjitError
-from ..ir import ExternCall, GraphNode, Input, Operand, ViewOp
+from ..ir import ExternCall, GraphNode, Input, ViewOp, bind_operands
 from ..lower.fusion import buffer_of
 from ..frontend.library import STORAGE_ADDRESSED, reads_an_input
 from ..lower.library import LibraryPlan
@@ -38,27 +38,11 @@ def call_results(call: ExternCall, operands: list[torch.Tensor]) -> list[torch.T
     copies = {k: operands[k].clone(memory_format=torch.contiguous_format) for k in call.writes}
     bound = [copies.get(k, t) for k, t in enumerate(operands)] if copies else operands
     if call.seed is None:
-        result = call.target(*bind(call.args, bound), **bind(call.kwargs, bound))
+        result = call.target(*bind_operands(call.args, bound), **bind_operands(call.kwargs, bound))
     else:
         with seeded(operands[call.seed], operands):
-            result = call.target(*bind(call.args, bound), **bind(call.kwargs, bound))
+            result = call.target(*bind_operands(call.args, bound), **bind_operands(call.kwargs, bound))
     return [t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)] + [copies[k] for k in call.writes]
-
-
-def bind(value, operands: list[torch.Tensor]):
-    """A call's arguments (or one of them) with each Operand replaced by its tensor, in lists
-    and tuples too (cat's). Plain lists, tuples and dicts are walked directly: through pytree
-    this cost tens of microseconds per call."""
-    if isinstance(value, Operand):
-        return operands[value.index]
-    kind = type(value)
-    if kind is tuple or kind is list:
-        return kind(bind(v, operands) for v in value)
-    if kind is dict:
-        return {k: bind(v, operands) for k, v in value.items()}
-    if isinstance(value, (tuple, list, dict)):  # (a namedtuple or another container type)
-        return tree_map(lambda v: operands[v.index] if isinstance(v, Operand) else v, value)
-    return value
 
 
 def results_into(plan: LibraryPlan, operands: list[torch.Tensor], memory: dict) -> list[torch.Tensor]:
@@ -78,7 +62,7 @@ def results_into(plan: LibraryPlan, operands: list[torch.Tensor], memory: dict) 
             outs.append(torch.empty_strided(node.shape, node.view.strides, dtype=node.dtype.torch, device=device))
         else:
             outs.append(torch.empty(0, dtype=node.dtype.torch, device=device))
-    plan.out_form(*bind(plan.call.args, operands), **bind(plan.call.kwargs, operands), **dict(zip(plan.out_names, outs)))
+    plan.out_form(*bind_operands(plan.call.args, operands), **bind_operands(plan.call.kwargs, operands), **dict(zip(plan.out_names, outs)))
     for node in plan.results:
         if tuple(outs[node.op.index].shape) != node.shape:  # the op resized it: tracing was wrong
             raise TjitError(f"{plan.out_form} resized its result {node.op.index} to "

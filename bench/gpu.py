@@ -43,7 +43,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import tjit  # noqa: E402
 from matmul import attention, gelu_linear, mlp_block  # noqa: E402
-from models import train_step  # noqa: E402
+from models import maxdiff, peak_step_bytes, train_step  # noqa: E402
 from zoo import ZOO, WithLoss  # noqa: E402
 
 COMPILERS = ("eager", "tjit", "inductor")
@@ -82,25 +82,6 @@ def compiled_with(compiler: str, module):
 
 # -- models --------------------------------------------------------------------------------------
 
-def step_peak(fn, params, x, target) -> int:
-    for p in params:
-        p.grad = None
-    gc.collect()
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    train_step(fn, params, x, target)
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - base
-    for p in params:
-        p.grad = None
-    return peak
-
-
-def maxdiff(a, b) -> float:
-    return float((a.detach().float() - b.detach().float()).abs().max()) if a.numel() else 0.0
-
-
 def run_model(name: str, compiler: str) -> dict:
     import torch._dynamo
     torch._dynamo.reset()
@@ -134,7 +115,7 @@ def run_model(name: str, compiler: str) -> dict:
         row["train_maxdiff"] = max([maxdiff(loss, want)] + [maxdiff(p.grad, q.grad) for p, q in zip(params, eager_params)
                                                              if p.grad is not None and q.grad is not None])
         row["train_ms"] = median_ms(lambda: train_step(wrapped, params, x, target))
-        row["peak_bytes"] = step_peak(wrapped, params, x, target)
+        row["peak_bytes"] = peak_step_bytes(wrapped, params, x, target)
         if compiler == "tjit":
             row["peak_bytes"] += tjit.memory.stats()["in_use_bytes"]
             before = tjit.counters.launches

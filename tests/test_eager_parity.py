@@ -334,11 +334,14 @@ LIBRARY_FORMULAS = {
     # the formula calls the op itself on other arguments: polygamma(n + 1, x) (it was taken
     # for the forward call and replaced by the forward's result)
     **{f"polygamma_{n}": (lambda x, n=n: torch.polygamma(n, x), lambda: torch.rand(1500) + 0.5) for n in range(3)},
-    "triangular_solve": (lambda a, b: torch.linalg.solve_triangular(a.tril() + 4 * torch.eye(37), b, upper=False),
+    # the matrices are scaled to stay well conditioned (condition number about 3 for any seed):
+    # x + 5 * eye reached 2.5e4 on some seeds, and a float32 gradient then differs from eager's
+    # by more than the tolerance
+    "triangular_solve": (lambda a, b: torch.linalg.solve_triangular(a.tril() / 37**0.5 + 2 * torch.eye(37), b, upper=False),
                          lambda: (torch.randn(3, 37, 37), torch.randn(3, 37, 5))),
     # the result is column-major as eager returns it, and the formula reads it (the backward
     # read the saved result as row-major)
-    "inv": (lambda x: torch.linalg.inv(x + 5 * torch.eye(37)), lambda: torch.randn(3, 37, 37)),
+    "inv": (lambda x: torch.linalg.inv(x / 37**0.5 + 3 * torch.eye(37)), lambda: torch.randn(3, 37, 37)),
     "cholesky": (lambda x: torch.linalg.cholesky(x @ x.mT + 37 * torch.eye(37)), lambda: torch.randn(2, 37, 37)),
 }
 

@@ -20,7 +20,8 @@ Functions:
   norm_linear  gelu(linear(layer_norm(x), w, b))            x [2, 64, 256], w [512, 256]
 
 For linear_ce (a forward: the backward is not generated yet) the Triton launches' bytes
-written are printed beside the logits' size (issue 14's target: at most 1/8 of it).
+written are printed beside the logits' size (issue 14's target: at most 1/8 of it), and for
+attention its kernels and what they wrote beside the output, against the probabilities' size.
 """
 from __future__ import annotations
 
@@ -78,6 +79,7 @@ FUNCTIONS = {"gelu_linear": gelu_linear, "mlp_block": mlp_block, "attention": at
              "norm_linear": norm_linear}
 TARGETS = {"gelu_linear": 1, "mlp_block": 3}  # kernels per call, issue 14
 LOGITS_BYTES = 512 * 2048 * 4  # linear_ce's (tokens x vocab) float32 logits
+PROBABILITY_BYTES, ATTENTION_OUT_BYTES = 4 * 8 * 128 * 128 * 4, 4 * 8 * 128 * 64 * 4  # attention's (seq x seq), output
 
 
 def min_bytes(args, out) -> int:
@@ -146,6 +148,11 @@ def main() -> int:
         print(f"  linear_ce forward, {compiler}: Triton launches wrote {row['bytes_written'] / 2**20:.3f} MB"
               + (f" and {row['aten']} aten op(s) wrote the logits" if row["aten"] else "")
               + f"; the logits are {LOGITS_BYTES / 2**20:.1f} MB: written {'<=' if within else '>'} 1/8 of them")
+    row = results["attention"]["tjit"]
+    extra = row["bytes_written"] - ATTENTION_OUT_BYTES
+    print(f"  attention forward, tjit: {row['kernels']} kernel(s), target 1: {'held' if row['kernels'] <= 1 else 'NOT held'}; "
+          f"wrote {extra / 2**20:.3f} MB beside its output, the probabilities are {PROBABILITY_BYTES / 2**20:.1f} MB: "
+          f"written {'<=' if extra <= PROBABILITY_BYTES / 8 and not row['aten'] else '>'} 1/8 of them")
     spills = sum(k["spills"] for k in dot_kernels)
     print(f"  tl.dot kernels with 0 spills at sm_90: {'held' if spills == 0 else 'NOT held'}")
     if opts.json:

@@ -75,14 +75,16 @@ def mlp_block(x, w1, b1, w2, b2):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_transformer_mlp_block_is_three_kernels(dtype):
+@pytest.mark.parametrize("width", [96, 300])
+def test_a_transformer_mlp_block_is_three_kernels_or_fewer(dtype, width):
     """layer_norm; the first linear with its bias and gelu; the second with its bias and the
-    residual add."""
-    args = [torch.randn(2, 45, 96), torch.randn(200, 96) / 10, torch.randn(200), torch.randn(96, 200) / 10,
-            torch.randn(96)]
+    residual add. Where the block's width is at most NESTED_COLUMNS, the second linear
+    computes the first on its tiles (its hidden activations are never written): 2 kernels."""
+    args = [torch.randn(2, 45, width), torch.randn(200, width) / 10, torch.randn(200), torch.randn(width, 200) / 10,
+            torch.randn(width)]
     args = [a.to(dtype) for a in args]
     compiled = check(mlp_block, *args)
-    assert steps(compiled, *args) == (3, 0)
+    assert steps(compiled, *args) == (2 if width <= 128 else 3, 0)
 
 
 def scaled_scores(q, k):
@@ -175,14 +177,110 @@ def test_attention_weights_are_one_kernel():
 
 def test_a_product_read_under_two_shapes_is_computed_once():
     """Attention: the scores are [b*h, s, s] for bmm and [b, h, s, s] for the softmax, and the
-    probabilities go back to [b*h, s, s] for the second bmm (a library call: nothing to fuse).
-    The probabilities' store is computed in the softmax's shape, its product with its batch
-    axes split: one kernel (the scores, their softmax, the probabilities), then the call."""
+    probabilities go back to [b*h, s, s] for the second bmm (a library call: v's 150 columns
+    are too many to compute the scores on its tiles). The probabilities' store is computed in
+    the softmax's shape, its product with its batch axes split: one kernel (the scores,
+    their softmax, the probabilities), then the call."""
     def attention(q, k, v):
         return torch.softmax(q @ k.transpose(-1, -2) * 0.25, -1) @ v
-    q, k, v = torch.randn(2, 3, 70, 16), torch.randn(2, 3, 90, 16), torch.randn(2, 3, 90, 16)
+    q, k, v = torch.randn(2, 3, 70, 16), torch.randn(2, 3, 90, 16), torch.randn(2, 3, 90, 150)
     compiled = check(attention, q, k, v)
     assert steps(compiled, q, k, v) == (1, 1)
+
+
+# -- products computed on another product's tiles (a nested k loop) ------------------------------
+def _causal(scores):
+    keep = torch.ones(scores.shape[-2:], dtype=torch.bool).tril(scores.shape[-1] - scores.shape[-2])
+    return scores.masked_fill(~keep, float("-inf"))
+
+
+def _scaled_attention(q, k, v):
+    return torch.softmax(q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5, -1) @ v
+
+
+def _strided(q, k, v):
+    """q, k and v laid out [b, s, h, d] (as a projection writes them), read as [b, h, s, d]."""
+    return [t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v)]
+
+
+ATTENTION = {  # (function, shapes of any further inputs, what makes the inputs' layout)
+    "scaled": (_scaled_attention, (), None),
+    "additive_mask": (lambda q, k, v, m: torch.softmax(q @ k.transpose(-1, -2) / 8 + m, -1) @ v, ((70, 150),), None),
+    "causal": (lambda q, k, v: torch.softmax(_causal(q @ k.transpose(-1, -2) * 0.2), -1) @ v, (), None),
+    "strided_inputs": (_scaled_attention, (), _strided),
+    "fewer_value_columns": (lambda q, k, v: _scaled_attention(q, k, v[..., :29]), (), None),
+    "log_softmax_weights": (lambda q, k, v: torch.log_softmax(q @ k.transpose(-1, -2), -1).exp() @ v, (), None),
+}
+
+
+@pytest.mark.parametrize("name", ATTENTION)
+@pytest.mark.parametrize("dtype", [torch.float32, *LOW_PRECISION])
+def test_attention_never_writes_its_probabilities(name, dtype):
+    """softmax(q @ k.T * scale + mask) @ v: a kernel computes each row's max and sum over the
+    scores (never writing them), and the output's kernel computes the probabilities on its
+    tiles from the scores, which it computes there (a product nested in the operand's
+    prologue, a k loop inside v's). Queries span several row tiles and keys several steps;
+    nothing of the (queries x keys) probabilities is written, and no library call runs."""
+    fn, more, layout = ATTENTION[name]
+    q, k, v = torch.randn(2, 3, 70, 40), torch.randn(2, 3, 150, 40), torch.randn(2, 3, 150, 40)
+    if layout is not None:
+        q, k, v = layout(q, k, v)
+    args = [t.to(dtype) for t in (q, k, v, *[torch.randn(shape) for shape in more])]
+    compiled = check(fn, *args)
+    # (a [b, s, h, d] layout: eager's matmul reshapes q, k and v to [b*h, s, d] for bmm, which
+    # copies them; tjit copies them too, the three in one kernel)
+    assert steps(compiled, *args) == (2 if layout is None else 3, 0)
+    copies = 0 if layout is None else sum(t.numel() * t.element_size() for t in args[:3])
+    _assert_probabilities_never_written(compiled, args, copies)
+
+
+def _assert_probabilities_never_written(compiled, args, copies=0):
+    """Beside the output and `copies` (bytes of copied inputs), the kernels write the rows'
+    max and sum only: less than 1/8 of the (queries x keys) probabilities."""
+    explanation = tjit.explain(compiled, *args)
+    probabilities, out = 2 * 3 * 70 * 150 * args[0].element_size(), compiled(*args)
+    written = sum(kernel.bytes_written for kernel in explanation.kernels)
+    assert written - copies - out.numel() * out.element_size() < probabilities / 8
+    assert explanation.memory.slab_size - copies < probabilities / 8
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_grouped_query_attention_by_broadcasting(dtype):
+    """One head of keys and values for three query heads, broadcast: eager's bmm copies the
+    broadcast keys and values (an expand cannot merge with the batch), and so does tjit, in
+    one kernel for both; the probabilities are still never written."""
+    def grouped(q, k, v):
+        return _scaled_attention(q, k.expand(-1, 3, -1, -1), v.expand(-1, 3, -1, -1))
+    args = [t.to(dtype) for t in (torch.randn(2, 3, 200, 40), torch.randn(2, 1, 150, 40), torch.randn(2, 1, 150, 40))]
+    compiled = check(grouped, *args)
+    assert steps(compiled, *args) == (3, 0)
+    buffers = [size for size, *_ in tjit.explain(compiled, *args).memory.intervals]
+    assert max(buffers) == 2 * 3 * 150 * 40 * args[0].element_size()  # a copy of k or v, nothing larger
+    assert 2 * 3 * 200 * 150 * args[0].element_size() > 4 * max(buffers)  # (the probabilities' size)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_prologue_computing_two_products(dtype, monkeypatch):
+    """An operand computed from two products of its shape (attention's backward: the
+    probabilities times dP minus a row value), each its own k loop inside the outer one's;
+    k not a multiple of the step, the outer k spanning several steps."""
+    monkeypatch.setenv("TJIT_MATMUL", "generated")
+
+    def two(x, y, z, w, v):
+        return ((x @ y).sigmoid() * (z @ w - 1)) @ v
+    args = [torch.randn(shape).to(dtype) / 3 for shape in [(2, 70, 33), (2, 33, 150), (2, 70, 20), (2, 20, 150),
+                                                             (2, 150, 48)]]
+    compiled = check(two, *args)
+    assert steps(compiled, *args) == (1, 0)
+
+
+def test_a_product_with_many_columns_does_not_compute_its_operands_products():
+    """relu(x @ w1) @ w2 over 300 columns: computing x @ w1 on w2's tiles would compute it again
+    for every column tile of the result, so it is written once and read (NESTED_COLUMNS)."""
+    x, w1, w2 = torch.randn(70, 40), torch.randn(40, 90), torch.randn(90, 300)
+    compiled = check(lambda x, w1, w2: torch.relu(x @ w1) @ w2, x, w1, w2)
+    explanation = tjit.explain(compiled, x, w1, w2)
+    assert sum(kernel.bytes_written for kernel in explanation.kernels) >= 70 * 90 * 4
 
 
 def test_the_rule_leaves_a_product_with_nothing_to_fuse_to_the_library(monkeypatch):

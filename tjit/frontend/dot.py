@@ -26,12 +26,13 @@ def tileable(shape: tuple) -> bool:
     return len(shape) >= 2 and shape[-2] != 1 and shape[-1] != 1
 
 
-def dot(vb, a: GraphNode, b: GraphNode) -> GraphNode:
+def dot(vb, a: GraphNode, b: GraphNode, nests: bool = True) -> GraphNode:
     """a @ b over the last two axes, batched over the others (broadcast to one batch shape),
-    as an IR Dot: float32, its operands read from memory or computed on their tiles."""
+    as an IR Dot: float32, its operands read from memory or computed on their tiles (a's
+    computing products too where `nests` and b's columns are few: `nests_products`)."""
     batch = tuple(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
-    a = vb.expand_to(_operand(vb, a), batch + a.shape[-2:])
-    b = _operand(vb, b)
+    a = vb.expand_to(_operand(vb, a, nests=nests and nests_products(b.shape[-1])), batch + a.shape[-2:])
+    b = _operand(vb, b, nests=False)
     if all(n == 1 or st == 0 for n, st in zip(b.shape[:-2], b.view.strides[:-2])):
         while len(b.shape) > 2:  # the same matrix for every batch index
             b = vb.view(b, ("select", 0, 0))
@@ -43,32 +44,55 @@ def dot(vb, a: GraphNode, b: GraphNode) -> GraphNode:
 
 
 PROLOGUE_LOADS = 6  # the most memory reads an operand computed on its tiles makes
+NESTED_PRODUCTS = 2  # the most products an operand computes on its tiles (attention's backward: scores and dP)
+# the most columns a product whose a computes products on its tiles may have: its kernel holds
+# them in one tile, so each nested product is computed once per row tile (attention's head
+# dimension); with more, a nested product would be computed again for every column tile
+# (relu(x @ w1) @ w2 over 4096 columns: 64 times)
+NESTED_COLUMNS = 128
 
 
-def _operand(vb, x: GraphNode) -> GraphNode:
+def nests_products(columns: int) -> bool:
+    """Whether a product of `columns` columns may compute products in its a's prologue."""
+    return columns <= NESTED_COLUMNS
+
+
+def _operand(vb, x: GraphNode, nests: bool) -> GraphNode:
     """x as a product reads it: memory, or an elementwise expression of a few reads of memory,
     literals and row values of reductions (a cast, a scale, a norm's normalisation from its
     row statistics: a prologue), which the product's kernel computes on each tile it loads
-    (the statistics come from a buffer their reduction's kernel writes)."""
-    return x if is_prologue(x) else in_memory(vb, x)
+    (the statistics come from a buffer their reduction's kernel writes); in a's prologue,
+    also of products whose rows are a's rows and whose columns are a's k (attention's
+    probabilities computed from the scores q @ k.T tile by tile: `nests`)."""
+    return x if is_prologue(x, nests) else in_memory(vb, x)
 
 
-def is_prologue(x: GraphNode) -> bool:
-    """An elementwise expression whose leaves are memory (read in tiles), literals or a
-    reduction's row values."""
+def is_prologue(x: GraphNode, nests: bool = False) -> bool:
+    """An elementwise expression whose leaves are memory (read in tiles), literals,
+    coordinates (a causal mask's) or a reduction's row values, and where `nests`, products of x's shape whose own operands are
+    memory or prologues (computed on each of x's tiles: a nested k loop)."""
     if not isinstance(x.op, Elementwise):
         return False
     nodes = toposort([x], stop=_prologue_leaf)
-    leaves = [n for n in nodes if _prologue_leaf(n)]
+    products = [n for n in nodes if isinstance(n.op, Dot)]
+    if products and not (nests and len(products) <= NESTED_PRODUCTS and all(_nestable(p, x.shape) for p in products)):
+        return False
+    leaves = [n for n in nodes if _prologue_leaf(n) and not isinstance(n.op, Dot)]
     inner = [n for n in nodes if not _prologue_leaf(n)]
     return all(isinstance(n.op, Elementwise) and not op_def(n.op.op).divides and not op_def(n.op.op).checks_index
                for n in inner) and \
-        not any(isinstance(n.op, Iota) for n in leaves) and \
-        sum(not n.is_literal for n in leaves) <= PROLOGUE_LOADS
+        sum(not (n.is_literal or isinstance(n.op, Iota)) for n in leaves) <= PROLOGUE_LOADS
+
+
+def _nestable(product: GraphNode, shape: tuple) -> bool:
+    """A product an operand of `shape` computes on its tiles: of that shape (its rows the
+    outer product's rows, its columns the outer k), its operands memory or prologues that
+    compute no product themselves."""
+    return product.shape == shape and all(not isinstance(s.op, Elementwise) or is_prologue(s) for s in product.src)
 
 
 def _prologue_leaf(n: GraphNode) -> bool:
-    return n.is_leaf or isinstance(n.op, Contiguous) or isinstance(n.op, ViewOp) and isinstance(n.src[0].op, Reduce)
+    return n.is_leaf or isinstance(n.op, (Contiguous, Dot)) or isinstance(n.op, ViewOp) and isinstance(n.src[0].op, Reduce)
 
 
 def view_of_dot(vb, node: GraphNode, desc: tuple) -> Optional[GraphNode]:

@@ -26,8 +26,8 @@ from .fusion import (BufferTarget, InputTarget, KernelGroup, OutputTarget, PutAt
 from .grid_reduction import GridReductionEmitter
 from .reduction import (LoopContext, accumulator_for, block_reduce, identity, scan_carry_init, scan_identity,
                         scan_lines, scan_work_dtype, work_dtype)
-from .schedule import (AUTO_WARPS, DotTiles, IterationSpace, LoopDim, dot_row_tiles, dot_schedule, dot_tiles,
-                       lanes_per_thread, schedule)
+from .schedule import (AUTO_WARPS, DotTiles, IterationSpace, LoopDim, dot_row_tiles, dot_schedule, dot_step, dot_tiles,
+                       lanes_per_thread, nested_dot_tiles, schedule)
 
 INT32_LIMIT = 2**31 - 1
 
@@ -60,6 +60,21 @@ class Access:
     @property
     def counted(self) -> View:
         return self.reads or self.view
+
+
+@dataclass(frozen=True)
+class TileAxis:
+    """One axis of a product operand's tile: a kernel axis (index i{d}, which the access's
+    view over the kernel's shape addresses) or a contraction's steps (`stepped`: an arange
+    per step, the operand's stride along it added to each load's address)."""
+    index: str  # the index, broadcast at its position among the kernel's axes
+    size: str  # its bound
+    width: str  # the tile's extent along it
+    stepped: bool = False
+
+    @property
+    def mask(self) -> str:
+        return f"({self.index} < {self.size})"
 
 
 STATUS = BufferRef("status", "status", DType.int32)  # where kernels report a failed check (1 + its number)
@@ -313,23 +328,27 @@ class _Emitter(GridReductionEmitter):
                                     self.domain.to_domain(View(node.shape, strides, view.offset)), False,
                                     (view.strides[axis], table.shape[axis], math.prod(node.shape))))
 
-    def _collect_dot(self, node: GraphNode) -> None:
+    def _collect_dot(self, node: GraphNode, nested: bool = False) -> None:
         """A product's operands a [.., m, k] and b [.., k, n] (or [k, n]) are read over the kernel's
         [.., m, n] as a (stride 0 along n) and b (stride 0 along m), the contraction's
         stride added per step; what they read in all is their own views. An operand computed
-        on its tiles (a prologue) is read so through each of its leaves in memory."""
+        on its tiles (a prologue) is read so through each of its leaves in memory, and a
+        product it computes (`nested`: [.., m, k], its columns the outer k) reads its b at
+        stride 0 along n too, the outer k's stride added per outer step."""
         found, batch = [], len(node.shape) - 2
-        for operand, kept in zip(node.src, ((1, 0), (0, 1))):
+        for operand, kept in zip(node.src, ((1, 0), (0, 0 if nested else 1))):
             found.append({})
-            for leaf in operand_leaves(operand):  # (an operand computed on its tiles reads several)
-                if buffer_of(leaf) is None:  # a literal
+            for leaf in toposort([operand], stop=_at_own_index):  # (an operand computed on its tiles reads several)
+                if isinstance(leaf.op, Dot):
+                    self._collect_dot(leaf, nested=True)
+                if not is_kernel_input(leaf) or buffer_of(leaf) is None:  # a product, computed; a literal
                     continue
                 view = leaf_view(leaf)
                 # (a shared b, [k, n], is read at stride 0 along the batch axes)
                 strides = (view.strides[:-2] or (0,) * batch) + tuple(st * keep for st, keep in zip(view.strides[-2:], kept))
                 found[-1][id(leaf)] = len(self.accesses)
                 self.accesses.append(Access(self._buffer_for_node(buffer_of(leaf)),
-                                            self.domain.to_domain(View(node.shape, strides, view.offset)), False,
+                                            self.domain.to_domain(View(self.shape, strides, view.offset)), False,
                                             reads=view))
         self.dot_access[id(node)] = tuple(found)
 
@@ -337,11 +356,20 @@ class _Emitter(GridReductionEmitter):
         dots = [n for n in toposort(self._store_values(), stop=is_kernel_input) if isinstance(n.op, Dot)]
         *_, m, n = self.shape
         k = max(d.src[0].shape[-1] for d in dots)
-        choose = dot_row_tiles if self.domain.axes else dot_tiles
         computed = sum(not is_kernel_input(s) for d in dots for s in d.src)  # (prologues)
         itemsize = max(d.src[0].dtype.itemsize for d in dots)
         tensor_cores = itemsize <= 2 or float32_dot_precision(self.device) == "tf32"
-        return choose(m, n, k, itemsize, len(dots) + computed / 2, len(self.accesses) - 2 * len(dots), tensor_cores)
+        pressure = (m, n, k, itemsize, len(dots) + computed / 2, len(self.accesses) - 2 * len(dots), tensor_cores)
+        if self.domain.axes:  # (loads of [rows, columns] tiles in the epilogue: an attention mask)
+            operands = {j for found in self.dot_access.values() for side in found for j in side.values()}
+            tile_loads = sum(not a.store and j not in operands and all(a.view.strides[-2:])
+                             for j, a in enumerate(self.accesses))
+            tiles = dot_row_tiles(*pressure, tile_loads=tile_loads)
+        else:
+            tiles = dot_tiles(*pressure)
+        outermost = toposort(self._store_values(), stop=_at_own_index)
+        nested = len(dots) > sum(isinstance(d.op, Dot) for d in outermost)
+        return nested_dot_tiles(tiles, n, tensor_cores) if nested else tiles
 
     def _coordinate(self, view: View) -> int:
         """The index of the coordinate that computes `view`'s offset for each kernel index."""
@@ -864,67 +892,84 @@ class _Emitter(GridReductionEmitter):
             return self._elementwise(node, [names[id(s)] for s in node.src], lines, "mask")
         raise NotImplementedError(f"cannot fuse {node.op} into a pointwise kernel")
 
-    def _dot(self, node: GraphNode, lines: list[str]) -> str:
+    def _dot(self, node: GraphNode, lines: list[str], columns: Optional["TileAxis"] = None) -> str:
         """The product's tile [.., rows, columns] of this program, accumulated in float32
         over steps of the contraction: each step loads a [rows, step] tile of a (masked past
-        m and k) and a [step, columns] tile of b, as 2-d blocks for tl.dot."""
+        m and k) and a [step, columns] tile of b, as 2-d blocks for tl.dot. The columns are
+        the kernel's, or for a product an outer product's operand computes (`columns`), the
+        outer contraction's step: this product's loop runs inside the outer one's."""
         rank = len(self.space.sizes)
         rows, cols = rank - 2, rank - 1
+        row_axis = TileAxis(f"i{rows}", f"size{rows}", f"BLOCK_{rows}")
+        columns = columns or TileAxis(f"i{cols}", f"size{cols}", f"BLOCK_{cols}")
         j = len(self._dot_steps)
-        step = f"BLOCK_K{j}"
-        self._dot_steps[step] = self.tiles.step
-        size = self._scalar(f"dot{j}_k", node.src[0].shape[-1])
+        step, k = f"BLOCK_K{j}", node.src[0].shape[-1]
+        self._dot_steps[step] = dot_step(self.tiles, k)
+        size = self._scalar(f"dot{j}_k", k)
         acc, k0, rk = self._fresh(), self._fresh(), self._fresh()
+
+        def k_axis(position: int) -> TileAxis:
+            return TileAxis(f"{rk}[{', '.join(':' if d == position else 'None' for d in range(rank))}]", size, step,
+                            stepped=True)
         body = [f"{rk} = {k0} + tl.arange(0, {step})" + (".to(tl.int64)" if self.int64 else "")]
         tiles, before = [], []
-        for operand, accesses, (k_axis, kept, shape) in zip(node.src, self.dot_access[id(node)], (
-                (cols, rows, (f"BLOCK_{rows}", step)), (rows, cols, (step, f"BLOCK_{cols}")))):
-            along = f"{rk}[{', '.join(':' if d == k_axis else 'None' for d in range(rank))}]"
-            mask = f"(i{kept} < size{kept}) & ({along} < {size})"
-            tile = self._operand_tile(operand, accesses, along, step, mask, (k_axis, kept), body, before)
+        for operand, accesses, axes, k_at in zip(node.src, self.dot_access[id(node)],
+                                                 ((row_axis, k_axis(cols)), (k_axis(rows), columns)), (1, 0)):
+            tile = self._operand_tile(operand, accesses, axes, k_at, body, before)
             if rank > 2:
-                body.append(f"{tile} = tl.reshape({tile}, ({', '.join(shape)}))")
+                body.append(f"{tile} = tl.reshape({tile}, ({axes[0].width}, {axes[1].width}))")
             tiles.append(tile)
         precision = f', input_precision="{float32_dot_precision(self.device)}"' \
             if node.src[0].dtype is DType.float32 else ""
         body.append(f"{acc} = tl.dot({tiles[0]}, {tiles[1]}, {acc}{precision})")
         lines += before
-        lines.append(f"{acc} = tl.zeros((BLOCK_{rows}, BLOCK_{cols}), tl.float32)")
+        lines.append(f"{acc} = tl.zeros((BLOCK_{rows}, {columns.width}), tl.float32)")
         lines.append(f"for {k0} in range(0, {size}, {step}):")
         lines += ["    " + ln for ln in body]
         if rank == 2:
             return acc
         shape = ", ".join("1" for _ in range(rank - 2))
-        return f"tl.reshape({acc}, ({shape}, BLOCK_{rows}, BLOCK_{cols}))"
+        return f"tl.reshape({acc}, ({shape}, BLOCK_{rows}, {columns.width}))"
 
-    def _operand_tile(self, operand: GraphNode, accesses: dict[int, int], along: str, step: str, mask: str,
-                      axes: tuple[int, int], body: list[str], before: list[str]) -> str:
-        """One step's tile of a product's operand: its memory loaded (0 past its rows or
-        columns and past k), or its expression computed over its leaves' tiles, then 0
-        where the mask is off, so steps past k add nothing (a prologue's value there need not
-        be 0: x + 1, or a log's -inf). What does not vary along k (a norm's row statistics,
-        literals, and what is computed from them alone) is loaded and computed once, in
-        `before` (ahead of the k loop), on [.., rows, 1] (or [.., 1, columns]) tiles that
-        broadcast against the step's."""
-        k_axis, kept = axes
+    def _operand_tile(self, operand: GraphNode, accesses: dict[int, int], axes: tuple["TileAxis", "TileAxis"],
+                      k_at: int, body: list[str], before: list[str]) -> str:
+        """One step's tile of a product's operand over `axes` (its own axes -2 and -1; the
+        contraction's steps at axes[k_at]): its memory loaded (0 past its rows or columns and
+        past k), or its expression computed over its leaves' tiles (and the tiles of the
+        products it computes, each a loop of its own), then 0 where the mask is off, so steps
+        past k add nothing (a prologue's value there need not be 0: x + 1, or a log's -inf).
+        What does not vary along k (a norm's row statistics, literals, and what is computed
+        from them alone) is loaded and computed once, in `before` (ahead of the k loop), on
+        [.., rows, 1] (or [.., 1, columns]) tiles that broadcast against the step's."""
         rank = len(self.space.sizes)
-        kept_mask = f"(i{kept} < size{kept})"
+        kept = axes[1 - k_at]
+        mask = f"{axes[0].mask} & {axes[1].mask}"
         names: dict[int, str] = {}
         fixed: set[int] = set()  # the nodes that do not vary along k
-        for node in toposort([operand], stop=is_kernel_input):
+        for node in toposort([operand], stop=_at_own_index):
             lines, node_mask = body, mask
-            if id(node) in accesses:
-                n, view = accesses[id(node)], leaf_view(node)
-                stride = view.strides[-1] if k_axis == rank - 1 else view.strides[-2]
-                # (an address that does not move along a tile's axis is spread over it, as the mask is)
-                full = [f"BLOCK_{kept}" if d == kept else step if d == k_axis and stride else "1" for d in range(rank)]
-                spread = "" if self.space.strides[n][kept] else f" + tl.zeros(({', '.join(full)},), tl.int32)"
-                if stride == 0:
+            if isinstance(node.op, Dot):  # its columns are this k
+                expr = self._dot(node, body, columns=axes[k_at])
+            elif id(node) in accesses:
+                n = accesses[id(node)]
+                strides = leaf_view(node).strides[-2:]
+                moves = [st != 0 if axis.stepped else self.space.strides[n][rank - 2 + p] != 0
+                         for p, (axis, st) in enumerate(zip(axes, strides))]
+                offset = "".join(f" + {axis.index}" + ("" if st == 1 else f" * {self._scalar(self._step_stride(n, p, k_at), st)}")
+                                 for p, (axis, st) in enumerate(zip(axes, strides)) if axis.stepped and st)
+                # (an address that does not move along a tile's kept axis is spread over it, as the mask is)
+                full = ["1"] * (rank - 2) + [a.width if p != k_at or moves[p] else "1" for p, a in enumerate(axes)]
+                spread = "" if moves[1 - k_at] else f" + tl.zeros(({', '.join(full)},), tl.int32)"
+                if not moves[k_at]:
                     fixed.add(id(node))
-                    lines, expr = before, f"tl.load({self._address(n)}{spread}, mask={kept_mask}, other=0.0)"
+                    lines, expr = before, f"tl.load({self._address(n)}{offset}{spread}, mask={kept.mask}, other=0.0)"
                 else:
-                    offset = f" + {along}" + ("" if stride == 1 else f" * {self._scalar(f'a{n}_kstride', stride)}")
                     expr = f"tl.load({self._address(n)}{offset}{spread}, mask={mask}, other=0.0)"
+            elif isinstance(node.op, Iota):  # coordinates on the tile (a causal mask's)
+                expr = self._tile_coordinate(node, axes)
+                if node.view.strides[len(node.shape) - 2 + k_at] == 0:
+                    fixed.add(id(node))
+                    lines = before
             elif is_kernel_input(node):  # a literal
                 fixed.add(id(node))
                 lines = before
@@ -932,7 +977,7 @@ class _Emitter(GridReductionEmitter):
             else:
                 if all(id(s) in fixed for s in node.src):
                     fixed.add(id(node))
-                    lines, node_mask = before, kept_mask
+                    lines, node_mask = before, kept.mask
                 expr = self._elementwise(node, [names[id(s)] for s in node.src], lines, node_mask)
             names[id(node)] = self._fresh()
             lines.append(f"{names[id(node)]} = {expr}")
@@ -945,6 +990,20 @@ class _Emitter(GridReductionEmitter):
             body.append(f"{masked} = tl.where({mask}, {tile}, 0.0).to({tile}.dtype)")
             return masked
         return tile
+
+    def _tile_coordinate(self, node: GraphNode, axes: tuple["TileAxis", "TileAxis"]) -> str:
+        """An Iota's value on an operand's tile: its offset plus each index times its stride,
+        the tile's own indices on its last two axes (the contraction's steps on one)."""
+        indices = [f"i{d}" for d in range(len(node.shape) - 2)] + [axis.index for axis in axes]
+        terms = [f"tl.full([], {node.view.offset}, {'tl.int64' if self.int64 else 'tl.int32'})"]
+        terms += [index if st == 1 else f"{index} * {st}" for index, st in zip(indices, node.view.strides) if st]
+        return f"({' + '.join(terms)}).to({tl_dtype(node.dtype)})"
+
+    @staticmethod
+    def _step_stride(n: int, position: int, k_at: int) -> str:
+        """The name of access n's stride along a stepped tile axis: its own product's k, or
+        (a nested product's b) the outer product's."""
+        return f"a{n}_kstride" if position == k_at else f"a{n}_outer_kstride"
 
     def _store(self, store, n: int, names: dict[int, str]) -> list[str]:
         if isinstance(store.target, ScatterTarget):

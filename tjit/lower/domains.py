@@ -124,14 +124,18 @@ def reduces_in(value: GraphNode) -> list[GraphNode]:
 
 
 def dots_in(value: GraphNode) -> list[GraphNode]:
-    """The matrix products a store's fused expression computes."""
-    return [n for n in toposort([value], stop=is_kernel_input) if isinstance(n.op, Dot)]
+    """The matrix products a store's fused expression computes (a product that an operand
+    computes on its tiles is part of that product's work: not listed)."""
+    return [n for n in toposort([value], stop=_at_product) if isinstance(n.op, Dot)]
+
+
+def _at_product(node: GraphNode) -> bool:
+    return is_kernel_input(node) or isinstance(node.op, Dot)
 
 
 def reduces_in_epilogue(value: GraphNode) -> list[GraphNode]:
     """The reductions a store's expression computes outside its products' operands."""
-    stop = lambda n: is_kernel_input(n) or isinstance(n.op, Dot)  # noqa: E731
-    return [n for n in toposort([value], stop=stop) if isinstance(n.op, (Reduce, Cumulative))]
+    return [n for n in toposort([value], stop=_at_product) if isinstance(n.op, (Reduce, Cumulative))]
 
 
 def operand_leaves(operand: GraphNode) -> list[GraphNode]:

@@ -322,22 +322,44 @@ WHOLE_ROWS = 128  # the longest reduced row of a product held in one tile (a pow
 
 
 def dot_row_tiles(m: int, n: int, k: int, itemsize: int, products: float = 1, accesses: int = 3,
-                  tensor_cores: Optional[bool] = None) -> DotTiles:
+                  tensor_cores: Optional[bool] = None, tile_loads: int = 0) -> DotTiles:
     """The tiles of a kernel that reduces its products' rows: a row that fits the tile's
     accumulator budget with 16 rows (up to WHOLE_ROWS columns) is one tile (each product
     computed once, the reductions over registers); a longer one is walked in column tiles
     (each pass of the reduction computes its tiles again: softmax's two, cross-entropy's
     one), half as many rows per program, and on the tensor cores twice as many columns
     (128x64 -> 64x128: cross_entropy(linear) over 32000 columns in bfloat16 ran 1.5x as
-    fast on an H100 as at 64x64, bench/gpu.py). float32's budget (32x32) holds rows of 64:
-    at 16x128 a softmax spilled at sm_90."""
+    fast on an H100 as at 64x64, bench/gpu.py), unless the epilogue loads tiles of its own
+    (`tile_loads`: attention's additive mask, whose softmax at 64x128 spilled 1.8 KB at
+    sm_90). float32's budget (32x32) holds rows of 64: at 16x128 a softmax spilled at sm_90."""
     tiles = dot_tiles(m, n, k, itemsize, products, accesses, tensor_cores)
     whole, budget = max(16, _pow2(n)), tiles.rows * tiles.columns
     if whole > min(WHOLE_ROWS, budget // 16):  # (half the rows: a float32 softmax at 32x32 spilled)
         wide = itemsize <= 2 if tensor_cores is None else tensor_cores
-        columns = min(2 * tiles.columns, WHOLE_ROWS, whole) if wide and tiles.rows > 16 else tiles.columns
+        columns = min(2 * tiles.columns, WHOLE_ROWS, whole) if wide and tiles.rows > 16 and not tile_loads \
+            else tiles.columns
         return dataclasses.replace(tiles, rows=max(16, tiles.rows // 2), columns=columns)
     return dataclasses.replace(tiles, rows=max(16, min(tiles.rows, budget // whole)), columns=whole)
+
+
+def dot_step(tiles: DotTiles, k: int) -> int:
+    """One product's contraction step in a kernel of `tiles`: the tiles' step, or a shorter
+    k's own (at least 16, tl.dot's least): a nested product's k (attention's head dimension)
+    is not the outer one's."""
+    return min(tiles.step, max(16, _pow2(k)))
+
+
+def nested_dot_tiles(tiles: DotTiles, n: int, tensor_cores: bool) -> DotTiles:
+    """The tiles of a kernel whose product's a computes products on its tiles (attention's
+    probabilities from its scores): all n columns in one tile (at most NESTED_COLUMNS, the
+    frontend's rule) where the accumulator budget takes them with 16 rows, so each nested
+    product is computed once per row tile (else once per column tile: exact float32's small
+    budget), and the rows the budget leaves. Exact float32 (FMA) steps 16 at a time: two
+    nested products at 16x16 stepping 32 spilled 48 bytes at sm_90 (255 registers; 96 at 16)."""
+    budget = tiles.rows * tiles.columns
+    columns = min(max(16, _pow2(n)), max(16, budget // 16))
+    return dataclasses.replace(tiles, rows=max(16, min(tiles.rows, budget // columns)), columns=columns,
+                               step=tiles.step if tensor_cores else 16)
 
 
 def dot_schedule(shape: Sequence[int], access_strides: Sequence[Sequence[int]], tiles: DotTiles,

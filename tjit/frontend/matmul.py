@@ -94,10 +94,12 @@ def choose(node: fx.Node, a: GraphNode, b: GraphNode, with_bias: bool, different
         return True, "fuses the bias"
     if reader is not None:
         return True, f"fuses {reader}"
-    if (is_prologue(a, nests=nests_products(b.shape[-1]) and not differentiated) or is_prologue(b)) and not in_gradient:
+    if (is_prologue(a, nests=nests_products(b.shape[-1])) or is_prologue(b)) and not in_gradient:
         # (in gradient formulas, a weight's and an input's gradient products each computing the
         # activation's gradient on their tiles raised the zoo's training peaks: ViT 1.36x ->
         # 1.52x eager's, Llama 1.08x -> 1.24x; what the prologue reads is held until both ran)
+        if not (is_prologue(a) or is_prologue(b)):
+            return True, "computes its operand on its tiles, products included (attention's probabilities)"
         return True, "fuses its operand's elementwise work (a prologue)"
     return False, "nothing to fuse (no pointwise op or row reduction reads the result, no operand is computed)"
 
@@ -150,8 +152,10 @@ def _product(cv, node: fx.Node, args: tuple, kwargs: dict, a: GraphNode, b: Grap
     cv.matmul_choices.append(MatmulChoice(str(node.target), a.shape, b.shape, generated, why))
     if not generated:
         return library_call(cv, node, node.target, args, kwargs)
-    # (differentiated, a nested product's value would be saved for the backward anyway)
-    value = dot(cv, a, b, nests=not differentiated)
+    # (differentiated, a nested product's value would be saved for the backward anyway; and
+    # where a reduction of the rows reads the product, each pass over its column tiles
+    # would compute the nested products again)
+    value = dot(cv, a, b, nests=not differentiated and not _fusing_reader(node)[1])
     if alpha != 1:
         value = cv.elementwise("mul", [value, cv.expand_to(cv.const(alpha, DType.float32), value.shape)],
                                DType.float32)

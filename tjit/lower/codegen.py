@@ -24,7 +24,8 @@ from .elementwise import _cast, literal, render, tl_dtype
 from .fusion import (BufferTarget, InputTarget, KernelGroup, OutputTarget, PutAt, ScatterTarget, buffer_of,
                      expression_leaves, is_kernel_input)
 from .grid_reduction import GridReductionEmitter
-from .reduction import (LoopContext, accumulator_for, block_reduce, identity, scan_carry_init, scan_identity,
+from .online_product import OnlineProduct, online_product, row_value
+from .reduction import (NEG_INF, LoopContext, accumulator_for, block_reduce, finite, identity, scan_carry_init, scan_identity,
                         scan_lines, scan_work_dtype, work_dtype)
 from .schedule import (AUTO_WARPS, DotTiles, IterationSpace, LoopDim, dot_row_tiles, dot_schedule, dot_step, dot_tiles,
                        lanes_per_thread, nested_dot_tiles, schedule)
@@ -912,10 +913,14 @@ class _Emitter(GridReductionEmitter):
             return TileAxis(f"{rk}[{', '.join(':' if d == position else 'None' for d in range(rank))}]", size, step,
                             stepped=True)
         body = [f"{rk} = {k0} + tl.arange(0, {step})" + (".to(tl.int64)" if self.int64 else "")]
-        tiles, before = [], []
+        tiles, before, after = [], [], []
+        online = online_product(node) if columns.stepped is False and self.domain.axes == () else None
         for operand, accesses, axes, k_at in zip(node.src, self.dot_access[id(node)],
                                                  ((row_axis, k_axis(cols)), (k_axis(rows), columns)), (1, 0)):
-            tile = self._operand_tile(operand, accesses, axes, k_at, body, before)
+            if online is not None and k_at == 1:
+                tile, result = self._online_tile(online, operand, accesses, axes, acc, body, before, after)
+            else:
+                tile = self._operand_tile(operand, accesses, axes, k_at, body, before)
             if rank > 2:
                 body.append(f"{tile} = tl.reshape({tile}, ({axes[0].width}, {axes[1].width}))")
             tiles.append(tile)
@@ -926,27 +931,103 @@ class _Emitter(GridReductionEmitter):
         lines.append(f"{acc} = tl.zeros((BLOCK_{rows}, {columns.width}), tl.float32)")
         lines.append(f"for {k0} in range(0, {size}, {step}):")
         lines += ["    " + ln for ln in body]
+        lines += after
+        if online is None:
+            result = acc
         if rank == 2:
-            return acc
+            return result
         shape = ", ".join("1" for _ in range(rank - 2))
-        return f"tl.reshape({acc}, ({shape}, BLOCK_{rows}, {columns.width}))"
+        return f"tl.reshape({result}, ({shape}, BLOCK_{rows}, {columns.width}))"
+
+    def _online_tile(self, online: OnlineProduct, operand: GraphNode, accesses: dict[int, int],
+                     axes: tuple["TileAxis", "TileAxis"], acc: str, body: list[str], before: list[str],
+                     after: list[str]) -> tuple[str, str]:
+        """a's tile for a product whose a is exp(t - c) * f with c and f row values of
+        reductions along k (lower/online_product.py): each step updates the reductions'
+        accumulators and a running max m of t from the step's tiles, rescales the product's
+        accumulator `acc` by exp(m_old - m_new) and computes exp(t - m) for tl.dot; `after`
+        computes the product, acc * exp(m - c) * f (or / f). Returns (the tile, the product)."""
+        rank = len(self.space.sizes)
+        row_shape = "[" + ", ".join([f"BLOCK_{d}" for d in range(rank - 1)] + ["1"]) + "]"
+        mask = f"{axes[0].mask} & {axes[1].mask}"
+        ctx = LoopContext(row_shape, [rank - 1], mask, self._fresh, "")
+        accumulators = [accumulator_for(r, ctx, row_value) for r in online.reductions]
+        names = self._tile_values([online.exponent] + [i for a in accumulators for i in a.inputs],
+                                  accesses, axes, 1, body, before)
+        t, m, top, grown = names[id(online.exponent)], self._fresh(), self._fresh(), self._fresh()
+        for accumulator in accumulators:
+            before += accumulator.init()
+            body += accumulator.update([names[id(i)] for i in accumulator.inputs])
+        before.append(f"# a's softmax along k, online: its rows' statistics and a running max {m} of its exponent, "
+                      "the accumulator rescaled as it grows (flash attention)")
+        before.append(f"{m} = tl.full({row_shape}, {NEG_INF}, tl.float32)")
+        body += [f"{top} = tl.maximum({m}, tl.max(tl.where({mask}, {t}, {NEG_INF}), {rank - 1}, keep_dims=True))",
+                 # (1 where the max stays, -inf included; 0 from -inf to a finite max: a finite
+                 # stand-in for -inf here overflowed exp when the first scores were far below 0)
+                 f"{acc} = {acc} * tl.reshape(tl.where({m} == {top}, 1.0, tl.exp({m} - {top})), (BLOCK_{rank - 2}, 1))",
+                 f"{grown} = tl.where({mask}, tl.exp({t} - {finite(top)}), 0.0).to({tl_dtype(operand.dtype)})",
+                 f"{m} = {top}"]
+        rows: dict[int, str] = {}
+        for accumulator in accumulators:
+            lines, rows[id(accumulator.node)] = accumulator.finalize(
+                [self._row_expression(n, rows, after) for n in accumulator.after])
+            after += lines
+        scale, out = self._fresh(), self._fresh()
+        after.append(f"{scale} = tl.exp({finite(m)} - {self._row_expression(online.shift, rows, after)})")
+        if online.factor is not None:
+            factor = self._row_expression(online.factor, rows, after)
+            after.append(f"{scale} = " + (f"tl.div_rn({scale}, {factor})" if online.divides else f"{scale} * {factor}"))
+        after.append(f"{out} = {acc} * tl.reshape({scale}, (BLOCK_{rank - 2}, 1))")
+        return grown, out
+
+    def _row_expression(self, node: GraphNode, rows: dict[int, str], lines: list[str]) -> str:
+        """A row value after a loop: an expression of reductions' results (`rows`, by node)
+        and literals, computed on [.., rows, 1] values."""
+        names = dict(rows)
+        for n in toposort([node], stop=lambda x: isinstance(x.op, Reduce) or is_kernel_input(x)):
+            if id(n) in names:
+                continue
+            if isinstance(n.op, ViewOp) and id(n.src[0]) in names:  # (broadcast along k: the same registers)
+                names[id(n)] = names[id(n.src[0])]
+            elif is_kernel_input(n):
+                names[id(n)] = self._value(n, names, lines)
+            else:
+                names[id(n)] = self._fresh()
+                lines.append(f"{names[id(n)]} = {self._elementwise(n, [names[id(s)] for s in n.src], lines, 'mask')}")
+        return names[id(node)]
 
     def _operand_tile(self, operand: GraphNode, accesses: dict[int, int], axes: tuple["TileAxis", "TileAxis"],
                       k_at: int, body: list[str], before: list[str]) -> str:
         """One step's tile of a product's operand over `axes` (its own axes -2 and -1; the
         contraction's steps at axes[k_at]): its memory loaded (0 past its rows or columns and
-        past k), or its expression computed over its leaves' tiles (and the tiles of the
-        products it computes, each a loop of its own), then 0 where the mask is off, so steps
-        past k add nothing (a prologue's value there need not be 0: x + 1, or a log's -inf).
-        What does not vary along k (a norm's row statistics, literals, and what is computed
-        from them alone) is loaded and computed once, in `before` (ahead of the k loop), on
-        [.., rows, 1] (or [.., 1, columns]) tiles that broadcast against the step's."""
+        past k), or its expression computed over its leaves' tiles (_tile_values), then 0
+        where the mask is off, so steps past k add nothing (a prologue's value there need
+        not be 0: x + 1, or a log's -inf)."""
+        fixed: set[int] = set()
+        tile = self._tile_values([operand], accesses, axes, k_at, body, before, fixed)[id(operand)]
+        if not is_kernel_input(operand) or id(operand) in fixed:
+            # (a new name: a value computed ahead of the loop and assigned again in it would be a
+            # loop-carried variable changing shape, which Triton refuses; and a [rows, 1] value
+            # is broadcast to the step's tile here)
+            masked = self._fresh()
+            body.append(f"{masked} = tl.where({axes[0].mask} & {axes[1].mask}, {tile}, 0.0).to({tile}.dtype)")
+            return masked
+        return tile
+
+    def _tile_values(self, roots: list[GraphNode], accesses: dict[int, int], axes: tuple["TileAxis", "TileAxis"],
+                     k_at: int, body: list[str], before: list[str], fixed: Optional[set[int]] = None) -> dict[int, str]:
+        """The values of `roots` (expressions over an operand's tile) on one step's tile:
+        leaves loaded (0 past the mask), and the products they compute, each a loop of its
+        own. What does not vary along k (a norm's row statistics, literals, and what is
+        computed from them alone; in `fixed`) is loaded and computed once, in `before`
+        (ahead of the k loop), on [.., rows, 1] (or [.., 1, columns]) tiles that broadcast
+        against the step's."""
         rank = len(self.space.sizes)
         kept = axes[1 - k_at]
         mask = f"{axes[0].mask} & {axes[1].mask}"
         names: dict[int, str] = {}
-        fixed: set[int] = set()  # the nodes that do not vary along k
-        for node in toposort([operand], stop=_at_own_index):
+        fixed = set() if fixed is None else fixed  # the nodes that do not vary along k
+        for node in toposort(roots, stop=_at_own_index):
             lines, node_mask = body, mask
             if isinstance(node.op, Dot):  # its columns are this k
                 expr = self._dot(node, body, columns=axes[k_at])
@@ -975,21 +1056,15 @@ class _Emitter(GridReductionEmitter):
                 lines = before
                 expr = self._value(node, names, before)
             else:
+                # (a reduction's value is read from a buffer, or computed by the k loop's online form)
+                assert isinstance(node.op, Elementwise), f"{node.op} in a product's operand"
                 if all(id(s) in fixed for s in node.src):
                     fixed.add(id(node))
                     lines, node_mask = before, kept.mask
                 expr = self._elementwise(node, [names[id(s)] for s in node.src], lines, node_mask)
             names[id(node)] = self._fresh()
             lines.append(f"{names[id(node)]} = {expr}")
-        tile = names[id(operand)]
-        if not is_kernel_input(operand) or id(operand) in fixed:
-            # (a new name: a value computed ahead of the loop and assigned again in it would be a
-            # loop-carried variable changing shape, which Triton refuses; and a [rows, 1] value
-            # is broadcast to the step's tile here)
-            masked = self._fresh()
-            body.append(f"{masked} = tl.where({mask}, {tile}, 0.0).to({tile}.dtype)")
-            return masked
-        return tile
+        return names
 
     def _tile_coordinate(self, node: GraphNode, axes: tuple["TileAxis", "TileAxis"]) -> str:
         """An Iota's value on an operand's tile: its offset plus each index times its stride,

@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
+from .online_product import online_product
 from ..ir import (Const, Contiguous, Cumulative, Dot, Elementwise, Extern, Gather, GraphBuilder, GraphNode, Input, Iota, Reduce,
                   View, ViewOp, toposort)
 
@@ -188,9 +189,14 @@ def store_domain(value: GraphNode) -> Placement:
     reduces = reduces_in(value)
     dots = dots_in(value)
     if dots and reduces and all(d.shape == value.shape for d in dots) and not reduces_in_epilogue(value):
-        # only the products' prologues reduce (a norm's statistics): read from buffers
-        return Placement(Domain(value.shape, dot=True), reduces)
+        # only the products' prologues reduce (a norm's statistics): read from buffers, unless
+        # the product's k loop computes them (a softmax along its k: lower/online_product.py)
+        online = {id(r) for d in dots if (form := online_product(d)) is not None for r in form.reductions}
+        return Placement(Domain(value.shape, dot=True), [r for r in reduces if id(r) not in online])
     if dots and reduces:
+        nested = [n for d in dots for n in toposort([d.src[0]], stop=is_kernel_input) if isinstance(n.op, Dot)]
+        if nested:  # (each pass over a row's column tiles would compute them again: written once instead)
+            return Placement(Domain(value.shape), nested)
         placement = _reduction_placement(value, reduces)
         if placement.foreign or not _reduces_product_rows(placement.domain, dots):
             # (a product is computed in a tiled kernel of its own shape: one that reduces

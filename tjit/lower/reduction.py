@@ -259,19 +259,32 @@ def minus_row_value(node: GraphNode, is_row_value: Callable[[GraphNode], bool]) 
     return None
 
 
-def accumulator_for(node: GraphNode, ctx: LoopContext, is_row_value) -> Accumulator:
-    """The accumulator that computes `node` in a loop, reading its input once.
-    `is_row_value(n)`: n does not vary along the reduced axes and reads a reduction."""
+def _accumulator_form(node: GraphNode, is_row_value) -> tuple[type, tuple]:
+    """The accumulator class that computes `node` in a loop and its extra arguments."""
     op, src = node.op.op, node.src[0]
     assert isinstance(node.op, Reduce)
     if op == "add" and node.dtype.is_float:
         if _is(src, "exp") and (found := minus_row_value(src.src[0], is_row_value)):
-            return OnlineExpSum(node, ctx, *found)
+            return OnlineExpSum, found
         if _is(src, "mul") and src.src[0] is src.src[1] and (found := minus_row_value(src.src[0], is_row_value)):
-            return Welford(node, ctx, *found)
-    if op in ("argmax", "argmin"):
-        return Arg(node, ctx)
-    return Plain(node, ctx)
+            return Welford, found
+    return (Arg if op in ("argmax", "argmin") else Plain), ()
+
+
+def accumulator_for(node: GraphNode, ctx: LoopContext, is_row_value) -> Accumulator:
+    """The accumulator that computes `node` in a loop, reading its input once.
+    `is_row_value(n)`: n does not vary along the reduced axes and reads a reduction."""
+    cls, found = _accumulator_form(node, is_row_value)
+    return cls(node, ctx, *found)
+
+
+def online_accumulator(node: GraphNode, is_row_value) -> Optional[tuple[GraphNode, ...]]:
+    """The values `node`'s accumulator reads on each step where it is a plain one or
+    sum(exp(a - c)) (the forms a product's k loop computes: lower/online_product.py), else None."""
+    cls, found = _accumulator_form(node, is_row_value)
+    if cls is Plain:
+        return (node.src[0],)
+    return (found[0],) if cls is OnlineExpSum else None
 
 
 # -- scans ----------------------------------------------------------------------------------------

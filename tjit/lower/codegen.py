@@ -19,7 +19,7 @@ from ..ir import (AxisStrategy, Const, Cumulative, Dot, DType, Elementwise, Exte
                   ViewOp, Window, toposort)
 from ..errors import UnsupportedOpError
 from ..ir.ops import op_def
-from .domains import is_value_ref, leaf_view, operand_leaves
+from .domains import is_value_ref, leaf_view
 from .elementwise import _cast, literal, render, tl_dtype
 from .fusion import (BufferTarget, InputTarget, KernelGroup, OutputTarget, PutAt, ScatterTarget, buffer_of,
                      expression_leaves, is_kernel_input)
@@ -914,7 +914,7 @@ class _Emitter(GridReductionEmitter):
                             stepped=True)
         body = [f"{rk} = {k0} + tl.arange(0, {step})" + (".to(tl.int64)" if self.int64 else "")]
         tiles, before, after = [], [], []
-        online = online_product(node) if columns.stepped is False and self.domain.axes == () else None
+        online = online_product(node) if not columns.stepped and not self.domain.axes else None
         for operand, accesses, axes, k_at in zip(node.src, self.dot_access[id(node)],
                                                  ((row_axis, k_axis(cols)), (k_axis(rows), columns)), (1, 0)):
             if online is not None and k_at == 1:
@@ -980,10 +980,9 @@ class _Emitter(GridReductionEmitter):
         after.append(f"{out} = {acc} * tl.reshape({scale}, (BLOCK_{rank - 2}, 1))")
         return grown, out
 
-    def _row_expression(self, node: GraphNode, rows: dict[int, str], lines: list[str]) -> str:
-        """A row value after a loop: an expression of reductions' results (`rows`, by node)
-        and literals, computed on [.., rows, 1] values."""
-        names = dict(rows)
+    def _row_expression(self, node: GraphNode, names: dict[int, str], lines: list[str]) -> str:
+        """A row value after a loop: an expression of reductions' results (`names`, by node;
+        what is computed is added) and literals, computed on [.., rows, 1] values."""
         for n in toposort([node], stop=lambda x: isinstance(x.op, Reduce) or is_kernel_input(x)):
             if id(n) in names:
                 continue

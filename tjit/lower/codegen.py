@@ -369,8 +369,8 @@ class _Emitter(GridReductionEmitter):
         else:
             tiles = dot_tiles(*pressure)
         outermost = toposort(self._store_values(), stop=_at_own_index)
-        nested = len(dots) > sum(isinstance(d.op, Dot) for d in outermost)
-        return nested_dot_tiles(tiles, n, tensor_cores) if nested else tiles
+        nested = len(dots) - sum(isinstance(d.op, Dot) for d in outermost)
+        return nested_dot_tiles(tiles, n, tensor_cores, nested) if nested else tiles
 
     def _coordinate(self, view: View) -> int:
         """The index of the coordinate that computes `view`'s offset for each kernel index."""

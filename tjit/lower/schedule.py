@@ -349,17 +349,19 @@ def dot_step(tiles: DotTiles, k: int) -> int:
     return min(tiles.step, max(16, _pow2(k)))
 
 
-def nested_dot_tiles(tiles: DotTiles, n: int, tensor_cores: bool) -> DotTiles:
+def nested_dot_tiles(tiles: DotTiles, n: int, tensor_cores: bool, nested: int) -> DotTiles:
     """The tiles of a kernel whose product's a computes products on its tiles (attention's
     probabilities from its scores): all n columns in one tile (at most NESTED_COLUMNS, the
     frontend's rule) where the accumulator budget takes them with 16 rows, so each nested
     product is computed once per row tile (else once per column tile: exact float32's small
-    budget), and the rows the budget leaves. Exact float32 (FMA) steps 16 at a time: two
-    nested products at 16x16 stepping 32 spilled 48 bytes at sm_90 (255 registers; 96 at 16)."""
+    budget), and the rows the budget leaves. With two `nested` products, exact float32 (FMA)
+    steps 16 at a time: at 16x16 stepping 32 they spilled 48 bytes at sm_90 (255 registers;
+    96 at 16). One steps 32 (attention at 16x64: 152 registers; stepping 16 made the
+    interpreter's attention 4x slower)."""
     budget = tiles.rows * tiles.columns
-    columns = min(max(16, _pow2(n)), max(16, budget // 16))
+    columns = min(max(16, _pow2(n)), max(64, budget // 16))
     return dataclasses.replace(tiles, rows=max(16, min(tiles.rows, budget // columns)), columns=columns,
-                               step=tiles.step if tensor_cores else 16)
+                               step=tiles.step if tensor_cores or nested < 2 else 16)
 
 
 def dot_schedule(shape: Sequence[int], access_strides: Sequence[Sequence[int]], tiles: DotTiles,

@@ -308,6 +308,19 @@ def test_online_attention_on_extreme_rows():
     assert steps(compiled, q, k, v, mask) == (1, 0)
 
 
+def test_row_statistics_of_other_rows_are_not_computed_online():
+    """exp(s - max(s) flipped over the rows) @ v: each row is shifted by another row's max. The
+    online form reads a row's statistics from its own registers, so it must not take a view
+    that moves rows (it did, and each row came out scaled by exp(own max - other max)): the
+    max is computed by a kernel of its own and read through the flip."""
+    def shifted_by_other_rows(q, k, v):
+        s = q @ k.transpose(-1, -2)
+        return torch.exp(s - s.amax(-1, keepdim=True).flip(-2)) @ v
+    args = (torch.randn(2, 70, 16) / 4, torch.randn(2, 90, 16) / 4, torch.randn(2, 90, 20))
+    compiled = check(shifted_by_other_rows, *args)
+    assert steps(compiled, *args) == (2, 0)
+
+
 def test_attention_returning_its_probabilities_too():
     """The probabilities are an output: one kernel writes them (the scores' softmax), and
     the output's kernel computes its own online."""

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from ..ir import Contiguous, Dot, Elementwise, GraphNode, Reduce, ViewOp, toposort
+from ..ir import Contiguous, Dot, Elementwise, GraphNode, Reduce, View, ViewOp, toposort
 from .reduction import minus_row_value, online_accumulator
 
 
@@ -94,11 +94,20 @@ def row_value(node: GraphNode) -> bool:
         return False
     for n in nodes:
         if isinstance(n.op, ViewOp) and isinstance(n.src[0].op, Reduce):
-            if n.view.strides[-1] != 0:
+            if not _broadcast_along_k(n):
                 return False
         elif not (isinstance(n.op, (Reduce, Elementwise)) or n.is_literal):
             return False
     return True
+
+
+def _broadcast_along_k(view: GraphNode) -> bool:
+    """A reduction's [.., m, 1] result read as [.., m, k]: each row its own value, the same
+    along k (the kernel reads it from the same registers; a view that moved rows or batch
+    indices would need another row's value)."""
+    own = View.contiguous(view.src[0].shape)
+    return view.view.offset == 0 and view.view.strides[-1] == 0 and all(
+        n == 1 or st == expected for n, st, expected in zip(view.shape[:-1], view.view.strides[:-1], own.strides[:-1]))
 
 
 def _reads_reduction(node: GraphNode) -> bool:

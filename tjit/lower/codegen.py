@@ -19,7 +19,7 @@ from ..ir import (AxisStrategy, Const, Cumulative, Dot, DType, Elementwise, Exte
                   ViewOp, Window, toposort)
 from ..errors import UnsupportedOpError
 from ..ir.ops import op_def
-from .domains import is_value_ref, leaf_view
+from .domains import at_product, is_value_ref, leaf_view
 from .elementwise import _cast, literal, render, tl_dtype
 from .fusion import (BufferTarget, InputTarget, KernelGroup, OutputTarget, PutAt, ScatterTarget, buffer_of,
                      expression_leaves, is_kernel_input)
@@ -266,7 +266,7 @@ class _Emitter(GridReductionEmitter):
         self.coord_index: dict[tuple, int] = {}
         read_directly = {id(s.value) for s in self.group.stores}  # leaves loaded at the kernel's own index
         self.dot_access: dict[int, tuple[dict, dict]] = {}  # a Dot -> per operand, its leaves' accesses
-        for node in toposort([s.value for s in self.group.stores], stop=_at_own_index):
+        for node in toposort([s.value for s in self.group.stores], stop=at_product):
             if isinstance(node.op, Dot) and id(node) not in self.dot_access:
                 self._collect_dot(node)
                 continue  # its operands are read in tiles along the contraction, not at the lane's index
@@ -339,7 +339,7 @@ class _Emitter(GridReductionEmitter):
         found, batch = [], len(node.shape) - 2
         for operand, kept in zip(node.src, ((1, 0), (0, 0 if nested else 1))):
             found.append({})
-            for leaf in toposort([operand], stop=_at_own_index):  # (an operand computed on its tiles reads several)
+            for leaf in toposort([operand], stop=at_product):  # (an operand computed on its tiles reads several)
                 if isinstance(leaf.op, Dot):
                     self._collect_dot(leaf, nested=True)
                 if not is_kernel_input(leaf) or buffer_of(leaf) is None:  # a product, computed; a literal
@@ -368,7 +368,7 @@ class _Emitter(GridReductionEmitter):
             tiles = dot_row_tiles(*pressure, tile_loads=tile_loads)
         else:
             tiles = dot_tiles(*pressure)
-        outermost = toposort(self._store_values(), stop=_at_own_index)
+        outermost = toposort(self._store_values(), stop=at_product)
         nested = len(dots) - sum(isinstance(d.op, Dot) for d in outermost)
         return nested_dot_tiles(tiles, n, tensor_cores, nested) if nested else tiles
 
@@ -734,7 +734,7 @@ class _Emitter(GridReductionEmitter):
         an input in this kernel must see its old contents."""
         lines, names = [], {}
         pending = [(s, n) for s, n in zip(self.group.stores, self.store_access) if not s.totals]
-        for node in toposort(self._roots(), stop=_at_own_index):
+        for node in toposort(self._roots(), stop=at_product):
             if is_kernel_input(node) and buffer_of(node) is not None and id(node) not in self.leaf_access:
                 continue  # a table only a Gather reads, at its own addresses
             if is_value_ref(node):  # the reduced value broadcasts over the block by itself
@@ -1026,7 +1026,7 @@ class _Emitter(GridReductionEmitter):
         mask = f"{axes[0].mask} & {axes[1].mask}"
         names: dict[int, str] = {}
         fixed = set() if fixed is None else fixed  # the nodes that do not vary along k
-        for node in toposort(roots, stop=_at_own_index):
+        for node in toposort(roots, stop=at_product):
             lines, node_mask = body, mask
             if isinstance(node.op, Dot):  # its columns are this k
                 expr = self._dot(node, body, columns=axes[k_at])
@@ -1112,12 +1112,6 @@ class _Emitter(GridReductionEmitter):
         if self.red_dims and not any(self.space.strides[n]):  # one value per program: a 1-element block
             address += f" + tl.zeros({self._row_shape()}, tl.int32)"
         return f"tl.store({address}, {value}, mask={self._mask_for(n)})"
-
-
-def _at_own_index(node: GraphNode) -> bool:
-    """Where a walk of the values a kernel computes at its own index stops: its leaves, and
-    its products, whose operands it computes on the products' tiles instead (_dot)."""
-    return is_kernel_input(node) or isinstance(node.op, Dot)
 
 
 def _checks_index(node: GraphNode) -> bool:

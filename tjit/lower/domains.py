@@ -17,7 +17,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .online_product import online_product
 from ..ir import (Const, Contiguous, Cumulative, Dot, Elementwise, Extern, Gather, GraphBuilder, GraphNode, Input, Iota, Reduce,
                   View, ViewOp, toposort)
 
@@ -127,16 +126,18 @@ def reduces_in(value: GraphNode) -> list[GraphNode]:
 def dots_in(value: GraphNode) -> list[GraphNode]:
     """The matrix products a store's fused expression computes (a product that an operand
     computes on its tiles is part of that product's work: not listed)."""
-    return [n for n in toposort([value], stop=_at_product) if isinstance(n.op, Dot)]
+    return [n for n in toposort([value], stop=at_product) if isinstance(n.op, Dot)]
 
 
-def _at_product(node: GraphNode) -> bool:
+def at_product(node: GraphNode) -> bool:
+    """Where a walk of what a kernel computes at its own index stops: its leaves, and its
+    products, whose operands it computes on the products' tiles instead."""
     return is_kernel_input(node) or isinstance(node.op, Dot)
 
 
 def reduces_in_epilogue(value: GraphNode) -> list[GraphNode]:
     """The reductions a store's expression computes outside its products' operands."""
-    return [n for n in toposort([value], stop=_at_product) if isinstance(n.op, (Reduce, Cumulative))]
+    return [n for n in toposort([value], stop=at_product) if isinstance(n.op, (Reduce, Cumulative))]
 
 
 def operand_leaves(operand: GraphNode) -> list[GraphNode]:
@@ -191,6 +192,7 @@ def store_domain(value: GraphNode) -> Placement:
     if dots and reduces and all(d.shape == value.shape for d in dots) and not reduces_in_epilogue(value):
         # only the products' prologues reduce (a norm's statistics): read from buffers, unless
         # the product's k loop computes them (a softmax along its k: lower/online_product.py)
+        from .online_product import online_product  # (which imports this module)
         online = {id(r) for d in dots if (form := online_product(d)) is not None for r in form.reductions}
         return Placement(Domain(value.shape, dot=True), [r for r in reduces if id(r) not in online])
     if dots and reduces:

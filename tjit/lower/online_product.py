@@ -23,7 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from ..ir import Contiguous, Dot, Elementwise, GraphNode, Reduce, View, ViewOp, toposort
+from ..ir import Elementwise, GraphNode, Reduce, View, ViewOp, toposort
+from .domains import at_product, is_kernel_input
 from .reduction import minus_row_value, online_accumulator
 
 
@@ -42,7 +43,7 @@ def online_product(dot: GraphNode) -> Optional[OnlineProduct]:
     a = dot.src[0]
     if not isinstance(a.op, Elementwise):
         return None
-    reductions = [n for n in toposort([a], stop=_at_product) if isinstance(n.op, Reduce)]
+    reductions = [n for n in toposort([a], stop=at_product) if isinstance(n.op, Reduce)]
     if not reductions or not all(_along_k(r, a.shape) for r in reductions):
         return None
     value = a.src[0] if _is(a, "cast") else a
@@ -66,14 +67,6 @@ def online_product(dot: GraphNode) -> Optional[OnlineProduct]:
 def online_inputs(reduce: GraphNode) -> tuple[GraphNode, ...]:
     """The values a reduction's accumulator reads on each tile."""
     return online_accumulator(reduce, row_value)
-
-
-def is_kernel_input(node: GraphNode) -> bool:  # (domains.is_kernel_input, which imports this module)
-    return node.is_leaf or isinstance(node.op, Contiguous)
-
-
-def _at_product(node: GraphNode) -> bool:
-    return is_kernel_input(node) or isinstance(node.op, Dot)
 
 
 def _is(node: GraphNode, op: str) -> bool:
@@ -111,4 +104,4 @@ def _broadcast_along_k(view: GraphNode) -> bool:
 
 
 def _reads_reduction(node: GraphNode) -> bool:
-    return any(isinstance(n.op, Reduce) for n in toposort([node], stop=_at_product))
+    return any(isinstance(n.op, Reduce) for n in toposort([node], stop=at_product))

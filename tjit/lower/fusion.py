@@ -359,10 +359,12 @@ def _read_earlier_buffers(stores: list[Store], levels: dict[int, int]) -> bool:
               and (len(expression_leaves(s.value)) > RECOMPUTED_LOADS or dots_in(s.value))}
     changed = False
     for store in stores:
-        # (a product's kernel that computes a softmax along its k keeps computing it: reading
-        # one of its row statistics from a buffer would break the online form, lower/online_product.py)
+        # (a pointwise product kernel that computes a softmax along its k keeps computing it:
+        # reading one of its row statistics from a buffer would break the online form,
+        # lower/online_product.py)
+        online = store.domain.dot and not store.domain.axes
         earlier = {key: buffer for key, (buffer, level) in filled.items() if level < levels[id(store)]
-                   and not (store.domain.dot and isinstance(buffer.src[0].op, Reduce))}
+                   and not (online and isinstance(buffer.src[0].op, Reduce))}
         if earlier and any(id(n) in earlier and n is not store.value
                            for n in toposort([store.value], stop=is_kernel_input)):
             store.value = read_from_buffers(store.value, earlier)

@@ -85,8 +85,15 @@ def loss_fn(x, w, b, target):
 
 
 def matmul_epilogue(x, w, b):
-    """a matmul tjit does not generate yet runs as a library call; its epilogue still fuses"""
+    """the matmul generated as tl.dot, its bias, gelu and the softmax of its rows in the same kernel"""
     return torch.softmax(torch.nn.functional.gelu(x @ w + b), dim=-1)
+
+
+def causal_attention(q, k, v):
+    """softmax(q @ k.T * scale + causal mask) @ v: one flash-style kernel, the probabilities never written"""
+    scores = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+    causal = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()
+    return torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1) @ v
 
 
 def sorted_probs(x):
@@ -126,8 +133,10 @@ EXAMPLES = [
      cross_entropy_loss, lambda: (rand(M, N), torch.randint(0, N, (M,), device=DEVICE))),
     ("softmax over dim 0, a transposed copy, a sum: buffers planned in one slab", two_stage,
      lambda: (rand(M, N),)),
-    ("softmax(gelu(x @ w + b)): the matmul as a library call, bias + gelu + softmax one kernel after it",
+    ("softmax(gelu(x @ w + b)): the matmul (tl.dot), bias, gelu and softmax in one kernel",
      matmul_epilogue, lambda: (rand(M, N), rand(N, 48), rand(48))),
+    ("causal attention softmax(q @ k.T * scale + mask) @ v: one kernel (scores, online softmax, output)",
+     causal_attention, lambda: (rand(2, 4, 80, 32), rand(2, 4, 80, 32), rand(2, 4, 80, 32))),
     ("exp(sort(2x + 1).values): a kernel, the sort as a library call, a kernel", sorted_probs,
      lambda: (rand(M, N),)),
     ("pad(cat([a * 2, exp(b)], 1), (1, 1)).sum(1): cat and pad fused into the reduction, one kernel",

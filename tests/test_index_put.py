@@ -107,8 +107,9 @@ def test_an_index_out_of_range_raises_index_error(bad):
     i[57] = bad
     f = lambda x, i, v: aten.index_put(x, [i], v) + 1  # noqa: E731
     x, v = torch.randn(3000, 2), torch.randn(100, 2)
-    with pytest.raises(IndexError):
-        f(x, i, v)
+    if not x.is_cuda:  # (CUDA eager's check is a device-side assert, which ends the process's CUDA context)
+        with pytest.raises(IndexError):
+            f(x, i, v)
     with pytest.raises(IndexError, match="out of bounds"):
         tjit.compile(f)(x, i, v)
 

@@ -34,8 +34,9 @@ def steps(compiled, *args) -> tuple[int, int]:
 def check(fn, *args):
     """Against eager, outputs and inputs written in place: a product's sums run in another
     order than eager's (k in steps of a tile), so float32 is held to rtol 1e-4 (over sums of
-    hundreds of terms, torch's default 1.3e-6 is below that order's own effect), integers
-    exactly, and 16-bit types to no further from the float64 answer than twice eager's own
+    hundreds of terms, torch's default 1.3e-6 is below that order's own effect) and to an
+    atol of 1e-5 times the result's largest magnitude (a sum near 0 of terms of size 40
+    carries their rounding: cuBLAS sums in yet another order), integers exactly, and 16-bit types to no further from the float64 answer than twice eager's own
     largest error (a result rounded to 16 bits then rounds either way)."""
     if args[0].dtype not in LOW_PRECISION:
         compiled = tjit.compile(fn)
@@ -43,7 +44,8 @@ def check(fn, *args):
         expected, got = fn(*eager_args), compiled(*tjit_args)
         for g, e in zip([got, *tjit_args], [expected, *eager_args]):
             assert g.dtype == e.dtype
-            torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5, equal_nan=True)
+            scale = max(1.0, _largest(e.abs().nan_to_num(posinf=0, neginf=0))) if e.is_floating_point() else 1.0
+            torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5 * scale, equal_nan=True)
         return compiled
     compiled = tjit.compile(fn)
     got, eager = compiled(*clone_args(args)), fn(*clone_args(args))
@@ -388,7 +390,8 @@ def test_the_rule_leaves_a_product_with_nothing_to_fuse_to_the_library(monkeypat
     v = torch.randn(40, 1)
     assert steps(check(matrix_vector, x, v), x, v)[1] == 1
     xi, wi = torch.randint(-5, 5, (50, 40)), torch.randint(-5, 5, (40, 30))
-    assert steps(check(integers, xi, wi), xi, wi)[1] == 1
+    if not xi.is_cuda:  # (CUDA eager has no integer matmul)
+        assert steps(check(integers, xi, wi), xi, wi)[1] == 1
     explanation = str(tjit.explain(tjit.compile(product), x, w))
     assert "library call, nothing to fuse" in explanation
     monkeypatch.setenv("TJIT_MATMUL", "generated")
@@ -537,8 +540,9 @@ def test_linear_cross_entropy_never_writes_the_logits(dtype):
 def test_a_target_out_of_range_raises_as_in_eager():
     h, w, target = torch.randn(2, 75, 40), torch.randn(300, 40), torch.randint(0, 300, (2, 75))
     target[1, 40] = 300
-    with pytest.raises(IndexError):
-        linear_cross_entropy(h, w, target)
+    if not h.is_cuda:  # (CUDA eager's check is a device-side assert, which ends the process's CUDA context)
+        with pytest.raises(IndexError):
+            linear_cross_entropy(h, w, target)
     with pytest.raises(IndexError, match="out of bounds"):
         tjit.compile(linear_cross_entropy)(h, w, target)
 

@@ -213,3 +213,32 @@ def test_the_backend_works_by_its_name_in_a_process_that_imported_only_torch():
     env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU beside the CPU")
+def test_zero_dim_cpu_tensors_beside_gpu_tensors_run_as_in_eager():
+    """An optimizer's step count lives on the CPU as a 0-d tensor beside GPU parameters, and
+    Dynamo passes a changing learning rate so: eager computes with them on the GPU. tjit runs
+    on GPU copies, writes an in-place update back to the CPU tensor, and returns on the CPU
+    what eager computes there from those alone."""
+    def step(p, g, count, lr):
+        count.add_(1)
+        p.sub_(g * lr / count)
+        return count * 2, p.sum(), count.view(1)
+
+    p, g = torch.randn(300, 70, device="cuda"), torch.randn(300, 70, device="cuda")
+    compiled = tjit.compile(step)
+    with torch.no_grad():
+        for k in range(3):
+            count, lr = torch.tensor(float(k), device="cpu"), torch.tensor(0.1 * (k + 1), device="cpu")
+            expected_p, expected_count = p.clone(), count.clone()
+            expected = step(expected_p, g, expected_count, lr)
+            got = compiled(p, g, count, lr)
+            torch.testing.assert_close(p, expected_p)
+            assert count.item() == expected_count.item() == k + 1
+            for t, e in zip(got, expected):
+                assert t.device == e.device, (t.device, e.device)
+                torch.testing.assert_close(t, e)
+            assert got[2].untyped_storage().data_ptr() == count.untyped_storage().data_ptr()
+    with pytest.raises(tjit.errors.CompileArgumentError, match="several devices"):
+        compiled(p, g, torch.ones(2, device="cpu"), lr)

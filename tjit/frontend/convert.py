@@ -11,7 +11,7 @@ Three things happen here besides a per-op translation (the op table is in aten_o
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 import torch
@@ -37,6 +37,7 @@ class OutputSpec:
     stride: tuple = ()
     offset: int = 0  # storage offset relative to the aliased tensor's
     value: Any = None  # constant outputs
+    device: str = ""  # the device type of a tensor output in the trace (a call's 0-d CPU tensors: see compiled.py)
     # computed outputs returned as a view of what the kernel writes (shape, stride, offset),
     # when the value is a view of a materialised buffer: the kernel writes the buffer's
     # dense layout straight into the output's memory instead of a second copy kernel
@@ -438,6 +439,8 @@ class Converter(ValueBuilder):
                     continue
                 outputs[name] = value
                 specs.append(OutputSpec("computed", name=name, **layout))
+        specs = [replace(spec, device=item.meta["val"].device.type) if spec.kind != "constant" else spec
+                 for spec, item in zip(specs, flat)]
         graph = self.b.finish(self.input_names, outputs, self.mutations, self.effects)
         return Conversion(graph, specs, tree, self.constants, count_eager_kernels(self.gm),
                           matmul_choices=self.matmul_choices)

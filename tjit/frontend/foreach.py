@@ -23,7 +23,8 @@ PER_TENSOR_NAME_WITH_SCALARS = {"maximum": "clamp_min", "minimum": "clamp_max"}
 
 # in-place overloads whose CPU kernel converts the Python scalar to the tensors' type before it
 # multiplies (x.mul_(0.9) does not: a bfloat16 x times 0.9 differs by an ulp from x times
-# bfloat16(0.9)); measured against eager, the other ops read their scalars as x.op_(s) does
+# bfloat16(0.9)); measured against eager, the other ops read their scalars as x.op_(s) does,
+# and so do these on CUDA (whose foreach kernels compute in float32, measured on an H100)
 SCALAR_IN_THE_TENSORS_TYPE = {aten._foreach_mul_.Scalar, aten._foreach_mul_.ScalarList}
 
 
@@ -84,7 +85,7 @@ def _decomposition(op, per_tensor) -> Callable:
             head = at.pop(arguments[0].name)
             named = {n: at.pop(n) for n in list(at) if n in per_names}
             named.update(zip([n for n in per_names if n not in named], at.values()))
-            if op in SCALAR_IN_THE_TENSORS_TYPE and head.is_floating_point():
+            if op in SCALAR_IN_THE_TENSORS_TYPE and head.is_floating_point() and head.device.type == "cpu":
                 named = {n: torch.scalar_tensor(v, dtype=head.dtype) for n, v in named.items()}
             results.append(per_tensor(head, **named))
         return results if returns else None

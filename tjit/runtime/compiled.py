@@ -42,6 +42,10 @@ class CompiledEntry:
     load_seconds: float
     eager_ops: int
     numbers: tuple[str, ...] = ()  # the float arguments passed as 0-d tensors (runtime numbers)
+    # 0-d CPU tensor arguments beside GPU ones (an optimizer's step counts): run on copies
+    cpu_scalars: tuple[str, ...] = ()
+    written_cpu_scalars: tuple[str, ...] = ()  # those the function writes in place: copied back
+    cpu_outputs: tuple = ()  # (index, OutputSpec) of the flattened results eager makes on the CPU
 
 
 def guard_key(flat: list[tuple[str, Any]], numbers: tuple[str, ...] = ()) -> tuple:
@@ -139,7 +143,15 @@ class CompiledFunction:
             return _into_out(entry.executable(call.args, call.kwargs), out)
         if entry.numbers:
             tensors.update(_as_tensors(call.flat, entry.numbers))
-        return entry.executable(tensors, out)
+        if not entry.cpu_scalars:
+            return entry.executable(tensors, out)
+        originals = {name: tensors[name] for name in entry.cpu_scalars}
+        device = _run_device(tensors.values())
+        tensors.update({name: t.to(device, non_blocking=True) for name, t in originals.items()})
+        result = entry.executable(tensors, out)
+        for name in entry.written_cpu_scalars:
+            originals[name].copy_(tensors[name])
+        return _cpu_results(entry, result, originals)
 
     def entry_for(self, *args, **kwargs) -> CompiledEntry:
         """The compiled form for these arguments (compiling it if needed), without running it."""
@@ -202,7 +214,8 @@ class CompiledFunction:
             t2 = time.perf_counter()
             executable = Executable(conversion, program)
         t3 = time.perf_counter()
-        entry = CompiledEntry(executable, t1 - t0, t2 - t1, t3 - t2, conversion.eager_ops, numbers)
+        entry = CompiledEntry(executable, t1 - t0, t2 - t1, t3 - t2, conversion.eager_ops, numbers,
+                              **_cpu_scalar_fields(flat, conversion))
         self._cache[key] = entry
         counters.traces += 1
         _log_compile(self.fn, entry)
@@ -290,7 +303,7 @@ def _with_number_tensors(fn, args, kwargs, numbers: tuple[str, ...], flat) -> tu
 def _as_tensors(flat, numbers: tuple[str, ...]) -> dict[str, torch.Tensor]:
     """The floats named in `numbers` as 0-d float64 tensors, on the device of the call's tensors
     (filled there: on a GPU a fill is queued, where torch.tensor would wait for a copy)."""
-    device = next((v.device for _, v in flat if isinstance(v, torch.Tensor)), torch.device("cpu"))
+    device = _run_device(v for _, v in flat if isinstance(v, torch.Tensor))
     return {name: torch.full((), v, dtype=torch.float64, device=device) for name, v in flat if name in numbers}
 
 
@@ -340,8 +353,44 @@ def _var_positional_name(fn) -> Optional[str]:
     return None
 
 
+def _is_cpu_scalar(t: torch.Tensor) -> bool:
+    return t.device.type == "cpu" and t.dim() == 0
+
+
+def _run_device(tensors) -> torch.device:
+    """Where a call's kernels run: its tensors' device (a GPU's, beside 0-d CPU tensors)."""
+    return next((t.device for t in tensors if t.device.type != "cpu"), torch.device("cpu"))
+
+
+def _cpu_scalar_fields(flat, conversion) -> dict:
+    """CompiledEntry's fields for a call with 0-d CPU tensors beside GPU ones, which eager
+    reads as numbers there (an optimizer's step counts, a learning rate Dynamo passes)."""
+    tensors = [(name, v) for name, v in flat if isinstance(v, torch.Tensor)]
+    if _run_device(v for _, v in tensors).type == "cpu":
+        return {}
+    scalars = tuple(name for name, v in tensors if _is_cpu_scalar(v))
+    written = {m.name for m in conversion.graph.mutations}
+    return dict(cpu_scalars=scalars, written_cpu_scalars=tuple(n for n in scalars if n in written),
+                cpu_outputs=tuple((k, spec) for k, spec in enumerate(conversion.outputs) if spec.device == "cpu"))
+
+
+def _cpu_results(entry: CompiledEntry, result, originals: dict[str, torch.Tensor]):
+    """The results eager makes on the CPU (computed from 0-d CPU tensors alone) moved there:
+    a view of a CPU argument is that view of the argument itself."""
+    if not entry.cpu_outputs:
+        return result
+    flat, tree = torch.utils._pytree.tree_flatten(result)
+    for k, spec in entry.cpu_outputs:
+        if spec.kind == "input_alias" and spec.name in originals:
+            base = originals[spec.name]
+            flat[k] = base.as_strided(spec.shape, spec.stride, base.storage_offset() + spec.offset)
+        else:
+            flat[k] = flat[k].to("cpu")
+    return torch.utils._pytree.tree_unflatten(flat, tree)
+
+
 def _check_call(fn, tensors: dict[str, torch.Tensor]) -> None:
-    devices = {t.device for t in tensors.values()}
+    devices = {t.device for t in tensors.values() if not _is_cpu_scalar(t)} or {t.device for t in tensors.values()}
     if len(devices) > 1:
         raise CompileArgumentError(f"{getattr(fn, '__name__', fn)}: tensors on several devices {sorted(map(str, devices))}")
     for device in devices:
@@ -351,7 +400,7 @@ def _check_call(fn, tensors: dict[str, torch.Tensor]) -> None:
 def _device_type(flat: list[tuple[str, Any]]) -> str:
     """The device type the kernels run on (the tensors', all on one device; CPU without
     tensors, as the executor): the lowering follows that device's eager numerics."""
-    return next((v.device.type for _, v in flat if isinstance(v, torch.Tensor)), "cpu")
+    return _run_device(v for _, v in flat if isinstance(v, torch.Tensor)).type
 
 
 def _grad_inputs(flat: list[tuple[str, Any]]) -> list[str]:

@@ -105,7 +105,7 @@ class Executable:
             self._last_input_read[name] = max([self._last_input_read.get(name, 0)] + [b.end - 1 for b, _ in placed])
 
     def __call__(self, tensors: dict[str, torch.Tensor], out=None):
-        device = _device_of(tensors)
+        device = self.device_of(tensors)
         destinations = self._destinations(out, tensors, device) if out is not None else {}
         result = self.assemble(self.run(tensors, destinations))
         return result if out is None else self._into(out, result)
@@ -116,7 +116,7 @@ class Executable:
         output (tape outputs included), plus the inputs and this call's buffers. consumable:
         inputs the caller gives up (values saved for a backward that runs once): the memory
         of each is freed after the last step that reads it, unless another input shares it."""
-        device = _device_of(tensors)
+        device = self.device_of(tensors)
         memory = dict(tensors)
         memory.update(self.constants_on(device))
         slab = self._slab_for(device)
@@ -330,11 +330,27 @@ class Executable:
             return {**plan.constexprs, ZERO_DIV_FLAG: True}
         return plan.constexprs
 
+    def device_of(self, tensors: dict[str, torch.Tensor]) -> torch.device:
+        """Where the kernels run: on the arguments' device; without tensor arguments, where
+        the tensors the function closes over live (a GPU one before CPU ones, which may be
+        tensors it made from Python data)."""
+        if tensors:
+            return next(iter(tensors.values())).device
+        devices = {t.device for t in self.conversion.constants.values()}
+        return next((d for d in devices if d.type != "cpu"), torch.device("cpu"))
+
     def constants_on(self, device) -> dict[str, torch.Tensor]:
         """Tensors the function created from Python data (torch.tensor([...])) live on the
-        CPU; kernels on another device get a copy made once."""
+        CPU; kernels on another device get a copy made once. A tensor it closes over and
+        writes in place is never copied: its writes would land in the copy."""
         copies = self._constant_copies.get(device)
         if copies is None:
+            written = {m.name for m in self.conversion.graph.mutations}
+            for name, t in self.conversion.constants.items():
+                if name in written and t.device != device:
+                    raise CompileArgumentError(f"the function writes in place a tensor it closes over ({t.dtype}, "
+                                               f"{tuple(t.shape)}) on {t.device}, but runs on {device}: eager "
+                                               "raises for tensors on different devices too")
             copies = self._constant_copies[device] = {name: t.to(device) for name, t in self.conversion.constants.items()}
         return copies
 
@@ -551,10 +567,6 @@ def _last_read_of_inputs(steps) -> dict[str, int]:
 
 def _plan(step) -> "KernelPlan | LibraryPlan":
     return step if isinstance(step, LibraryPlan) else step.plan
-
-
-def _device_of(tensors: dict) -> torch.device:
-    return next(iter(tensors.values())).device if tensors else torch.device("cpu")
 
 
 def _typed_views(raw: torch.Tensor, placed) -> dict:

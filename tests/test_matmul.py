@@ -17,11 +17,12 @@ LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 @pytest.fixture(autouse=True)
 def _generated_float32_on_the_gpu(request, monkeypatch):
-    """With CUDA tensors (TJIT_TEST_DEVICE=cuda) the rule gives float32 products to the library
-    (frontend/matmul.py: exact float32 is FMA work for tl.dot): these tests generate them as on
-    the CPU, so that the GPU runs the same kernels and counts, checked against eager."""
+    """With CUDA tensors (TJIT_TEST_DEVICE=cuda) on a GPU without tf32 the rule gives float32
+    products to the library (frontend/matmul.py: exact float32 is FMA work for tl.dot there):
+    these tests generate them as on the CPU, so that the GPU runs the same kernels and counts,
+    checked against eager."""
     if os.environ.get("TJIT_TEST_DEVICE") == "cuda" and "matmul_precision" not in request.node.name:
-        monkeypatch.setattr("tjit.frontend.matmul.exact_float32_on_gpu", lambda node: False)
+        monkeypatch.setattr("tjit.frontend.matmul.float32_by_fma_on_gpu", lambda node: False)
 
 
 def steps(compiled, *args) -> tuple[int, int]:
@@ -713,28 +714,54 @@ def test_random_prologues_on_both_operands(monkeypatch, data):
     check(product, *[torch.randn(shape).to(dtype) / 2 for shape in shapes.values()])
 
 
-def test_float32_products_on_a_gpu_follow_torchs_matmul_precision():
-    """At torch's default ("highest") float32 precision a GPU product is exact float32, which
-    tl.dot computes without tensor cores (12x slower than cuBLAS on an H100): the library's.
-    Under "high", eager's cuBLAS uses tf32, and so may tl.dot. In the interpreter, exact always."""
+def test_float32_products_on_a_gpu_follow_torchs_matmul_precision(monkeypatch):
+    """At torch's default ("highest") float32 precision eager's GPU product is exact float32:
+    tl.dot emulates it by three tf32 products ("tf32x3", as fast and as accurate as cuBLAS's,
+    measured on an H100), or, on a GPU without tf32, computes it by FMA, 12x slower than
+    cuBLAS: the library's then. Under "high", eager's cuBLAS uses tf32, and so may tl.dot. In
+    the interpreter, exact always."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from tjit.frontend.matmul import exact_float32_on_gpu
-    from tjit.lower.codegen import float32_dot_precision
+    from tjit.frontend.matmul import float32_by_fma_on_gpu
+    from tjit.lower import codegen
     graph = torch.fx.Graph()
     on_gpu, on_cpu = graph.call_function(torch.ops.aten.mm.default), graph.call_function(torch.ops.aten.mm.default)
     with FakeTensorMode():
         on_gpu.meta["val"], on_cpu.meta["val"] = torch.empty(8, 8, device="cuda"), torch.empty(8, 8, device="cpu")
     before = torch.get_float32_matmul_precision()
     try:
-        torch.set_float32_matmul_precision("highest")
-        assert exact_float32_on_gpu(on_gpu) and not exact_float32_on_gpu(on_cpu)
-        assert float32_dot_precision("cuda") == "ieee" == float32_dot_precision("cpu")
-        torch.set_float32_matmul_precision("high")
-        assert not exact_float32_on_gpu(on_gpu)
-        assert float32_dot_precision("cuda") == "tf32" and float32_dot_precision("cpu") == "ieee"
+        for tf32 in (True, False):
+            monkeypatch.setattr(codegen, "_has_tf32", lambda tf32=tf32: tf32)
+            torch.set_float32_matmul_precision("highest")
+            assert float32_by_fma_on_gpu(on_gpu) is not tf32 and not float32_by_fma_on_gpu(on_cpu)
+            assert codegen.float32_dot_precision("cuda") == ("tf32x3" if tf32 else "ieee")
+            assert codegen.float32_dot_precision("cpu") == "ieee"
+            torch.set_float32_matmul_precision("high")
+            assert not float32_by_fma_on_gpu(on_gpu)
+            assert codegen.float32_dot_precision("cuda") == "tf32" and codegen.float32_dot_precision("cpu") == "ieee"
     finally:
         torch.set_float32_matmul_precision(before)
+
+
+def test_float32_products_as_three_tf32_products_compile_without_spills(monkeypatch):
+    """The "tf32x3" kernels a GPU with tf32 gets for float32 products (tensor-core tiles, three
+    tl.dot per step) compile for sm_90 without spills (the suite's check after each test);
+    the interpreter computes them exactly."""
+    from tjit.lower import codegen
+    monkeypatch.setattr(codegen, "float32_dot_precision", lambda device: "tf32x3")
+    monkeypatch.setenv("TJIT_MATMUL", "generated")
+    q, k, v = (torch.randn(1, 2, 150, 64) / 3 for _ in range(3))
+    mask = torch.ones(150, 150, dtype=torch.bool).tril()
+    x, w, b = torch.randn(2, 70, 200), torch.randn(150, 200) / 10, torch.randn(150)
+    h, target = torch.randn(90, 200), torch.randint(0, 150, (90,))
+    cases = [(gelu_linear, (x, w, b)),
+             (lambda q, k, v: (q @ k.transpose(-1, -2) / 8).masked_fill(~mask, float("-inf")).softmax(-1) @ v,
+              (q, k, v)),
+             (lambda h, w, t: F.cross_entropy(h @ w.t(), t), (h, w, target))]
+    for fn, args in cases:
+        check(fn, *args)
+        sources = [kernel.source for kernel in tjit.explain(fn, *args).kernels]
+        assert any('input_precision="tf32x3"' in source for source in sources)
 
 
 def test_a_new_float32_matmul_precision_compiles_again():

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import tjit
-from helpers import check_against_eager
+from helpers import assert_as_accurate_as_eager, check_against_eager
 
 
 def fresh_function():
@@ -56,7 +56,12 @@ def test_layout_dtype_and_scalar_type_changes_retrace_and_stay_correct():
     for args in [(x, y, 0.5), (x.t().contiguous().t(), y, 0.5), (x.half(), y.half(), 0.5), (x, y, 2),
                  (x.double(), y, -1.5)]:
         before = tjit.counters.traces
-        check_against_eager(f.__wrapped__, *args, compiled=f)
+        if args[0].dtype == torch.half:  # (eager rounds to half after each op, tjit once: CUDA's z near 0 differs)
+            exact = f.__wrapped__(*[a.double() if isinstance(a, torch.Tensor) else a for a in args])
+            for got, eager, wide in zip(f(*args), f.__wrapped__(*args), exact):
+                assert_as_accurate_as_eager(got, eager, wide, rtol=1e-3, atol=1e-5)
+        else:
+            check_against_eager(f.__wrapped__, *args, compiled=f)
         assert tjit.counters.traces == before + 1
 
 
@@ -145,7 +150,7 @@ def test_debug_levels_print_ir_sources_and_launches():
     script = (
         "import torch, tjit\n"
         "f = tjit.compile(lambda x: (x * 2).exp())\n"
-        "f(torch.randn(10))\n"
+        "f(torch.randn(10, device='cuda' if torch.cuda.is_available() else 'cpu'))\n"
     )
     out = {}
     for level in (1, 2, 3, 4):

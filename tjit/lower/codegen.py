@@ -160,9 +160,23 @@ def _reach(view: View) -> int:
 
 def float32_dot_precision(device: str) -> str:
     """tl.dot's input_precision for float32 operands: tf32 on a GPU where torch's float32
-    matmul precision lets eager's cuBLAS products use it, exact ("ieee") otherwise (torch's
-    default, and always in the interpreter, as eager on the CPU)."""
-    return "tf32" if device != "cpu" and torch.get_float32_matmul_precision() != "highest" else "ieee"
+    matmul precision lets eager's cuBLAS products use it. At torch's default ("highest"),
+    "tf32x3" on a GPU with tensor cores for tf32 (three tf32 products of each operand's high
+    and low parts, Triton's float32 emulation, which zeroes the low parts' NaNs so that inf
+    operands give eager's infs). Measured on an H100 (gelu(linear) 4096^3, against float64):
+    relative error 2.1e-7 against cuBLAS's exact float32 9.5e-7, 2.4 ms against its 2.7;
+    "ieee" (FMA, no tensor cores) ran 19 ms. Exact "ieee" in the interpreter (as eager on
+    the CPU) and on GPUs before Ampere."""
+    if device == "cpu":
+        return "ieee"
+    if torch.get_float32_matmul_precision() != "highest":
+        return "tf32"
+    return "tf32x3" if _has_tf32() else "ieee"
+
+
+@functools.lru_cache(maxsize=None)
+def _has_tf32() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 0)
 
 
 def plan_kernel(group: KernelGroup, output_strides: dict[str, tuple[int, ...]],
@@ -359,7 +373,7 @@ class _Emitter(GridReductionEmitter):
         k = max(d.src[0].shape[-1] for d in dots)
         computed = sum(not is_kernel_input(s) for d in dots for s in d.src)  # (prologues)
         itemsize = max(d.src[0].dtype.itemsize for d in dots)
-        tensor_cores = itemsize <= 2 or float32_dot_precision(self.device) == "tf32"
+        tensor_cores = itemsize <= 2 or float32_dot_precision(self.device) != "ieee"
         pressure = (m, n, k, itemsize, len(dots) + computed / 2, len(self.accesses) - 2 * len(dots), tensor_cores)
         if self.domain.axes:  # (loads of [rows, columns] tiles in the epilogue: an attention mask)
             operands = {j for found in self.dot_access.values() for side in found for j in side.values()}

@@ -247,3 +247,59 @@ def test_zero_dim_cpu_tensors_beside_gpu_tensors_run_as_in_eager():
             assert got[2].untyped_storage().data_ptr() == count.untyped_storage().data_ptr()
     with pytest.raises(tjit.errors.CompileArgumentError, match="several devices"):
         compiled(p, g, torch.ones(2, device="cpu"), lr)
+
+
+def test_a_kernel_is_launched_again_through_the_binary_triton_compiled(monkeypatch):
+    """relaunch.Binaries: after the first launch of a (device, pointer alignment), the binary
+    JITFunction.run returned is launched straight through its launcher, with the arguments
+    JITFunction.run passes it (grid, stream, function, metadata, no hooks, the runtime
+    arguments, then the constexprs in the kernel's order); none while launch hooks are set,
+    none for a kernel whose parameters are not tjit's arguments then its constexprs."""
+    from tjit.runtime import relaunch
+    calls = []
+
+    class Kernel:  # (what Triton's CompiledKernel offers a launcher)
+        function, packed_metadata = "function", "metadata"
+
+        def run(self, *args):
+            calls.append(args)
+
+    class Fn:
+        arg_names = ["x_ptr", "n", "BLOCK", "FLAG"]
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: f"stream{device}", raising=False)
+    monkeypatch.setattr(relaunch, "knobs", type("knobs", (), {"runtime": type("runtime", (), {
+        "launch_enter_hook": None, "launch_exit_hook": None})}))
+    binaries = relaunch.Binaries(Fn(), ["x_ptr", "n"], {"FLAG": True, "BLOCK": 64}, (5,))
+    assert binaries.usable() and not binaries.launch((0, (True,)), ["x", 10])
+    binaries.keep((0, (True,)), Kernel())
+    assert binaries.launch((0, (True,)), ["x", 10]) and not binaries.launch((0, (False,)), ["y", 10])
+    assert calls == [(5, 1, 1, "stream0", "function", "metadata", None, None, None, "x", 10, 64, True)]
+    relaunch.knobs.runtime.launch_enter_hook = print
+    assert not binaries.launch((0, (True,)), ["x", 10])
+    assert not relaunch.Binaries(Fn(), ["x_ptr", "m"], {"FLAG": True, "BLOCK": 64}, (5,)).usable()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_calls_launched_again_through_the_binary_match_eager():
+    """Each call after the first of a pointer alignment launches the kept binary: pointwise,
+    reduction, scan and product kernels, with aligned and unaligned inputs, match eager."""
+    def f(x, w):
+        return torch.softmax(x @ w, -1).cumsum(-1) * x.sum(-1, keepdim=True)
+
+    compiled = tjit.compile(f)
+    x, w = torch.randn(301, 130, device="cuda"), torch.randn(130, 130, device="cuda")
+    for call in range(3):
+        for a in (x[1:], x[:-1]):  # (an input 4 bytes past an aligned address, and one at it)
+            torch.testing.assert_close(compiled(a, w), f(a, w), rtol=1e-4, atol=1e-4)
+    launches = [s for s in compiled.entry_for(x[1:], w).executable.launches if hasattr(s, "binaries")]
+    assert launches and all(s.binaries is not None and s.binaries.found for s in launches)
+
+
+def test_arguments_named_like_the_kernels_status_and_counter_words():
+    """A call's memory holds its arguments by name beside tjit's own words: an argument named
+    "status" or "counter" read those words instead of itself (a wrong answer, fixed)."""
+    def f(status, counter, index):
+        return status.sum(-1) + counter[:, 0] + status[index, 1]
+
+    status, counter, index = torch.randn(300, 700), torch.randn(300, 700), torch.randint(0, 300, (300,))
+    check_against_eager(f, status, counter, index)

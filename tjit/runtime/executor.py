@@ -29,6 +29,7 @@ from .counters import counters
 from .interpreter import interpreting
 from .library import call_allocations, memory_key, run_library_call
 from .loader import load_kernel, note_launch_config
+from .relaunch import Binaries
 
 
 # Triton's interpreter is not thread-safe: a launch patches triton.language and keeps the
@@ -56,6 +57,19 @@ class Launch:
     fn: Any
     args_template: list  # BufferRefs (bound per call) followed by ints
     constexprs: dict  # the plan's, with ZERO_DIV_FLAG set when the interpreter runs it
+    step: int  # its place among the steps (where its status and counter words are)
+    # per argument, (the memory key a call binds it to, None) or (None, the int itself): the
+    # binding precomputed, since every launch of every call pays for it
+    bound: list = field(init=False)
+    pointers: list = field(init=False)  # the arguments that are tensors
+    # the alignments of its pointers for which Triton's specialisation was noted already
+    noted: set = field(init=False, default_factory=set)
+    binaries: Optional[Binaries] = field(init=False, default=None)  # on a GPU: launched again directly
+
+    def __post_init__(self):
+        self.bound = [(memory_key_of(a, self.step), None) if isinstance(a, BufferRef) else (None, a)
+                      for a in self.args_template]
+        self.pointers = [j for j, (key, _) in enumerate(self.bound) if key is not None]
 
 
 class Executable:
@@ -73,8 +87,13 @@ class Executable:
         self._interpreting = interpreting()
         # the steps in order: kernel launches, and library calls (LibraryPlans, run as they are)
         self.launches = [p if isinstance(p, LibraryPlan) else
-                         Launch(p, load_kernel(p), list(p.buffers) + list(p.scalar_args), self._constexprs(p))
-                         for p in program.steps]
+                         Launch(p, load_kernel(p), list(p.buffers) + list(p.scalar_args), self._constexprs(p), k)
+                         for k, p in enumerate(program.steps)]
+        if not self._interpreting:
+            for launch in self.launches:
+                if isinstance(launch, Launch) and launch.pointers:
+                    binaries = Binaries(launch.fn, launch.plan.param_names, launch.constexprs, launch.plan.grid)
+                    launch.binaries = binaries if binaries.usable() else None
         self._slabs: dict[tuple, Slab] = {}
         # kernels with checks take a status word; it is read after the call (one sync) when a
         # check is made: always in the interpreter, only index checks in compiled kernels
@@ -84,6 +103,7 @@ class Executable:
                                  for step in self.launches for check in _plan(step).checks)
         self._status: dict[torch.device, torch.Tensor] = {}
         self._counters: dict[torch.device, torch.Tensor] = {}
+        self._words: dict[tuple, dict] = {}  # (device, thread) -> each launch's status and counter views
         self._dead_after = _dead_library_results(program)
         # each computed output is allocated right before the first step that touches it (a
         # backward's gradients as they are computed, not all before the first kernel)
@@ -124,14 +144,12 @@ class Executable:
             memory.update(self._allocate(device, destinations or {}, slab))
             if self.donated:
                 memory.update(self._donated_views(tensors))
-            if self._checked:
-                memory["status"] = self._status_on(device)
-            memory["counter"] = self._counters_on(device)
+            memory.update(self._words_on(device))
             self._run_steps(memory, device, destinations or {}, self._consumed_after(tensors, consumable))
             for name, node in self.program.call_outputs.items():
                 memory[("output", name)] = self._as_output(name, memory[("buffer", id(node))])
             if self._reads_status:
-                self._raise_failed_checks(memory["status"])
+                self._raise_failed_checks(memory[("status",)])
         finally:
             if slab.arena is not None:
                 POOL.done(slab.arena)  # (its views in `memory` are dead now: the next run may reuse them)
@@ -166,7 +184,7 @@ class Executable:
                 for storage in consumed_after.get(k, ()):  # a value saved for backward, read for the last time
                     storage.resize_(0)
         except BaseException:
-            memory["counter"].zero_()  # a grid reduction cut short must not skew the next call's count
+            memory[("counter",)].zero_()  # a grid reduction cut short must not skew the next call's count
             raise
 
     # what explain(), the logs and the benchmarks read
@@ -301,6 +319,23 @@ class Executable:
         """One int32 per launch that counts finished programs of a grid reduction; the last
         program resets it, so it is zeroed once (per device and thread, like the slab) and kept."""
         return self._per_thread(self._counters, device)
+
+    def _words_on(self, device) -> dict:
+        """The status and counter words, and each launch's views of them (at its step), as a
+        call's memory binds them: made once per device and thread."""
+        key = (torch.device(device), threading.get_ident())
+        found = self._words.get(key)
+        if found is None:
+            # (keyed by tuples, as every key but an input's: an argument may be named "status")
+            found = {("counter",): self._counters_on(device)}
+            if self._checked:
+                found[("status",)] = self._status_on(device)
+            for launch in self.launches:
+                for word, _ in getattr(launch, "bound", ()):  # (a LibraryPlan binds none)
+                    if isinstance(word, tuple) and word[0] in ("status", "counter"):
+                        found[word] = found[word[:1]][launch.step:]
+            self._words[key] = found
+        return found
 
     def _per_thread(self, table: dict, device) -> torch.Tensor:
         key = (torch.device(device), threading.get_ident())
@@ -460,7 +495,7 @@ class Executable:
         return found
 
     def _launch(self, launch: Launch, memory, k: int) -> None:
-        args = [self._bind(a, memory, k) if isinstance(a, BufferRef) else a for a in launch.args_template]
+        args = [value if key is None else memory[key] for key, value in launch.bound]
         if not self._interpreting:
             return self._start(launch, args)
         # numpy computes the interpreter's blocks: inf, NaN and integer overflow are results
@@ -470,27 +505,22 @@ class Executable:
 
     @staticmethod
     def _start(launch: Launch, args: list) -> None:
-        note_launch_config(launch.plan, args)
+        aligned = tuple(args[j].data_ptr() % 16 == 0 for j in launch.pointers)  # (its ints are fixed)
+        if aligned not in launch.noted:
+            note_launch_config(launch.plan, args)
+            launch.noted.add(aligned)
         start = time.perf_counter() if debug.level() >= 4 else 0.0
-        launch.fn[launch.plan.grid](*args, num_warps=launch.plan.num_warps, num_stages=launch.plan.num_stages,
-                                    **launch.constexprs)
+        binaries = launch.binaries
+        key = (args[launch.pointers[0]].get_device(), aligned) if binaries is not None else None
+        if binaries is None or not binaries.launch(key, args):
+            kernel = launch.fn[launch.plan.grid](*args, num_warps=launch.plan.num_warps,
+                                                 num_stages=launch.plan.num_stages, **launch.constexprs)
+            if binaries is not None:
+                binaries.keep(key, kernel)
         counters.launches += 1
         if start:
             debug.log_launch(launch.plan, time.perf_counter() - start)
 
-    @staticmethod
-    def _bind(ref: BufferRef, memory, k: int) -> torch.Tensor:
-        if ref.kind == "status":
-            return memory["status"][k:]
-        if ref.kind == "counter":
-            return memory["counter"][k:]
-        if ref.kind == "scratch":
-            return memory[("scratch", k, ref.name)]
-        if ref.kind == "input":
-            return memory[ref.name]
-        if ref.kind == "output":
-            return memory[("output", ref.name)]
-        return memory[("buffer", id(ref.node))]
 
     def assemble(self, memory):
         """The function's results, in its own structure, from a call's memory."""
@@ -567,6 +597,19 @@ def _last_read_of_inputs(steps) -> dict[str, int]:
 
 def _plan(step) -> "KernelPlan | LibraryPlan":
     return step if isinstance(step, LibraryPlan) else step.plan
+
+
+def memory_key_of(ref: BufferRef, k: int):
+    """The key of a call's memory that launch k binds `ref` to."""
+    if ref.kind in ("status", "counter"):
+        return (ref.kind, k)  # (its view at the launch's own word)
+    if ref.kind == "scratch":
+        return ("scratch", k, ref.name)
+    if ref.kind == "input":
+        return ref.name
+    if ref.kind == "output":
+        return ("output", ref.name)
+    return ("buffer", id(ref.node))
 
 
 def _typed_views(raw: torch.Tensor, placed) -> dict:

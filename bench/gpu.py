@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """On a CUDA GPU: tjit, Inductor and eager PyTorch on the same work, checked and timed.
 
-    python bench/gpu.py [--sections functions,models,profile,tiles] [--functions a,b] [--dtypes float32,...]
+    python bench/gpu.py [--sections functions,models,profile,tiles,launches] [--functions a,b] [--dtypes float32,...]
                         [--models a,b] [--json PATH]
 
 models: tests/zoo.py's zoo on the GPU (same weights and inputs for every compiler), each through
@@ -16,6 +16,9 @@ profile: one steady call of each function (in the last of --dtypes) and of each 
   forward under torch's profiler: wall time against the sum of its GPU kernels' times (a call
   far above its kernels' time is bound by host work) and the longest kernels.
 tiles: every product generated, at each of TILES' tile sizes, timed.
+launches: the time per call of each function (in the last of --dtypes) and each model's eval
+  forward, with tjit's launches after the first going straight through Triton's binary
+  (runtime/relaunch.py) against every launch through JITFunction.run, alternating.
 functions: matrix products with fused work around them at sizes that fill the GPU, in float32,
   float16 and bfloat16: time per call, TFLOP/s (2*m*n*k per product over the time) and the
   relative error ||out - ref|| / ||ref|| against a float64 reference, for eager, Inductor and
@@ -337,6 +340,51 @@ def run_profiles(functions: list[str], dtype: torch.dtype, models: list[str]) ->
     return rows
 
 
+# -- launching kernels again through their binaries ----------------------------------------------
+
+def host_us(call, calls: int = 100) -> float:
+    """Time per call of a loop of calls, synchronised once at its end: the host's time where
+    the GPU waits for it (a small model), else the GPU's."""
+    call()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        call()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def run_launches(functions: list[str], dtype: torch.dtype, models: list[str], rounds: int = 5) -> list[dict]:
+    """Per function and zoo model (eval), the time per call with each launch after the first
+    of a pointer alignment going straight through the binary Triton compiled (tjit's
+    runtime/relaunch.py) and with every launch through JITFunction.run: the two alternate
+    for `rounds` rounds and each keeps its median (single loops varied by 30% on an H100)."""
+    import torch._dynamo
+    from tjit.runtime.relaunch import Binaries
+    calls = {f"{name} {str(dtype).removeprefix('torch.')}": (tjit.compile(FUNCTIONS[name]), function_inputs(name, dtype)[0])
+             for name in functions}
+    for name in models:
+        torch.manual_seed(0)
+        torch._dynamo.reset()
+        x = ZOO[name].inputs(torch.Generator().manual_seed(1)).cuda()
+        calls[f"{name} eval"] = (compiled_with("tjit", ZOO[name].build().cuda().eval()), (x,))
+    rows = []
+    for what, (f, args) in calls.items():
+        times: dict[bool, list[float]] = {True: [], False: []}
+        try:
+            with torch.no_grad():
+                for _ in range(rounds):
+                    for relaunching in (True, False):
+                        Binaries.enabled = relaunching
+                        times[relaunching].append(host_us(lambda: f(*args)))
+        finally:
+            Binaries.enabled = True
+        row = {"what": what, "relaunch_us": sorted(times[True])[rounds // 2], "run_us": sorted(times[False])[rounds // 2]}
+        rows.append(row)
+        print(f"{what:<24} {row['relaunch_us']:>10.0f} {row['run_us']:>10.0f}", flush=True)
+    return rows
+
+
 def profile_line(r: dict) -> str:
     top = "; ".join(f"{name} {us:.0f}" for name, us in r["top"][:4])
     return (f"{r['what']:<20} {r['compiler']:<9} wall {r['wall_us']:>8.0f} us, {r['kernel_count']:>3} GPU kernels "
@@ -377,6 +425,13 @@ def main() -> int:
         print("\n== one call profiled: wall time against the GPU kernels' time, longest kernels (us) ==", flush=True)
         progress("profiles")
         results["profiles"] = run_profiles(opts.functions.split(","), getattr(torch, opts.dtypes.split(",")[-1]),
+                                           opts.models.split(","))
+        save()
+    if "launches" in sections:
+        print("\n== us per call: launches again through Triton's binary | through JITFunction.run (medians) ==",
+              flush=True)
+        progress("launches")
+        results["launches"] = run_launches(opts.functions.split(","), getattr(torch, opts.dtypes.split(",")[-1]),
                                            opts.models.split(","))
         save()
     if "tiles" in sections:

@@ -25,7 +25,7 @@ from .fusion import (BufferTarget, InputTarget, KernelGroup, OutputTarget, PutAt
                      expression_leaves, is_kernel_input)
 from .grid_reduction import GridReductionEmitter
 from .online_product import OnlineProduct, online_product, row_value
-from .reduction import (NEG_INF, LoopContext, accumulator_for, block_reduce, finite, identity, scan_carry_init, scan_identity,
+from .reduction import (NEG_INF, LoopContext, OnlineExpSum, accumulator_for, block_reduce, finite, identity, scan_carry_init, scan_identity,
                         scan_lines, scan_work_dtype, work_dtype)
 from .schedule import (AUTO_WARPS, DotTiles, IterationSpace, LoopDim, dot_row_tiles, dot_schedule, dot_step, dot_tiles,
                        lanes_per_thread, nested_dot_tiles, schedule)
@@ -384,7 +384,11 @@ class _Emitter(GridReductionEmitter):
             tiles = dot_tiles(*pressure)
         outermost = toposort(self._store_values(), stop=at_product)
         nested = len(dots) - sum(isinstance(d.op, Dot) for d in outermost)
-        return nested_dot_tiles(tiles, n, tensor_cores, nested) if nested else tiles
+        if not nested:
+            return tiles
+        # (loads beside the products' operands: an attention mask read in a's prologue)
+        extra_loads = sum(not a.store for a in self.accesses) - (2 * len(dots) - computed)
+        return nested_dot_tiles(tiles, m, n, tensor_cores, nested, extra_loads)
 
     def _coordinate(self, view: View) -> int:
         """The index of the coordinate that computes `view`'s offset for each kernel index."""
@@ -968,18 +972,25 @@ class _Emitter(GridReductionEmitter):
         accumulators = [accumulator_for(r, ctx, row_value) for r in online.reductions]
         names = self._tile_values([online.exponent] + [i for a in accumulators for i in a.inputs],
                                   accesses, axes, 1, body, before)
-        t, m, top, grown = names[id(online.exponent)], self._fresh(), self._fresh(), self._fresh()
+        t, m, grown = names[id(online.exponent)], self._fresh(), self._fresh()
         for accumulator in accumulators:
             before += accumulator.init()
             body += accumulator.update([names[id(i)] for i in accumulator.inputs])
         before.append(f"# a's softmax along k, online: its rows' statistics and a running max {m} of its exponent, "
                       "the accumulator rescaled as it grows (flash attention)")
         before.append(f"{m} = tl.full({row_shape}, {NEG_INF}, tl.float32)")
-        body += [f"{top} = tl.maximum({m}, tl.max(tl.where({mask}, {t}, {NEG_INF}), {rank - 1}, keep_dims=True))",
-                 # (1 where the max stays, -inf included; 0 from -inf to a finite max: a finite
-                 # stand-in for -inf here overflowed exp when the first scores were far below 0)
-                 f"{acc} = {acc} * tl.reshape(tl.where({m} == {top}, 1.0, tl.exp({m} - {top})), (BLOCK_{rank - 2}, 1))",
-                 f"{grown} = tl.where({mask}, tl.exp({t} - {finite(top)}), 0.0).to({tl_dtype(operand.dtype)})",
+        # the sum of exp(t - c) keeps a running max of t and its exponentials already: shared
+        shared = next((a for a in accumulators if isinstance(a, OnlineExpSum) and names[id(a.inputs[0])] == t), None)
+        if shared is not None:
+            top, exps = shared.m_new, shared.exps
+        else:
+            top, exps = self._fresh(), self._fresh()
+            body += [f"{top} = tl.maximum({m}, tl.max(tl.where({mask}, {t}, {NEG_INF}), {rank - 1}, keep_dims=True))",
+                     f"{exps} = tl.where({mask}, tl.exp({t} - {finite(top)}), 0.0)"]
+        # (1 where the max stays, -inf included; 0 from -inf to a finite max: a finite stand-in
+        # for -inf here overflowed exp when the first scores were far below 0)
+        body += [f"{acc} = {acc} * tl.reshape(tl.where({m} == {top}, 1.0, tl.exp({m} - {top})), (BLOCK_{rank - 2}, 1))",
+                 f"{grown} = {exps}.to({tl_dtype(operand.dtype)})",
                  f"{m} = {top}"]
         rows: dict[int, str] = {}
         for accumulator in accumulators:

@@ -191,15 +191,18 @@ class OnlineExpSum(Accumulator):
         return [f"{self.m} = tl.full({shape}, {NEG_INF}, {t})", f"{self.s} = tl.full({shape}, 0.0, {t})"]
 
     def update(self, values):
+        """(`m_new` and `exps` name the step's new running max and its exponentials, which a
+        product's online softmax along the same values shares: codegen._online_tile.)"""
         ctx, a = self.ctx, values[0]
         f = ctx.fresh
-        top, m_new, chunk = f(), f(), f()
+        top, self.m_new, self.exps, chunk = f(), f(), f(), f()
         return [f"{top} = {over_axes('tl.max', f'tl.where({ctx.mask}, {a}, {NEG_INF})', ctx.axes)}",
-                f"{m_new} = tl.maximum({self.m}, {top})",
-                f"{chunk} = {over_axes('tl.sum', f'tl.where({ctx.mask}, tl.exp({a} - {finite(m_new)}), 0.0)', ctx.axes)}",
-                f"{self.s} = tl.where({self.s} == 0.0, 0.0, {self.s} * tl.exp({finite(self.m)} - {finite(m_new)}))"
+                f"{self.m_new} = tl.maximum({self.m}, {top})",
+                f"{self.exps} = tl.where({ctx.mask}, tl.exp({a} - {finite(self.m_new)}), 0.0)",
+                f"{chunk} = {over_axes('tl.sum', self.exps, ctx.axes)}",
+                f"{self.s} = tl.where({self.s} == 0.0, 0.0, {self.s} * tl.exp({finite(self.m)} - {finite(self.m_new)}))"
                 f" + {chunk}",
-                f"{self.m} = {m_new}"]
+                f"{self.m} = {self.m_new}"]
 
     def finalize(self, row_values):
         out = self.ctx.fresh()

@@ -510,7 +510,7 @@ class Executable:
             note_launch_config(launch.plan, args)
             launch.noted.add(aligned)
         start = time.perf_counter() if debug.level() >= 4 else 0.0
-        binaries = launch.binaries
+        binaries = launch.binaries if Binaries.enabled else None
         key = (args[launch.pointers[0]].get_device(), aligned) if binaries is not None else None
         if binaries is None or not binaries.launch(key, args):
             kernel = launch.fn[launch.plan.grid](*args, num_warps=launch.plan.num_warps,

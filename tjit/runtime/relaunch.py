@@ -27,6 +27,8 @@ except ImportError:  # (an older Triton: every launch goes through JITFunction.r
 class Binaries:
     """The compiled binaries of one launch, by (device, its pointers' alignment)."""
 
+    enabled = True  # (off: every launch through JITFunction.run, as bench/gpu.py's comparison needs)
+
     def __init__(self, fn: Any, param_names: list[str], constexprs: dict, grid: tuple):
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
         names = list(getattr(fn, "arg_names", ()))

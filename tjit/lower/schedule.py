@@ -360,7 +360,7 @@ def nested_dot_tiles(tiles: DotTiles, m: int, n: int, tensor_cores: bool, nested
     32x64 stepping 64 with 8 warps and 3 stages that the budget below gave (eager 0.647;
     cuDNN's flash kernel, Inductor's, 0.086). Faster ones spilled at sm_90 with a head
     dimension of 40 (masked): 64x64 stepping 64 with 4 warps (0.328 ms; 976 bytes), 64x64
-    stepping 128 (0.277 ms; 1288 bytes at 32 rows). Over 64 columns, with two nested
+    stepping 128 with 4 warps (0.277 ms; 2888 bytes). Over 64 columns, with two nested
     products, or with `extra_loads` (tiles a prologue loads beside the products' operands:
     an additive mask spilled 60 bytes), 8 warps (for the registers; compiled, not timed).
 

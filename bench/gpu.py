@@ -361,8 +361,8 @@ def run_launches(functions: list[str], dtype: torch.dtype, models: list[str], ro
     for `rounds` rounds and each keeps its median (single loops varied by 30% on an H100)."""
     import torch._dynamo
     from tjit.runtime.relaunch import Binaries
-    calls = {f"{name} {str(dtype).removeprefix('torch.')}": (tjit.compile(FUNCTIONS[name]), function_inputs(name, dtype)[0])
-             for name in functions}
+    label = str(dtype).removeprefix("torch.")
+    calls = {f"{name} {label}": (tjit.compile(FUNCTIONS[name]), function_inputs(name, dtype)[0]) for name in functions}
     for name in models:
         torch.manual_seed(0)
         torch._dynamo.reset()
@@ -379,7 +379,8 @@ def run_launches(functions: list[str], dtype: torch.dtype, models: list[str], ro
                         times[relaunching].append(host_us(lambda: f(*args)))
         finally:
             Binaries.enabled = True
-        row = {"what": what, "relaunch_us": sorted(times[True])[rounds // 2], "run_us": sorted(times[False])[rounds // 2]}
+        row = {"what": what, "relaunch_us": sorted(times[True])[rounds // 2],
+               "run_us": sorted(times[False])[rounds // 2]}
         rows.append(row)
         print(f"{what:<24} {row['relaunch_us']:>10.0f} {row['run_us']:>10.0f}", flush=True)
     return rows

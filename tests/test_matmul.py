@@ -37,8 +37,9 @@ def check(fn, *args):
     order than eager's (k in steps of a tile), so float32 is held to rtol 1e-4 (over sums of
     hundreds of terms, torch's default 1.3e-6 is below that order's own effect) and to an
     atol of 1e-5 times the result's largest magnitude (a sum near 0 of terms of size 40
-    carries their rounding: cuBLAS sums in yet another order), integers exactly, and 16-bit types to no further from the float64 answer than twice eager's own
-    largest error (a result rounded to 16 bits then rounds either way)."""
+    carries their rounding: cuBLAS sums in yet another order), integers exactly, and 16-bit
+    types to no further from the float64 answer than twice eager's own largest error (a
+    result rounded to 16 bits then rounds either way)."""
     if args[0].dtype not in LOW_PRECISION:
         compiled = tjit.compile(fn)
         eager_args, tjit_args = clone_args(args), clone_args(args)

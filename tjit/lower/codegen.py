@@ -25,8 +25,8 @@ from .fusion import (BufferTarget, InputTarget, KernelGroup, OutputTarget, PutAt
                      expression_leaves, is_kernel_input)
 from .grid_reduction import GridReductionEmitter
 from .online_product import OnlineProduct, online_product, row_value
-from .reduction import (NEG_INF, LoopContext, OnlineExpSum, accumulator_for, block_reduce, finite, identity, scan_carry_init, scan_identity,
-                        scan_lines, scan_work_dtype, work_dtype)
+from .reduction import (NEG_INF, LoopContext, OnlineExpSum, accumulator_for, block_reduce, finite, identity,
+                        scan_carry_init, scan_identity, scan_lines, scan_work_dtype, work_dtype)
 from .schedule import (AUTO_WARPS, DotTiles, IterationSpace, LoopDim, dot_row_tiles, dot_schedule, dot_step, dot_tiles,
                        lanes_per_thread, nested_dot_tiles, schedule)
 

@@ -610,6 +610,39 @@ def test_a_norms_normalisation_is_a_prologue_of_the_next_linear(name):
     assert loads_in_k_loop(product, moving_along_k=True) == (2 if name == "layer_norm" else 3)  # (rms_norm: its weight)
 
 
+def _rms(x):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
+ROW_REDUCED_PRODUCTS_OF_NORMS = {  # (x [.., d], w [d, d], b [d], *the norms' weight and bias)
+    "post_norm_residual": lambda x, w, b, *p: F.layer_norm(
+        F.layer_norm(x, (96,), *p) + F.linear(F.layer_norm(x, (96,), *p), w, b), (96,), *p),
+    "post_norm_residual_affine": lambda x, w, b, *p: F.layer_norm(
+        F.layer_norm(x, (96,), *p) + F.linear(F.layer_norm(x, (96,), *p), w, b), (96,), *p),
+    "post_norm_mlp": lambda x, w, b: F.layer_norm(
+        F.layer_norm(x, (96,)) + F.gelu(F.linear(F.layer_norm(x, (96,)), w, b)), (96,)),
+    "rms_norm_residual": lambda x, w, b: _rms(_rms(x) + F.linear(_rms(x), w, b)),
+    "softmax_of_linear_of_norm": lambda x, w, b: torch.softmax(F.linear(F.layer_norm(x, (96,)), w, b), -1),
+    "row_sum_of_linear_of_norm": lambda x, w, b: F.linear(F.layer_norm(x, (96,)), w, b).sum(-1),
+    "norm_of_softmax_product": lambda x, w, b: F.layer_norm(torch.softmax(x, -1) @ w + b, (96,)),
+}
+
+
+@pytest.mark.parametrize("name", ROW_REDUCED_PRODUCTS_OF_NORMS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_row_reduction_of_a_product_whose_prologue_reads_a_norm(name, dtype):
+    """A product whose prologue reads row statistics (a norm's), reduced along its rows
+    by another norm, a softmax or a sum (a post-norm transformer block, an LM head): the
+    prologue's statistics are written by their own kernel, also where the row reduction's
+    kernel could compute them (it reduces the same rows). Each case crashed codegen before
+    (a Reduce in a product's operand; a pointwise kernel asked to fuse an input)."""
+    d = 96
+    args = [t.to(dtype) for t in (torch.randn(3, 70, d), torch.randn(d, d) / 10, torch.randn(d))]
+    args += [torch.randn(d).to(dtype), torch.randn(d).to(dtype)] if name.endswith("affine") else []
+    compiled = check(ROW_REDUCED_PRODUCTS_OF_NORMS[name], *args)
+    assert steps(compiled, *args)[1] == 0  # (no library call: the product is generated)
+
+
 def loads_in_k_loop(source: str, moving_along_k: bool) -> int:
     """The tl.load calls inside a product kernel's k loop (from its `for` to its tl.dot) whose
     address moves along k (uses the step's index range), or does not."""

@@ -200,6 +200,12 @@ def store_domain(value: GraphNode) -> Placement:
         if nested:  # (each pass over a row's column tiles would compute them again: written once instead)
             return Placement(Domain(value.shape), nested)
         placement = _reduction_placement(value, reduces)
+        # (a norm's statistics in a product's prologue are read from buffers in the k loop,
+        # even where this domain could compute them: layer_norm(h + linear(h)) with h itself
+        # a layer norm had its statistics computed in the kernel, which tl.dot's tiles never read)
+        statistics = [r for d in dots for operand in d.src for r in reduces_in(operand)]
+        if statistics:
+            placement.foreign = list({id(r): r for r in [*placement.foreign, *statistics]}.values())
         if placement.foreign or not _reduces_product_rows(placement.domain, dots):
             # (a product is computed in a tiled kernel of its own shape: one that reduces
             # its rows or has another shape reads it from a buffer)

@@ -368,6 +368,23 @@ def test_a_prologue_computing_two_products(dtype, monkeypatch):
     assert steps(compiled, *args) == (1, 0)
 
 
+NESTED_AND_READ_AGAIN = {
+    "epilogue": lambda x, w1, w2: F.gelu(x @ w1) @ w2 + F.gelu(x @ w1),
+    "shared_weight": lambda x, w1, w2: (x @ w1) @ w1 * 0.5 + x @ w1,
+    "two_products": lambda x, w1, w2: ((x @ w1).relu() @ w2) * ((x @ w1).sigmoid() @ w2),
+}
+
+
+@pytest.mark.parametrize("name", NESTED_AND_READ_AGAIN)
+def test_a_nested_product_read_again_is_written_once(name):
+    """A product that the next one's operand computes on its tiles and that the store reads
+    again, in its epilogue or in another product's operand, is written once and read. Found
+    by random compositions: the first two crashed codegen, which could not address the
+    nested product's b from the kernel's index."""
+    x, w1, w2 = torch.randn(2, 70, 48), torch.randn(48, 48) / 7, torch.randn(48, 48) / 7
+    check(NESTED_AND_READ_AGAIN[name], x, w1, w2)
+
+
 def test_a_product_with_many_columns_does_not_compute_its_operands_products():
     """relu(x @ w1) @ w2 over 300 columns: computing x @ w1 on w2's tiles would compute it again
     for every column tile of the result, so it is written once and read (NESTED_COLUMNS)."""

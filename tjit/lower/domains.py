@@ -189,6 +189,9 @@ def store_domain(value: GraphNode) -> Placement:
     registers in that domain (they must be materialised first)."""
     reduces = reduces_in(value)
     dots = dots_in(value)
+    computed_twice = _nested_products_read_again(dots)
+    if computed_twice:  # (written once and read: a kernel computes a product in one role only)
+        return Placement(Domain(value.shape), computed_twice)
     if dots and reduces and all(d.shape == value.shape for d in dots) and not reduces_in_epilogue(value):
         # only the products' prologues reduce (a norm's statistics): read from buffers, unless
         # the product's k loop computes them (a softmax along its k: lower/online_product.py)
@@ -217,6 +220,19 @@ def store_domain(value: GraphNode) -> Placement:
         refs = [n for n in toposort([value], stop=is_kernel_input) if is_value_ref(n)]
         return Placement(Domain(value.shape, dot=bool(dots)), [r.src[0] for r in refs])
     return _reduction_placement(value, reduces)
+
+
+def _nested_products_read_again(dots: list[GraphNode]) -> list[GraphNode]:
+    """Products that an operand computes on its tiles (nested) and that the store reads
+    elsewhere too: in its epilogue (gelu(x @ w1) @ w2 + gelu(x @ w1)) or in another product's
+    operand. Codegen computes a product either as the kernel's own tile or inside an operand's
+    k loop, not both (it failed on the nested product's b, which the kernel's index cannot
+    address)."""
+    seen: dict[int, int] = {id(d): 1 for d in dots}
+    nested = [n for d in dots for n in toposort([d.src[0], d.src[1]], stop=is_kernel_input) if isinstance(n.op, Dot)]
+    for n in nested:
+        seen[id(n)] = seen.get(id(n), 0) + 1
+    return list({id(n): n for n in nested if seen[id(n)] > 1}.values())
 
 
 def _reduces_product_rows(domain: Domain, dots: list[GraphNode]) -> bool:

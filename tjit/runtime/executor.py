@@ -178,7 +178,7 @@ class Executable:
                 if isinstance(step, LibraryPlan):
                     run_library_call(step, memory)
                 else:
-                    self._launch(step, memory, k)
+                    self._launch(step, memory)
                 for key in self._dead_after[k]:  # a library result in memory of its own, read for the last time
                     del memory[key]
                 for storage in consumed_after.get(k, ()):  # a value saved for backward, read for the last time
@@ -494,7 +494,7 @@ class Executable:
             found.setdefault(step, []).append(storage)
         return found
 
-    def _launch(self, launch: Launch, memory, k: int) -> None:
+    def _launch(self, launch: Launch, memory) -> None:
         args = [value if key is None else memory[key] for key, value in launch.bound]
         if not self._interpreting:
             return self._start(launch, args)

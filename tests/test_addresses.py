@@ -1,0 +1,69 @@
+"""The integer-set answers about views (tjit/analysis/addresses.py) against brute force:
+every address each view reaches, enumerated."""
+import itertools
+import islpy as isl
+import numpy as np
+from hypothesis import given, settings, strategies as st
+
+from tjit.analysis.addresses import disjoint, overlaps_itself, pairwise_disjoint, shared_addresses, within
+from tjit.ir.view import View
+
+
+def enumerated(view: View) -> list[int]:
+    """Every address the view reaches, once per index."""
+    return [view.offset + sum(i * s for i, s in zip(index, view.strides))
+            for index in itertools.product(*(range(n) for n in view.shape))]
+
+
+def points(isl_set) -> set[int]:
+    """The addresses in an isl set, enumerated."""
+    found = set()
+    isl_set.foreach_point(lambda p: found.add(p.get_coordinate_val(isl.dim_type.set, 0).to_python()))
+    return found
+
+
+def random_view(rng: np.random.Generator, negative: bool) -> View:
+    """Sizes 0..5 (0 and 1 often), strides of any sign pattern (negative: tjit's flipped
+    views; torch's own strides are >= 0), offsets that keep addresses near one another."""
+    ndim = int(rng.integers(0, 4))
+    shape = tuple(int(rng.choice([0, 1, 1, 2, 3, 4, 5])) for _ in range(ndim))
+    low = -6 if negative else 0
+    strides = tuple(int(rng.integers(low, 7)) for _ in range(ndim))
+    return View(shape, strides, int(rng.integers(0, 25)))
+
+
+def test_ten_thousand_random_view_pairs_agree_with_brute_force():
+    rng = np.random.default_rng(0)
+    for k in range(10_000):
+        a, b = random_view(rng, negative=k % 2 == 1), random_view(rng, negative=k % 3 == 1)
+        ea, eb = enumerated(a), enumerated(b)
+        assert overlaps_itself(a) == (len(set(ea)) < len(ea)), a
+        assert disjoint(a, b) == (not set(ea) & set(eb)), (a, b)
+        assert within(a, b) == (set(ea) <= set(eb)), (a, b)
+
+
+views = st.integers(0, 3).flatmap(lambda ndim: st.builds(
+    View, st.tuples(*[st.integers(0, 6)] * ndim), st.tuples(*[st.integers(-8, 8)] * ndim), st.integers(0, 40)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(views, views)
+def test_the_shared_addresses_are_exactly_those_both_views_reach(a, b):
+    assert points(shared_addresses(a, b)) == set(enumerated(a)) & set(enumerated(b))
+
+
+def test_known_layouts():
+    x = View.contiguous((64, 300))
+    even, odd = View((64, 150), (300, 2)), View((64, 150), (300, 2), 1)
+    assert disjoint(even, odd) and within(even, x) and within(odd, x) and not within(x, even)
+    assert pairwise_disjoint([View((3, 40), (40, 1)), View((3, 40), (40, 1), 120)])
+    assert not pairwise_disjoint([View((4, 40), (40, 1)), View((3, 40), (40, 1), 120)])
+    assert overlaps_itself(View((5, 4), (2, 1)))  # sliding windows
+    assert overlaps_itself(View((3, 4), (0, 1)))  # expanded
+    assert not overlaps_itself(View((4, 4), (1, 4)))  # a transpose
+    assert not overlaps_itself(View((4, 4), (-4, -1), 15))  # flipped both ways
+    assert not overlaps_itself(View((0, 4), (0, 0)))  # empty
+    # strides 2 and 3 interleave: 2i + 3j collides first at i = 3 (2*3 = 3*2), so a 3x3 view
+    # reaches 9 addresses and a 4x3 view does not (a rule over sorted strides says both overlap)
+    assert not overlaps_itself(View((3, 3), (2, 3))) and len(set(enumerated(View((3, 3), (2, 3))))) == 9
+    assert overlaps_itself(View((4, 3), (2, 3)))

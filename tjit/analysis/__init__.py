@@ -1,0 +1,1 @@
+"""Exact analyses of memory accesses (integer sets)."""

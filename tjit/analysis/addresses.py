@@ -1,0 +1,69 @@
+"""Exact answers about the memory a view reaches, with integer sets (islpy).
+
+A view is an affine map from its index space to element offsets in its storage,
+{ [i0, ..., ik] -> [offset + i0*s0 + ... + ik*sk] : 0 <= id < nd }, and the addresses it
+reaches are that map's range. Whether a view reaches an address twice, whether two views of
+one storage meet, and where, are questions about these sets that islpy answers exactly for
+any strides (negative, zero, overlapping windows), where rules over strides and extents can
+only answer conservatively.
+
+Layering (after seed 004, only the parts tjit uses): one isl context per thread (isl objects
+are not thread-safe and two contexts' objects never mix); isl objects free themselves when
+collected; islpy's operators are the algebra (`a & b` intersects, `a <= b` is a subset).
+"""
+from __future__ import annotations
+
+import threading
+from typing import Sequence
+
+import islpy as isl
+
+from ..ir.view import View
+
+_local = threading.local()
+
+
+def context() -> isl.Context:
+    """This thread's isl context: every set built here belongs to it."""
+    ctx = getattr(_local, "context", None)
+    if ctx is None:
+        ctx = _local.context = isl.Context()
+    return ctx
+
+
+def access_map(view: View) -> isl.Map:
+    """{ [i] -> [address] }: each index of the view to the element offset it reaches."""
+    indices = [f"i{d}" for d in range(view.ndim)]
+    address = " + ".join([str(view.offset)] + [f"{s}*i{d}" for d, s in enumerate(view.strides)])
+    bounds = " and ".join(f"0 <= i{d} < {n}" for d, n in enumerate(view.shape)) or "true"
+    return isl.Map.read_from_str(context(), f"{{ [{', '.join(indices)}] -> [a] : a = {address} and {bounds} }}")
+
+
+def addresses(view: View) -> isl.Set:
+    """The element offsets the view reaches."""
+    return access_map(view).range()
+
+
+def overlaps_itself(view: View) -> bool:
+    """Two different indices of the view reach one address (an expanded or overlapping-window
+    view: writing through it races with itself)."""
+    return not access_map(view).is_injective()
+
+
+def shared_addresses(a: View, b: View) -> isl.Set:
+    """The offsets both views reach (views of one storage, offsets from one base)."""
+    return addresses(a) & addresses(b)
+
+
+def disjoint(a: View, b: View) -> bool:
+    """No address is reached by both views."""
+    return shared_addresses(a, b).is_empty()
+
+
+def within(inner: View, outer: View) -> bool:
+    """Every address `inner` reaches, `outer` reaches too."""
+    return addresses(inner) <= addresses(outer)
+
+
+def pairwise_disjoint(views: Sequence[View]) -> bool:
+    return all(disjoint(views[i], views[j]) for i in range(len(views)) for j in range(i))

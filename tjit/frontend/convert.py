@@ -18,6 +18,7 @@ import torch
 import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from ..analysis.addresses import disjoint
 from ..errors import DataDependentError, LayoutError, UnsupportedOpError
 from ..ir import (Const, Contiguous, DType, Extern, ExternCall, Graph, GraphNode, Input, Mutation, Operand, View, ViewOp,
                   toposort)
@@ -84,7 +85,10 @@ class Converter(ValueBuilder):
         self.input_storage: dict[int, str] = {}
         self.input_meta: dict[str, torch.Tensor] = {}
         self.version: dict[str, int] = {}
-        self.forwarded: dict[str, Optional[GraphNode]] = {}
+        # per input: the value last written through each view no later write has touched,
+        # which a read through that very view takes instead of reading memory
+        self.forwarded: dict[str, dict[View, GraphNode]] = {}
+        self.written_views: dict[str, list[View]] = {}  # per input: the view of each write, in order
         self.mutations: list[Mutation] = []
         self.effects: list[GraphNode] = []  # library calls that return nothing (checks)
         self.matmul_choices: list = []  # how each product is computed (frontend/matmul.py)
@@ -120,7 +124,8 @@ class Converter(ValueBuilder):
         self.input_storage[storage_key(val)] = name
         self.input_meta[name] = val
         self.version[name] = 0
-        self.forwarded[name] = None
+        self.forwarded[name] = {}
+        self.written_views[name] = []
         self.env[ph] = self.b.input(name, DType.from_torch(val.dtype), View(tuple(val.shape), tuple(val.stride())))
 
     def add_constant(self, node: fx.Node):
@@ -237,10 +242,19 @@ class Converter(ValueBuilder):
         view = self.input_view(name, val)
         base = self.input_meta[name]
         own = View(tuple(base.shape), tuple(base.stride()))
-        if view == own and self.forwarded[name] is not None:
-            return self.forwarded[name]
-        src = self.b.input(name, DType.from_torch(base.dtype), own, self.version[name])
+        if view in self.forwarded[name]:
+            return self.forwarded[name][view]
+        src = self.b.input(name, DType.from_torch(base.dtype), own, self.version_holding(name, view))
         return src if view == own else self.b.node(ViewOp(), src.dtype, (src,), view)
+
+    def version_holding(self, name: str, view: View) -> int:
+        """The oldest version of the input whose contents under `view` are its current ones:
+        writes since then reached none of the view's addresses (x[:, ::2].mul_(2) leaves
+        x[:, 1::2] as it was), so reading that version ties the read to none of them."""
+        version = self.version[name]
+        while version and disjoint(view, self.written_views[name][version - 1]):
+            version -= 1
+        return version
 
     # -- in-place writes ---------------------------------------------------------------
     def assign(self, target: fx.Node, value: GraphNode) -> GraphNode:
@@ -253,11 +267,13 @@ class Converter(ValueBuilder):
             name = self.input_storage[key]
             self._check_input_write(name, key)
             view = self.input_view(name, val)
-            self.materialize_readers_of(name)
+            self.materialize_readers_of(name, view)
             self.version[name] += 1
+            self.written_views[name].append(view)
             self.mutations.append(Mutation(name, view, value, self.version[name]))
-            base = self.input_meta[name]
-            self.forwarded[name] = value if view == View(tuple(base.shape), tuple(base.stride())) else None
+            self.forwarded[name] = {v: known for v, known in self.forwarded[name].items()
+                                    if disjoint(v, view) and not _reads_input(known, name, view)}
+            self.forwarded[name][view] = value
             return value
         if val.numel() and (key in self.storages or self._other_views_read_later(target, key)):
             self.storages[key] = self.storage_after_write(target, key, value)
@@ -289,7 +305,7 @@ class Converter(ValueBuilder):
         for name, version in self.version.items():
             if version:
                 self.materialize_readers_of(name)
-                self.forwarded[name] = None
+                self.forwarded[name] = {}
 
     def _tensor_operands(self, node: fx.Node, skip: fx.Node) -> list[torch.Tensor]:
         """The tensors an FX node reads, other than `skip` (the tensor it writes)."""
@@ -301,15 +317,17 @@ class Converter(ValueBuilder):
                 found.append(val)
         return found
 
-    def materialize_readers_of(self, name: str) -> None:
-        """Values computed from an input that is about to be overwritten, and still needed
-        later, are materialised now: they must not be recomputed from the new contents."""
+    def materialize_readers_of(self, name: str, written: Optional[View] = None) -> None:
+        """Values computed from an input that is about to be overwritten (through `written`;
+        anywhere, without it), and still needed later, are materialised now: they must not be
+        recomputed from the new contents. Values that read none of the written addresses
+        keep computing from the input."""
         here = self.position[self.current]
         for fx_node, value in list(self.env.items()):
             if not isinstance(value, GraphNode) or isinstance(value.op, (Input, Const)):
                 continue
             if self.position[fx_node] < here and any(self.position[u] > here for u in fx_node.users) \
-                    and _reads_input(value, name):
+                    and _reads_input(value, name, written):
                 self.env[fx_node] = self.materialize(value)
 
     def same_tensor_nodes(self, target: fx.Node, key: int) -> list[fx.Node]:
@@ -485,12 +503,17 @@ def _library(target):
     return call
 
 
-def _reads_input(value: GraphNode, name: str) -> bool:
+def _reads_input(value: GraphNode, name: str, written: Optional[View] = None) -> bool:
+    """`value` is computed from input `name`'s memory (from addresses `written` reaches,
+    where given: a read through a view of the input reaches only that view's addresses)."""
     stack, seen = [value], set()
     while stack:
         node = stack.pop()
-        if isinstance(node.op, Input) and node.op.name == name:
-            return True
+        through_view = isinstance(node.op, ViewOp) and isinstance(node.src[0].op, Input)
+        if (through_view or isinstance(node.op, Input)) and (node.src[0] if through_view else node).op.name == name:
+            if written is None or not disjoint(node.view, written):
+                return True
+            continue
         if id(node) not in seen and not isinstance(node.op, Contiguous):
             seen.add(id(node))
             stack.extend(node.src)

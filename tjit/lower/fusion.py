@@ -15,13 +15,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
+from ..analysis.addresses import disjoint
 from ..errors import TjitError
 from ..ir import (Contiguous, Cumulative, Dot, Extern, ExternCall, Gather, Graph, GraphNode, Input, Mutation, Reduce, Scatter,
                   View, ViewOp, toposort)
 from .domains import (Copies, Domain, Placement, aligned_permutation, domain_of_reduce, dots_in, is_kernel_input, product_key,
                       read_from_buffers, reduces_in, reshaped_expression, splits_into, store_domain, totals_fit,
                       totals_of)
-from .hazards import gather_tables, reads_older_version, same_program_access, stage
+from .hazards import gather_tables, reads_apart, reads_older_version, same_program_access, stage
 
 
 @dataclass(frozen=True)
@@ -273,7 +274,7 @@ def _hazardous_reads(reader: Store, writer: Store) -> list[GraphNode]:
     mutation = writer.target.mutation
     tables = gather_tables(reader.value)
     return [leaf for leaf in expression_leaves(reader.value)
-            if reads_older_version(leaf, mutation.name, mutation.version)
+            if reads_older_version(leaf, mutation.name, mutation.version) and not reads_apart(leaf, mutation.view)
             and (id(leaf) in tables or reader.domain != writer.domain
                  or not same_program_access(leaf.view, mutation.view, writer.domain))]
 
@@ -644,5 +645,8 @@ def _write_after_read(store: Store, stores: list[Store], reads):
             yield other, scattered or bool(_hazardous_reads(other, store))
         earlier = written_input(other)
         if earlier and earlier.name == mutation.name and earlier.version < mutation.version:
-            yield other, scattered or isinstance(other.target, ScatterTarget) or \
-                not (other.domain == store.domain and earlier.view == mutation.view)
+            # (writes that reach no common address keep their order only so that a reader of
+            # the later version, which may read both, runs after both)
+            yield other, not disjoint(earlier.view, mutation.view) and (
+                scattered or isinstance(other.target, ScatterTarget)
+                or not (other.domain == store.domain and earlier.view == mutation.view))

@@ -12,6 +12,7 @@ kernel, which the writing kernel then reads.
 """
 from __future__ import annotations
 
+from ..analysis.addresses import disjoint
 from ..ir import Contiguous, Dot, Gather, GraphNode, Input, View, ViewOp, Window, toposort
 from .domains import Domain, is_kernel_input, normal, operand_leaves
 
@@ -20,6 +21,13 @@ def reads_older_version(leaf: GraphNode, name: str, version: int) -> bool:
     """The leaf reads input `name` as it was before write number `version`."""
     base = leaf.src[0] if isinstance(leaf.op, ViewOp) else leaf
     return isinstance(base.op, Input) and base.op.name == name and base.op.version < version
+
+
+def reads_apart(leaf: GraphNode, written: View) -> bool:
+    """The leaf reads none of the addresses the write reaches (x[:, 1::2] beside a write into
+    x[:, ::2]): whichever program writes first, it reads what it would have read before. Its
+    gathers and windows stay inside its view, so the view bounds what it reads."""
+    return disjoint(leaf.view, written)
 
 
 def gather_tables(value: GraphNode) -> set[int]:

@@ -18,7 +18,7 @@ import torch
 import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from ..analysis.addresses import disjoint
+from ..analysis.addresses import disjoint, pairwise_disjoint, within
 from ..errors import DataDependentError, LayoutError, UnsupportedOpError
 from ..ir import (Const, Contiguous, DType, Extern, ExternCall, Graph, GraphNode, Input, Mutation, Operand, View, ViewOp,
                   toposort)
@@ -63,6 +63,7 @@ class Conversion:
     eager_ops: int  # kernels eager would launch: one per non-view aten op
     gradient_unknown: Optional[tuple] = None  # (error type, reason): what the trace saw that tjit's backward cannot follow
     matmul_choices: list = field(default_factory=list)  # frontend/matmul.py MatmulChoice, per product
+    shared_inputs: list = field(default_factory=list)  # arguments in one storage that are one input (Converter.storage_owner)
 
 
 def storage_key(t: torch.Tensor):
@@ -83,6 +84,11 @@ class Converter(ValueBuilder):
         self.requires_grad = frozenset(requires_grad)
         self._reads_grad: dict[int, bool] = {}  # node -> whether it reads an input in requires_grad
         self.input_storage: dict[int, str] = {}
+        # arguments that share a storage: all of them, by storage; and the storages whose
+        # arguments stay apart, each its own input (Converter.storage_owner)
+        self.storage_inputs: dict[int, list[str]] = {}
+        self.apart: dict[int, bool] = {}
+        self.placeholder_names: dict[fx.Node, str] = {}
         self.input_meta: dict[str, torch.Tensor] = {}
         self.version: dict[str, int] = {}
         # per input: the value last written through each view no later write has touched,
@@ -122,6 +128,8 @@ class Converter(ValueBuilder):
             self.env[ph] = val  # python scalars were specialised by the tracer
             return
         self.input_storage[storage_key(val)] = name
+        self.storage_inputs.setdefault(storage_key(val), []).append(name)
+        self.placeholder_names[ph] = name
         self.input_meta[name] = val
         self.version[name] = 0
         self.forwarded[name] = {}
@@ -206,7 +214,7 @@ class Converter(ValueBuilder):
         if isinstance(val, torch.Tensor) and (val.is_conj() or val.is_neg()):
             return self.env[node]  # a lazily conjugated (negated) view: a library call made its values
         if isinstance(val, torch.Tensor) and storage_key(val) in self.input_storage \
-                and val.dtype == self.input_meta[self.input_storage[storage_key(val)]].dtype:
+                and val.dtype == self.input_meta[self.storage_owner(node, val)].dtype:
             found = self.read_input_storage(node, val)
             if found.dtype.is_float and self._detached(node):  # a view of x.detach()
                 found = self.elementwise("stop_gradient", [found], found.dtype)
@@ -237,8 +245,46 @@ class Converter(ValueBuilder):
             raise UnsupportedOpError("view(dtype)", f"reinterpreting {base.dtype} input {name!r} as {val.dtype}")
         return View(tuple(val.shape), tuple(val.stride()), val.storage_offset() - base.storage_offset())
 
+    def storage_owner(self, node: Optional[fx.Node], val: torch.Tensor) -> str:
+        """The input whose memory `val` (the value of `node`) is in. Arguments that share a
+        storage are one input, so that reads after a write through one see the write, unless
+        they stay apart: the function writes nothing into that storage, or their memory is
+        disjoint (exactly, analysis/addresses.py). Then each view is its own argument's, the
+        one its view ops lead back to, and each argument gets a gradient of its own."""
+        key = storage_key(val)
+        names = self.storage_inputs[key]
+        if len(names) == 1 or not self._apart(key):
+            return self.input_storage[key]
+        name = self._argument_of(node, key)
+        if name is None:  # (no view op leads back: an attribute of the module in that memory)
+            within_ones = [n for n in names if within(_absolute_view(val), _absolute_view(self.input_meta[n]))]
+            name = within_ones[0] if len(within_ones) == 1 or not self.requires_grad & set(names) else None
+        if name is None or not within(_absolute_view(val), _absolute_view(self.input_meta[name])):
+            raise UnsupportedOpError(str(node.target) if node is not None else "a view",
+                                     f"a view of arguments {names} (one storage) whose memory is not one argument's")
+        return name
+
+    def _apart(self, key: int) -> bool:
+        if key not in self.apart:
+            metas = [self.input_meta[n] for n in self.storage_inputs[key]]
+            self.apart[key] = len({m.dtype for m in metas}) == 1 and (
+                key not in _written_storages(self.gm) or pairwise_disjoint([_absolute_view(m) for m in metas]))
+        return self.apart[key]
+
+    def _argument_of(self, node: Optional[fx.Node], key: int) -> Optional[str]:
+        """The argument a view of storage `key` is taken from, following its view ops (and the
+        in-place ops that return their first argument) back."""
+        while node is not None and node.op == "call_function" and node.args and isinstance(node.args[0], fx.Node) \
+                and isinstance(node.args[0].meta.get("val"), torch.Tensor) and storage_key(node.args[0].meta["val"]) == key:
+            node = node.args[0]
+        return self.placeholder_names.get(node)
+
+    def shared_inputs(self) -> list[list[str]]:
+        """Arguments that share a storage and are one input to the kernels."""
+        return [names for key, names in self.storage_inputs.items() if len(names) > 1 and not self._apart(key)]
+
     def read_input_storage(self, node: fx.Node, val: torch.Tensor) -> GraphNode:
-        name = self.input_storage[storage_key(val)]
+        name = self.storage_owner(node, val)
         view = self.input_view(name, val)
         base = self.input_meta[name]
         own = View(tuple(base.shape), tuple(base.stride()))
@@ -264,7 +310,7 @@ class Converter(ValueBuilder):
         value = self.expand_to(self.cast(value, DType.from_torch(val.dtype)), tuple(val.shape))
         key = storage_key(val)
         if key in self.input_storage:
-            name = self.input_storage[key]
+            name = self.storage_owner(target, val)
             self._check_input_write(name, key)
             view = self.input_view(name, val)
             self.materialize_readers_of(name, view)
@@ -433,8 +479,8 @@ class Converter(ValueBuilder):
                 continue
             key = storage_key(val)
             layout = dict(shape=tuple(val.shape), stride=tuple(val.stride()))
-            if key in self.input_storage and val.dtype == self.input_meta[self.input_storage[key]].dtype:
-                name = self.input_storage[key]
+            if key in self.input_storage and val.dtype == self.input_meta[self.storage_owner(item, val)].dtype:
+                name = self.storage_owner(item, val)
                 rel = self.input_view(name, val).offset
                 specs.append(OutputSpec("input_alias", name=name, offset=rel, **layout))
             elif key in computed_storage:
@@ -461,7 +507,7 @@ class Converter(ValueBuilder):
                  for spec, item in zip(specs, flat)]
         graph = self.b.finish(self.input_names, outputs, self.mutations, self.effects)
         return Conversion(graph, specs, tree, self.constants, count_eager_kernels(self.gm),
-                          matmul_choices=self.matmul_choices)
+                          matmul_choices=self.matmul_choices, shared_inputs=self.shared_inputs())
 
 
 def _check_layout(node: fx.Node) -> None:
@@ -501,6 +547,26 @@ def _library(target):
     def call(cv, node, *args, **kwargs):
         return library_call(cv, node, target, args, kwargs)
     return call
+
+
+def _absolute_view(t: torch.Tensor) -> View:
+    """The tensor's view of its storage, offset from the storage's start."""
+    return View(tuple(t.shape), tuple(t.stride()), t.storage_offset())
+
+
+def _written_storages(gm: fx.GraphModule) -> set[int]:
+    """The storages an op of the graph writes into (its schema marks the argument written)."""
+    written = set()
+    for node in gm.graph.nodes:
+        schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+        for k, argument in enumerate(schema.arguments if schema is not None else ()):
+            if argument.alias_info is None or not argument.alias_info.is_write:
+                continue
+            arg = node.args[k] if k < len(node.args) else node.kwargs.get(argument.name)
+            for a in (arg if isinstance(arg, (list, tuple)) else [arg]):
+                if isinstance(a, fx.Node) and isinstance(a.meta.get("val"), torch.Tensor):
+                    written.add(storage_key(a.meta["val"]))
+    return written
 
 
 def _reads_input(value: GraphNode, name: str, written: Optional[View] = None) -> bool:

@@ -268,6 +268,27 @@ def stage_hazardous_reads(stores: list[Store]) -> list[Store]:
     return staged
 
 
+def _stage_older_reads(stores: list[Store]) -> list[Store]:
+    """Every read of an input as it was before a write that reaches the read's addresses is
+    staged (copied into a buffer by a kernel of its own before the write). Only where the
+    kernels would have no order otherwise: a store that computes from the input's older
+    contents (a value written through one view, read again through that view, is its
+    expression, not a memory read) while it also reads the newer contents directly or
+    through a reduction of them: `x.mul_(2); x * x[1:].sum()`. The staged copy runs before
+    the write, its reader after it."""
+    writes = [m for s in stores if (m := written_input(s))]
+    staged: list[Store] = []
+    for store in stores:
+        older = [leaf for leaf in expression_leaves(store.value)
+                 if any(reads_older_version(leaf, m.name, m.version) and not reads_apart(leaf, m.view) for m in writes)]
+        for leaf in dict.fromkeys(older):
+            buffer = stage(leaf)
+            staged.append(Store(BufferTarget(buffer), leaf, Domain(leaf.shape)))
+            store.value = buffer if store.value is leaf else read_from_buffers(store.value, {id(leaf): buffer})
+        staged.append(store)
+    return staged
+
+
 def _hazardous_reads(reader: Store, writer: Store) -> list[GraphNode]:
     """Leaves of `reader` that read the input `writer` overwrites, as it was before, at an
     address some other program of a kernel running both may have written already."""
@@ -286,7 +307,12 @@ def group_kernels(graph: Graph, unstored: frozenset = frozenset()) -> list[Union
     stores = stage_hazardous_reads(place_in_domains(collect_stores(graph, unstored)))
     stores = without_overwritten_writes(stores, externs)
     edges = _dependencies(stores, externs)
-    levels = _levels([*stores, *externs], edges)
+    try:
+        levels = _levels([*stores, *externs], edges)
+    except OrderCycle:
+        stores = _stage_older_reads(stores)
+        edges = _dependencies(stores, externs)
+        levels = _levels([*stores, *externs], edges)
     # the passes below move stores between kernels; with a write into an input, kernel order
     # also protects the input from early overwrites: the stores then stay as placed
     if not any(written_input(s) for s in stores):
@@ -629,7 +655,11 @@ def _levels(items: list, edges: dict[int, list[tuple[object, bool]]]) -> dict[in
                 level[id(item)], changed = new, True
         if not changed:
             return level
-    raise TjitError("internal error: the kernels' dependencies form a cycle through a strict one: no order exists")
+    raise OrderCycle("internal error: the kernels' dependencies form a cycle through a strict one: no order exists")
+
+
+class OrderCycle(TjitError):
+    """The stores' dependencies leave them no order."""
 
 
 def _write_after_read(store: Store, stores: list[Store], reads):

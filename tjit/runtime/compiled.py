@@ -233,7 +233,7 @@ class CompiledFunction:
 
     def _check_differentiable(self, conversion, flat, grad_inputs) -> None:
         """What tjit's backward cannot follow is refused before anything runs."""
-        _check_no_shared_memory(self.fn, flat, grad_inputs)
+        _check_no_shared_memory(self.fn, flat, grad_inputs, conversion.shared_inputs)
         if conversion.gradient_unknown:
             error, reason = conversion.gradient_unknown
             raise error(getattr(self.fn, "__name__", str(self.fn)),
@@ -410,21 +410,18 @@ def _grad_inputs(flat: list[tuple[str, Any]]) -> list[str]:
     return [name for name, v in flat if isinstance(v, torch.Tensor) and v.requires_grad]
 
 
-def _check_no_shared_memory(fn, flat, grad_inputs) -> None:
-    """Two different views of one storage are one input to the kernels; their gradients
-    could not be told apart, so that is refused when gradients are wanted (the same tensor
-    passed twice is fine: its gradient is the sum either way)."""
-    seen: dict[int, tuple] = {}
-    for name, v in flat:
-        if not isinstance(v, torch.Tensor):
-            continue
-        key = v.untyped_storage().data_ptr()
-        first = seen.get(key)
-        if first is not None and v.numel() and (name in grad_inputs or first[0] in grad_inputs) \
-                and first[1] != (tuple(v.shape), v.stride(), v.storage_offset()):
-            raise UnsupportedOpError(getattr(fn, "__name__", str(fn)), f"inputs {first[0]!r} and {name!r} are different "
-                                     "views of one tensor and one requires grad; pass separate tensors (e.g. .clone())")
-        seen.setdefault(key, (name, (tuple(v.shape), v.stride(), v.storage_offset())))
+def _check_no_shared_memory(fn, flat, grad_inputs, shared_inputs) -> None:
+    """Arguments that share a storage the function writes into, and whose memory meets, are
+    one input to the kernels (frontend Converter.storage_owner); their gradients could not be
+    told apart, so that is refused when gradients are wanted (the same tensor passed twice is
+    fine: its gradient is the sum either way)."""
+    tensors = dict(flat)
+    for names in shared_inputs:
+        layouts = {(tuple(tensors[n].shape), tensors[n].stride(), tensors[n].storage_offset()) for n in names}
+        if len(layouts) > 1 and set(names) & set(grad_inputs):
+            raise UnsupportedOpError(getattr(fn, "__name__", str(fn)), f"inputs {names} are different views of one "
+                                     "tensor whose memory meets, the function writes into it, and one requires "
+                                     "grad; pass separate tensors (e.g. .clone())")
 
 
 def _by_output(conversion, eager) -> Optional[dict]:

@@ -213,6 +213,20 @@ def test_bad_out_is_refused_before_anything_runs(bad, message):
     assert torch.equal(x, x_before) and not o1.any() and not o2.any()
 
 
+def test_out_beside_its_inputs_in_one_storage_is_accepted_where_they_do_not_meet():
+    """out= memory interleaved with an input's (the odd columns where the input is the even
+    ones): no byte in common, so nothing to refuse (their extents meet; their addresses do
+    not). A block of the same storage that meets the input is still refused."""
+    storage = torch.randn(64, 3000)
+    x, y = storage[:, ::2], torch.randn(64, 1500)
+    o1, o2 = storage[:, 1::2], torch.empty(64)
+    expected = two_results(x.clone(), y)
+    tjit.compile(two_results)(x, y, out=(o1, o2))
+    torch.testing.assert_close((o1, o2), expected, rtol=1e-5, atol=1e-4)  # (sums of 1500 in another order)
+    with pytest.raises(tjit.CompileArgumentError, match="overlaps input 'x'"):
+        tjit.compile(two_results)(x, y, out=(storage[:, 1500:], o2))
+
+
 def test_a_function_with_its_own_out_parameter_keeps_it():
     def fn(x, out):
         return x + out

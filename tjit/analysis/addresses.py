@@ -14,32 +14,36 @@ collected; islpy's operators are the algebra (`a & b` intersects, `a <= b` is a 
 from __future__ import annotations
 
 import threading
-from typing import Sequence
-
-import islpy as isl
+from typing import TYPE_CHECKING, Sequence
 
 from ..ir.view import View
+
+if TYPE_CHECKING:
+    import islpy as isl
 
 _local = threading.local()
 
 
-def context() -> isl.Context:
-    """This thread's isl context: every set built here belongs to it."""
+def context() -> "isl.Context":
+    """This thread's isl context: every set built here belongs to it. (islpy is imported on
+    first use: most programs never need a set, the extents answer.)"""
     ctx = getattr(_local, "context", None)
     if ctx is None:
-        ctx = _local.context = isl.Context()
+        import islpy
+        ctx = _local.context = islpy.Context()
     return ctx
 
 
-def access_map(view: View) -> isl.Map:
+def access_map(view: View) -> "isl.Map":
     """{ [i] -> [address] }: each index of the view to the element offset it reaches."""
+    import islpy as isl
     indices = [f"i{d}" for d in range(view.ndim)]
     address = " + ".join([str(view.offset)] + [f"{s}*i{d}" for d, s in enumerate(view.strides)])
     bounds = " and ".join(f"0 <= i{d} < {n}" for d, n in enumerate(view.shape)) or "true"
     return isl.Map.read_from_str(context(), f"{{ [{', '.join(indices)}] -> [a] : a = {address} and {bounds} }}")
 
 
-def addresses(view: View) -> isl.Set:
+def addresses(view: View) -> "isl.Set":
     """The element offsets the view reaches."""
     return access_map(view).range()
 
@@ -50,7 +54,7 @@ def overlaps_itself(view: View) -> bool:
     return not access_map(view).is_injective()
 
 
-def shared_addresses(a: View, b: View) -> isl.Set:
+def shared_addresses(a: View, b: View) -> "isl.Set":
     """The offsets both views reach (views of one storage, offsets from one base)."""
     return addresses(a) & addresses(b)
 
@@ -77,6 +81,19 @@ def extent(view: View) -> tuple[int, int]:
 def within(inner: View, outer: View) -> bool:
     """Every address `inner` reaches, `outer` reaches too."""
     return addresses(inner) <= addresses(outer)
+
+
+def tensors_meet(a, b) -> bool:
+    """Two torch tensors share a byte of memory (of any dtypes: compared byte by byte)."""
+    if a.device != b.device or a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    return not disjoint(_bytes(a), _bytes(b))
+
+
+def _bytes(t) -> View:
+    """The bytes a tensor reaches, as a view of its storage's bytes."""
+    size = t.element_size()
+    return View(tuple(t.shape) + (size,), tuple(s * size for s in t.stride()) + (1,), t.storage_offset() * size)
 
 
 def pairwise_disjoint(views: Sequence[View]) -> bool:

@@ -12,7 +12,7 @@ kernel, which the writing kernel then reads.
 """
 from __future__ import annotations
 
-from ..analysis.addresses import disjoint
+from ..analysis.addresses import disjoint, overlaps_itself
 from ..ir import Contiguous, Dot, Gather, GraphNode, Input, View, ViewOp, Window, toposort
 from .domains import Domain, is_kernel_input, normal, operand_leaves
 
@@ -60,19 +60,7 @@ def same_program_access(read: View, write: View, domain: Domain) -> bool:
     # address per row: the reduced axes along which the read does not move address nothing
     # another program reaches, so they are left out of the check
     moving = [d for d in range(len(r.shape)) if d not in domain.axes or r.strides[d] != 0]
-    return _injective(View(tuple(r.shape[d] for d in moving), tuple(r.strides[d] for d in moving), r.offset))
-
-
-def _injective(view: View) -> bool:
-    """No two points of the view share an address (checked the simple way: ordered by
-    stride, each axis steps past everything the smaller ones reach)."""
-    reach = 0
-    for size, stride in sorted(((s, abs(st)) for s, st in zip(view.shape, view.strides) if s > 1),
-                               key=lambda p: p[1]):
-        if stride <= reach:
-            return False
-        reach += (size - 1) * stride
-    return True
+    return not overlaps_itself(View(tuple(r.shape[d] for d in moving), tuple(r.strides[d] for d in moving), r.offset))
 
 
 def stage(leaf: GraphNode) -> GraphNode:

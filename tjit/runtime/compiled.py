@@ -21,6 +21,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import torch
 
 from .. import debug
+from ..analysis.addresses import tensors_meet
 from ..autograd.backward import may_differ_from_eager, plan_autograd
 from ..autograd.function import GradExecutable
 from ..errors import CompileArgumentError, SplitError, UnsupportedOpError
@@ -271,8 +272,7 @@ def _cannot_donate(name, x, conversion, flat) -> Optional[str]:
         return "the function writes into it, so its contents are a result"
     if any(s.kind == "input_alias" and s.name == name for s in conversion.outputs):
         return "a result is a view of it"
-    others = [n for n, t in flat.items() if n != name and isinstance(t, torch.Tensor)
-              and t.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()]
+    others = [n for n, t in flat.items() if n != name and isinstance(t, torch.Tensor) and tensors_meet(t, x)]
     if others:
         return f"it shares memory with {others}"
     return None

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from .. import debug
+from ..analysis.addresses import tensors_meet
 from ..autograd import tape
 from ..errors import CompileArgumentError
 from ..frontend.convert import Conversion, OutputSpec
@@ -420,7 +421,7 @@ class Executable:
                 raise CompileArgumentError(f"out[{n}] is {o.dtype} {list(o.shape)} on {o.device}; the result is "
                                            f"{dtype} {list(shape)} on {device}")
             for name, t in list(tensors.items()) + [(f"out[{m}]", p) for m, p in enumerate(outs[:n])]:
-                if _overlap(o, t):
+                if tensors_meet(o, t):
                     raise CompileArgumentError(f"out[{n}] overlaps {'input ' + repr(name) if '[' not in name else name}"
                                                "; the results must go to memory of their own")
             spec = self.conversion.outputs[k]
@@ -615,22 +616,6 @@ def memory_key_of(ref: BufferRef, k: int):
 def _typed_views(raw: torch.Tensor, placed) -> dict:
     """Each (buffer, byte offset) as a tensor of the buffer's type and shape inside raw (uint8)."""
     return {b.key: raw[offset:offset + b.nbytes].view(b.dtype.torch).view(b.shape) for b, offset in placed}
-
-
-def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """The two tensors' byte ranges in memory intersect (conservatively: their extents)."""
-    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
-        return False
-    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
-        return False
-
-    def extent(t):
-        start = t.storage_offset() * t.element_size()
-        span = sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride())) + 1
-        return start, start + span * t.element_size()
-
-    (a0, a1), (b0, b1) = extent(a), extent(b)
-    return a0 < b1 and b0 < a1
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,16 @@
-"""The integer-set answers about views (tjit/analysis/addresses.py) against brute force:
-every address each view reaches, enumerated."""
+"""The integer-set answers about views (tjit/analysis/addresses.py, bounds.py) against brute
+force: every address each view reaches, enumerated."""
+import ast
 import itertools
+
 import islpy as isl
 import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st
 
+import tjit
 from tjit.analysis.addresses import disjoint, overlaps_itself, pairwise_disjoint, shared_addresses, within
+from tjit.analysis.bounds import outside, reached
 from tjit.ir.view import View
 
 
@@ -67,3 +72,44 @@ def test_known_layouts():
     # reaches 9 addresses and a 4x3 view does not (a rule over sorted strides says both overlap)
     assert not overlaps_itself(View((3, 3), (2, 3))) and len(set(enumerated(View((3, 3), (2, 3))))) == 9
     assert overlaps_itself(View((4, 3), (2, 3)))
+
+
+# -- bounds proofs (tjit/analysis/bounds.py) ---------------------------------------------------
+def test_outside_agrees_with_brute_force():
+    rng = np.random.default_rng(1)
+    for k in range(3000):
+        view, allowed = random_view(rng, negative=k % 2 == 1), random_view(rng, negative=False)
+        stray = set(enumerated(view)) - set(enumerated(allowed))
+        problem = outside(view, allowed)
+        assert (problem is None) == (not stray), (view, allowed, problem)
+        if problem:  # the counterexample is real: that index of the view reaches that stray address
+            index = ast.literal_eval("[" + problem.split("[")[1].split("]")[0] + "]")
+            address = view.offset + sum(i * s for i, s in zip(index, view.strides))
+            assert address in stray and f"element {address}," in problem
+
+
+def test_a_gathered_axis_reaches_every_row_of_the_table():
+    table = View.contiguous((150, 64))
+    assert outside(reached(View((7, 64), (0, 1)), (64, 150, 7 * 64)), table) is None
+    assert outside(reached(View((7, 64), (0, 1), 64), (64, 150, 7 * 64)), table) is not None
+
+
+def test_the_verifier_names_an_access_that_leaves_its_buffer(monkeypatch):
+    """Every kernel the suite builds passes verify_bounds (TJIT_VERIFY=1, conftest); a view
+    moved one element past its buffer is caught, with the access and a counterexample."""
+    import dataclasses
+    import torch
+    import tjit.pipeline as pipeline
+    from tjit.lower.codegen import KernelPlan
+
+    def shift_loads(graph, steps, output_strides):
+        for step in steps:
+            if isinstance(step, KernelPlan):
+                step.accesses = [a if a.store else dataclasses.replace(a, view=dataclasses.replace(a.view, offset=a.view.offset + 1))
+                                 for a in step.accesses]
+        return checked(graph, steps, output_strides)
+
+    checked = pipeline.verify_bounds
+    monkeypatch.setattr(pipeline, "verify_bounds", shift_loads)
+    with pytest.raises(pipeline.VerifyError, match=r"load of input x can leave its memory: index \[.*\] reaches element 3000,"):
+        tjit.compile(lambda x: x.exp())(torch.randn(3000))

@@ -25,11 +25,12 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping, Optional, Sequence, Union
 
+from .analysis.bounds import outside, reached
 from .errors import TjitError
 from .frontend.convert import Conversion
 from .frontend.trace import trace
-from .ir import (AxisStrategy, Contiguous, Cumulative, Elementwise, Extern, Graph, GraphNode, Input, Reduce, ViewOp,
-                 toposort)
+from .ir import (AxisStrategy, Contiguous, Cumulative, Elementwise, Extern, Graph, GraphNode, Input, Reduce, View,
+                 ViewOp, toposort)
 from .ir.ops import OPS, REDUCE_OPS, SCAN_OPS
 from .lower import HasSteps, LibraryPlan, lower
 from .lower.codegen import KernelPlan
@@ -76,6 +77,7 @@ def build_program(graph: Graph, output_strides: dict[str, tuple[int, ...]], stra
     lowered = lower(graph, output_strides, strategies, device)
     steps = [s for s in lowered.steps if s.writes_anything]
     verify("codegen", verify_steps, graph, steps)
+    verify("codegen", verify_bounds, graph, steps, output_strides)
     outside = torch_allocated(steps) | frozenset(id(node) for node in lowered.buffer_outputs.values())
     memory, slab_buffers = plan_memory(steps, outside)
     program = Program(graph, steps, lowered.groups, lowered.buffers, memory, slab_buffers,
@@ -190,6 +192,33 @@ def verify_steps(graph: Graph, steps: list[Step]) -> Optional[str]:
             if ref.kind == "input" and access.store and ref.name not in mutated:
                 return f"step {k} ({step.name}) writes input {ref.name!r}, which the function does not write"
         note_stores(step.accesses)
+    return None
+
+
+def verify_bounds(graph: Graph, steps: list[Step], output_strides: dict[str, tuple[int, ...]]) -> Optional[str]:
+    """Every access of every kernel stays inside the memory its pointer is bound to: an
+    input's layout, an output's, a slab buffer's elements (analysis/bounds.py)."""
+    for k, step in enumerate(steps):
+        for n, access in enumerate(step.accesses if isinstance(step, KernelPlan) else ()):
+            ref = access.buffer
+            allowed = _bound_layout(graph, ref, output_strides)
+            problem = allowed and outside(reached(access.counted, access.gather), allowed)
+            if problem:
+                return (f"step {k} ({step.name}), access {n}: the {'store to' if access.store else 'load of'} "
+                        f"{ref.kind} {ref.name or ref.node.op} can leave its memory: {problem}")
+    return None
+
+
+def _bound_layout(graph: Graph, ref, output_strides) -> Optional[View]:
+    """The layout a pointer is bound to, where the compiled form knows it (not the runtime's
+    status words and scratch)."""
+    if ref.kind == "input" and graph.input_node(ref.name) is not None:
+        return graph.input_node(ref.name).view
+    if ref.kind == "output" and ref.name in graph.outputs:
+        shape = tuple(graph.outputs[ref.name].shape)
+        return View(shape, tuple(output_strides.get(ref.name) or View.contiguous(shape).strides))
+    if ref.kind == "buffer":
+        return View.contiguous((math.prod(ref.node.shape),))
     return None
 
 

@@ -22,6 +22,7 @@ class KernelReport:
     bytes_read: int
     bytes_written: int
     grid: tuple[int, ...]
+    notes: tuple[str, ...] = ()  # its in-place writes, and the copies made for them
 
 
 @dataclass
@@ -91,6 +92,7 @@ class Explanation:
             lines += ["", f"kernel {k.name}: shape {list(k.shape)}, grid {k.grid}, "
                           f"reads {k.bytes_read} B, writes {k.bytes_written} B"]
             lines += [f"  {s}" for s in k.strategies]
+            lines += [f"  {note}" for note in k.notes]
             lines.append(k.source)
         lines += [f"float argument {name}: {how}" for name, how in self.numbers.items()]
         lines += [f"matrix product {how}" for how in self.matmuls]
@@ -132,7 +134,7 @@ class SplitExplanation:
 
 def report(plan: KernelPlan) -> KernelReport:
     return KernelReport(plan.name, plan.shape, plan.source, [d.describe() for d in plan.space.loop_dims],
-                        plan.bytes_read, plan.bytes_written, plan.grid)
+                        plan.bytes_read, plan.bytes_written, plan.grid, plan.notes)
 
 
 def explain(fn, *args, **kwargs) -> Explanation:

@@ -116,6 +116,7 @@ class KernelPlan:
     last_program_accesses: int = 0
     num_stages: int = 3  # software-pipeline depth of the kernel's loops (Triton's default)
     dot_tiles: Optional[DotTiles] = None  # a kernel that computes matrix products: its tiles
+    notes: tuple[str, ...] = ()  # what explain says of its stores (in-place writes and their copies)
 
     @property
     def numel(self) -> int:
@@ -183,7 +184,9 @@ def plan_kernel(group: KernelGroup, output_strides: dict[str, tuple[int, ...]],
                 forced: Optional[Sequence[AxisStrategy]] = None, device: str = "cuda") -> KernelPlan:
     """The kernel for `group`, generated for `device` ("cpu": Triton's interpreter, or
     "cuda"), whose eager numerics it follows where they differ (scan accumulation)."""
-    return _Emitter(group, output_strides, forced, device).emit()
+    plan = _Emitter(group, output_strides, forced, device).emit()
+    plan.notes = tuple(s.note for s in group.stores if s.note)
+    return plan
 
 
 class _Emitter(GridReductionEmitter):

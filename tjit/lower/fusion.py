@@ -70,6 +70,7 @@ class Store:
     # in_reduction_shape); None when the value has the target's shape
     target_shape: Optional[tuple[int, ...]] = None
     target_dims: Optional[tuple[int, ...]] = None
+    note: str = ""  # why the store is where it is, where explain should say (an in-place write's copies)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -259,32 +260,59 @@ def stage_hazardous_reads(stores: list[Store]) -> list[Store]:
     staged: list[Store] = []
     for store in stores:
         if isinstance(store.target, InputTarget):
-            for leaf in _hazardous_reads(store, store):
+            name = store.target.mutation.name
+            hazardous = _hazardous_reads(store, store)
+            for leaf in hazardous:
                 buffer = stage(leaf)
-                copy = Store(BufferTarget(buffer), leaf, Domain(leaf.shape))
-                staged.append(copy)
+                staged.append(Store(BufferTarget(buffer), leaf, Domain(leaf.shape),
+                                    note=f"copies {name} {_shown(leaf.view)} before a later kernel writes {name} "
+                                         f"{_shown(store.target.mutation.view)}: a program there could overwrite "
+                                         "what another still has to read"))
                 store.value = buffer if store.value is leaf else read_from_buffers(store.value, {id(leaf): buffer})
+            store.note = _in_place_note(store, bool(hazardous))
         staged.append(store)
     return staged
 
 
+def _in_place_note(store: Store, staged: bool) -> str:
+    """What explain says of a write into an input: whether it reads that input in place."""
+    mutation = store.target.mutation
+    views = [leaf.view for leaf in expression_leaves(store.value)
+             if reads_older_version(leaf, mutation.name, mutation.version)]
+    if not views:
+        return ""
+    apart = sum(disjoint(v, mutation.view) for v in views)
+    return (f"writes {mutation.name} {_shown(mutation.view)} in place and reads it through {len(views)} view(s) "
+            f"without a copy: {apart} reaching none of the written addresses, {len(views) - apart} reading each "
+            "address in the program that writes it" + ("; its other reads are copies (above)" if staged else ""))
+
+
+def _shown(view: View) -> str:
+    return f"[shape {list(view.shape)}, strides {list(view.strides)}, offset {view.offset}]"
+
+
 def _stage_older_reads(stores: list[Store]) -> list[Store]:
     """Every read of an input as it was before a write that reaches the read's addresses is
-    staged (copied into a buffer by a kernel of its own before the write). Only where the
-    kernels would have no order otherwise: a store that computes from the input's older
-    contents (a value written through one view, read again through that view, is its
+    staged (copied into a buffer by a kernel of its own before the write). Only
+    where the kernels would have no order otherwise: a store that computes from the input's
+    older contents (a value written through one view, read again through that view, is its
     expression, not a memory read) while it also reads the newer contents directly or
     through a reduction of them: `x.mul_(2); x * x[1:].sum()`. The staged copy runs before
     the write, its reader after it."""
     writes = [m for s in stores if (m := written_input(s))]
+    buffers: dict[int, GraphNode] = {}
     staged: list[Store] = []
     for store in stores:
         older = [leaf for leaf in expression_leaves(store.value)
                  if any(reads_older_version(leaf, m.name, m.version) and not reads_apart(leaf, m.view) for m in writes)]
         for leaf in dict.fromkeys(older):
-            buffer = stage(leaf)
-            staged.append(Store(BufferTarget(buffer), leaf, Domain(leaf.shape)))
-            store.value = buffer if store.value is leaf else read_from_buffers(store.value, {id(leaf): buffer})
+            if id(leaf) not in buffers:
+                buffers[id(leaf)] = stage(leaf)
+                staged.append(Store(BufferTarget(buffers[id(leaf)]), leaf, Domain(leaf.shape),
+                                    note=f"copies {buffer_of(leaf).op.name} {_shown(leaf.view)} as it was before "
+                                         "a write: a kernel reads both this and the written contents"))
+            store.value = read_from_buffers(store.value, {id(leaf): buffers[id(leaf)]}) \
+                if store.value is not leaf else buffers[id(leaf)]
         staged.append(store)
     return staged
 

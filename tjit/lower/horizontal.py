@@ -140,7 +140,8 @@ def merge(plans: list[KernelPlan], last: list[KernelPlan] = ()) -> KernelPlan:
                       IterationSpace((), (), dims),
                       [a for plan in members for a in plan.accesses], pointers + scalars,
                       min(AUTO_WARPS, max(plan.num_warps for plan in members)),
-                      last_program_accesses=sum(len(plan.accesses) for plan in last))
+                      last_program_accesses=sum(len(plan.accesses) for plan in last),
+                      notes=tuple(note for plan in members for note in plan.notes))
 
 
 def programs(plan: KernelPlan, prefix: str = "") -> str:

@@ -18,7 +18,7 @@ import torch
 import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from ..analysis.addresses import disjoint, pairwise_disjoint, within
+from ..analysis.addresses import disjoint, overlaps_itself, pairwise_disjoint, within
 from ..errors import DataDependentError, LayoutError, UnsupportedOpError
 from ..ir import (Const, Contiguous, DType, Extern, ExternCall, Graph, GraphNode, Input, Mutation, Operand, View, ViewOp,
                   toposort)
@@ -89,6 +89,8 @@ class Converter(ValueBuilder):
         self.storage_inputs: dict[int, list[str]] = {}
         self.apart: dict[int, bool] = {}
         self.placeholder_names: dict[fx.Node, str] = {}
+        self._copy_needed: dict[str, bool] = {}  # per input: read through a copy (_read_as_copy)
+        self._copies_of_inputs: dict[str, GraphNode] = {}
         self.input_meta: dict[str, torch.Tensor] = {}
         self.version: dict[str, int] = {}
         # per input: the value last written through each view no later write has touched,
@@ -215,6 +217,9 @@ class Converter(ValueBuilder):
             return self.env[node]  # a lazily conjugated (negated) view: a library call made its values
         if isinstance(val, torch.Tensor) and storage_key(val) in self.input_storage \
                 and val.dtype == self.input_meta[self.storage_owner(node, val)].dtype:
+            name = self.storage_owner(node, val)
+            if self._read_as_copy(name):
+                return self._logical_copy(name) if self.placeholder_names.get(node) == name else self.env[node]
             found = self.read_input_storage(node, val)
             if found.dtype.is_float and self._detached(node):  # a view of x.detach()
                 found = self.elementwise("stop_gradient", [found], found.dtype)
@@ -244,6 +249,21 @@ class Converter(ValueBuilder):
         if val.dtype != base.dtype:
             raise UnsupportedOpError("view(dtype)", f"reinterpreting {base.dtype} input {name!r} as {val.dtype}")
         return View(tuple(val.shape), tuple(val.stride()), val.storage_offset() - base.storage_offset())
+
+    def _read_as_copy(self, name: str) -> bool:
+        """An input that requires grad and whose elements share memory (an expanded tensor,
+        overlapping windows) is read once, into a buffer of its own logical layout, and its
+        views are views of that copy: a view's gradient is then laid out by the input's
+        elements, not by the memory two of them share (eager's gradient is per element)."""
+        if name not in self._copy_needed:
+            self._copy_needed[name] = name in self.requires_grad and overlaps_itself(_absolute_view(self.input_meta[name]))
+        return self._copy_needed[name]
+
+    def _logical_copy(self, name: str) -> GraphNode:
+        if name not in self._copies_of_inputs:
+            source = self.read_input_storage(None, self.input_meta[name])
+            self._copies_of_inputs[name] = self.b.node(Contiguous(), source.dtype, (source,), View.contiguous(source.shape))
+        return self._copies_of_inputs[name]
 
     def storage_owner(self, node: Optional[fx.Node], val: torch.Tensor) -> str:
         """The input whose memory `val` (the value of `node`) is in. Arguments that share a

@@ -339,3 +339,14 @@ def test_a_value_read_as_written_beside_the_memory_it_was_written_to(name, fresh
     have to run before and after the write: its older reads are staged instead (these raised
     'no order exists')."""
     check_against_eager(OLDER_AND_NEWER[name], positive(3000))
+
+
+def test_explain_says_which_reads_of_a_written_input_are_copied_and_why():
+    x = positive(64, 300)
+    disjoint_update = str(tjit.explain(tjit.compile(DISJOINT_UPDATES["even_columns_from_odd"][1]), x))
+    assert "reads it through 2 view(s) without a copy: 1 reaching none of the written addresses, 1 reading each " \
+           "address in the program that writes it" in disjoint_update
+    assert "copies" not in disjoint_update
+    flipped = str(tjit.explain(tjit.compile(lambda x: x.add_(x.flip(0))), x))
+    assert "copies x [shape [64, 300], strides [-300, 1], offset 18900] before a later kernel writes x" in flipped
+    assert "its other reads are copies (above)" in flipped

@@ -699,7 +699,9 @@ def _write_after_read(store: Store, stores: list[Store], reads):
     for other in stores:
         if other is store:
             continue
-        if any(reads_older_version(leaf, mutation.name, mutation.version) for leaf, _ in reads[id(other)]):
+        # (a read that reaches none of the written addresses may run before or after the write)
+        if any(reads_older_version(leaf, mutation.name, mutation.version) and not reads_apart(leaf, mutation.view)
+               for leaf, _ in reads[id(other)]):
             yield other, scattered or bool(_hazardous_reads(other, store))
         earlier = written_input(other)
         if earlier and earlier.name == mutation.name and earlier.version < mutation.version:

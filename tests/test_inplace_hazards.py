@@ -381,3 +381,23 @@ def test_reads_of_an_untouched_older_version_impose_no_order_on_later_writes(fre
     got = tjit.compile(update)(x)
     torch.testing.assert_close(x, expected_x)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+ROW_VALUES_INTO_THEIR_ROW = {
+    # the row's statistics written into one of its own columns, beside a value computed from
+    # the row as it was: every address is read and written by the program of its row
+    "sum_into_column_5": lambda x: (x * 2 - x.sum(1, keepdim=True), x[:, 5:6].copy_(x.sum(1, keepdim=True)))[0],
+    "tail_sum_into_head": lambda x: x[:, :1].copy_(x[:, 1:].sum(1, keepdim=True)),
+    "max_into_last_column": lambda x: x[:, -1:].copy_(x.amax(1, keepdim=True) + x[:, -1:]),
+}
+
+
+@pytest.mark.parametrize("shape", [(64, 40), (16, 5000), (4, 70000)])
+@pytest.mark.parametrize("name", ROW_VALUES_INTO_THEIR_ROW)
+def test_row_values_written_into_their_own_row_are_one_kernel(name, shape, fresh_seed):
+    """Decided exactly (every read index and write index that meet lie in one row: integer
+    sets), where the rule over strides wanted the same offset and took these for hazards:
+    they were 2 or 3 kernels with a staged copy. Rows up to 70000 span programs and loops."""
+    x = positive(*shape)
+    cf = check_against_eager(ROW_VALUES_INTO_THEIR_ROW[name], x)
+    assert launches(cf, x) == 1

@@ -83,6 +83,17 @@ def within(inner: View, outer: View) -> bool:
     return addresses(inner) <= addresses(outer)
 
 
+def meets_only_where_tied(read: View, write: View, tied: Sequence[int]) -> bool:
+    """Over one index space (two views of one shape): every read index and write index that
+    reach one address agree along the `tied` axes. (Programs that own whole rows, tied along
+    the axes they split: no program reads an address another one writes.)"""
+    import islpy as isl
+    meets = access_map(read).apply_range(access_map(write).reverse())  # { read index -> write index }
+    ins, outs = [f"i{d}" for d in range(read.ndim)], [f"j{d}" for d in range(read.ndim)]
+    equal = " and ".join(f"i{d} = j{d}" for d in tied) or "true"
+    return meets <= isl.Map.read_from_str(context(), f"{{ [{', '.join(ins)}] -> [{', '.join(outs)}] : {equal} }}")
+
+
 def tensors_meet(a, b) -> bool:
     """Two torch tensors share a byte of memory (of any dtypes: compared byte by byte)."""
     if a.device != b.device or a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():

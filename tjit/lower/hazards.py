@@ -12,7 +12,7 @@ kernel, which the writing kernel then reads.
 """
 from __future__ import annotations
 
-from ..analysis.addresses import disjoint, overlaps_itself
+from ..analysis.addresses import disjoint, meets_only_where_tied, overlaps_itself
 from ..ir import Contiguous, Dot, Gather, GraphNode, Input, View, ViewOp, Window, toposort
 from .domains import Domain, is_kernel_input, normal, operand_leaves
 
@@ -41,11 +41,23 @@ def gather_tables(value: GraphNode) -> set[int]:
 
 def same_program_access(read: View, write: View, domain: Domain) -> bool:
     """Every address the write reaches at a point of `domain` is read only at points of the
-    same row, so by the program that writes it. (Along the reduced axes a row is one
-    program's: persistent or looped, never split when it also stores a full-shape value.)"""
+    same row, so by the program that writes it: at the very point, where the write moves
+    along the row (a looped row stores tile after tile), anywhere in the row for a row value
+    (written once, after the row's reads). (Along the reduced axes a row is one program's:
+    persistent or looped, never split when it also stores a full-shape value.) A rule over
+    strides answers the common layouts; integer sets answer the others exactly."""
     if domain.space_of(read.shape) is None or domain.space_of(write.shape) is None:
         return False
     r, w = normal(domain.to_domain(read)), normal(domain.to_domain(write))
+    if _same_layout_per_row(r, w, domain):
+        return True
+    tied = [d for d in range(len(domain.shape)) if d not in domain.axes or w.strides[d] != 0]
+    return meets_only_where_tied(r, w, tied)
+
+
+def _same_layout_per_row(r: View, w: View, domain: Domain) -> bool:
+    """The rule: the read and the write address each point alike (a row value's write
+    standing still along the reduced axes), and no two rows' reads meet."""
     if r.offset != w.offset:
         return False
     for d in range(len(domain.shape)):

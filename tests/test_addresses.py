@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import tjit
-from tjit.analysis.addresses import disjoint, overlaps_itself, pairwise_disjoint, shared_addresses, within
+from tjit.analysis.addresses import (disjoint, meets_only_where_tied, overlaps_itself, pairwise_disjoint,
+                                     shared_addresses, within)
 from tjit.analysis.bounds import outside, reached
 from tjit.ir.view import View
 
@@ -45,6 +46,20 @@ def test_ten_thousand_random_view_pairs_agree_with_brute_force():
         assert overlaps_itself(a) == (len(set(ea)) < len(ea)), a
         assert disjoint(a, b) == (not set(ea) & set(eb)), (a, b)
         assert within(a, b) == (set(ea) <= set(eb)), (a, b)
+
+
+def test_meets_only_where_tied_agrees_with_brute_force():
+    rng = np.random.default_rng(2)
+    for k in range(2000):
+        read = random_view(rng, negative=k % 2 == 1)
+        write = View(read.shape, tuple(int(rng.integers(-6 if k % 3 else 0, 7)) for _ in read.shape),
+                     int(rng.integers(0, 25)))
+        tied = [d for d in range(read.ndim) if rng.random() < 0.6]
+        indices = list(itertools.product(*(range(n) for n in read.shape)))
+        address = lambda v, i: v.offset + sum(a * s for a, s in zip(i, v.strides))  # noqa: E731
+        expected = all(all(i[d] == j[d] for d in tied) for i in indices for j in indices
+                       if address(read, i) == address(write, j))
+        assert meets_only_where_tied(read, write, tied) == expected, (read, write, tied)
 
 
 views = st.integers(0, 3).flatmap(lambda ndim: st.builds(

@@ -202,7 +202,9 @@ def verify_bounds(graph: Graph, steps: list[Step], output_strides: dict[str, tup
         for n, access in enumerate(step.accesses if isinstance(step, KernelPlan) else ()):
             ref = access.buffer
             allowed = _bound_layout(graph, ref, output_strides)
-            problem = allowed and outside(reached(access.counted, access.gather), allowed)
+            if allowed is None:
+                continue
+            problem = outside(reached(access.counted, access.gather), allowed)
             if problem:
                 return (f"step {k} ({step.name}), access {n}: the {'store to' if access.store else 'load of'} "
                         f"{ref.kind} {ref.name or ref.node.op} can leave its memory: {problem}")

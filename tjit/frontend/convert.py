@@ -215,9 +215,9 @@ class Converter(ValueBuilder):
             return self.env[node]
         if isinstance(val, torch.Tensor) and (val.is_conj() or val.is_neg()):
             return self.env[node]  # a lazily conjugated (negated) view: a library call made its values
-        if isinstance(val, torch.Tensor) and storage_key(val) in self.input_storage \
-                and val.dtype == self.input_meta[self.storage_owner(node, val)].dtype:
-            name = self.storage_owner(node, val)
+        name = self.storage_owner(node, val) if isinstance(val, torch.Tensor) and storage_key(val) in self.input_storage \
+            else None
+        if name is not None and val.dtype == self.input_meta[name].dtype:
             if self._read_as_copy(name):
                 return self._logical_copy(name) if self.placeholder_names.get(node) == name else self.env[node]
             found = self.read_input_storage(node, val)

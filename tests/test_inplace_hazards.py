@@ -460,3 +460,22 @@ def test_random_in_place_programs_match_eager(seed, fresh_seed):
     got = tjit.compile(lambda x: run_in_place_program(x, steps))(x)
     for g, e in zip(got + [x], expected + [expected_x]):
         torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-4, msg=lambda m: f"{steps}\n{m}")
+
+
+SMALL_VALUES_FROM_HAZARDOUS_READS = {
+    "row_sums_shifted": ((3000, 50), lambda x: x[1:, :1].copy_(x[:-1].sum(1, keepdim=True))),
+    "row_max_into_next_row": ((64, 3000), lambda x: x[1:, 0].copy_(x[:-1].amax(1))),
+}
+
+
+@pytest.mark.parametrize("name", SMALL_VALUES_FROM_HAZARDOUS_READS)
+def test_a_small_value_of_hazardous_reads_is_staged_instead_of_the_reads(name, fresh_seed):
+    """Each row's sum written into the next row's first column: programs read rows others
+    write, so something is staged. The value (a column) is much smaller than the rows it
+    reads: it is computed into a buffer first, and the write copies it (the rows themselves
+    were copied before: a slab of the whole input)."""
+    shape, fn = SMALL_VALUES_FROM_HAZARDOUS_READS[name]
+    x = positive(*shape)
+    cf = check_against_eager(fn, x)
+    assert launches(cf, x) == 2
+    assert tjit.explain(cf, x).memory.slab_size <= 4 * shape[0] * 2  # (the column, not the rows)

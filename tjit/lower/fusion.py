@@ -256,12 +256,18 @@ def _express_in(store: Store, shape: tuple[int, ...], dims: Optional[tuple[int, 
 def stage_hazardous_reads(stores: list[Store]) -> list[Store]:
     """A write into an input whose own value reads that input's older contents where
     another program of its kernel may write them first (x.add_(x.flip(0))) reads a copy
-    staged by an earlier kernel instead (see hazards.py)."""
+    staged by an earlier kernel instead (see hazards.py), or, where the value is smaller
+    than what it would copy (a row sum of shifted rows written into a column), writes a
+    copy of its value computed by an earlier kernel."""
     staged: list[Store] = []
     for store in stores:
         if isinstance(store.target, InputTarget):
             name = store.target.mutation.name
             hazardous = _hazardous_reads(store, store)
+            if hazardous and math.prod(store.shape) < sum(math.prod(leaf.shape) for leaf in hazardous):
+                staged.append(_value_staged(store))
+                staged.append(store)
+                continue
             for leaf in hazardous:
                 buffer = stage(leaf)
                 staged.append(Store(BufferTarget(buffer), leaf, Domain(leaf.shape),
@@ -272,6 +278,20 @@ def stage_hazardous_reads(stores: list[Store]) -> list[Store]:
             store.note = _in_place_note(store, bool(hazardous))
         staged.append(store)
     return staged
+
+
+def _value_staged(store: Store) -> Store:
+    """The store that computes `store`'s value into a buffer, before `store` (now a copy of
+    that buffer into the input) runs."""
+    mutation = store.target.mutation
+    buffer = stage(store.value)
+    computed = Store(BufferTarget(buffer), store.value, store.domain,
+                     note=f"computes the value written into {mutation.name} {_shown(mutation.view)} by a later "
+                          f"kernel: it reads {mutation.name} where a program there could overwrite what another "
+                          "still has to read, and the value is smaller than those reads")
+    store.value, store.domain = buffer, Domain(store.shape)
+    store.note = f"writes {mutation.name} {_shown(mutation.view)} in place from the value computed before (above)"
+    return computed
 
 
 def _in_place_note(store: Store, staged: bool) -> str:

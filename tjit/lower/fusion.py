@@ -313,8 +313,8 @@ def _shown(view: View) -> str:
 
 def _stage_older_reads(stores: list[Store]) -> list[Store]:
     """Every read of an input as it was before a write that reaches the read's addresses is
-    staged (copied into a buffer by a kernel of its own before the write). Only
-    where the kernels would have no order otherwise: a store that computes from the input's
+    staged (copied into a buffer by a kernel of its own before the write). Only where the
+    kernels would have no order otherwise: a store that computes from the input's
     older contents (a value written through one view, read again through that view, is its
     expression, not a memory read) while it also reads the newer contents directly or
     through a reduction of them: `x.mul_(2); x * x[1:].sum()`. The staged copy runs before

@@ -724,14 +724,15 @@ OVERLAPPING_INPUTS = {  # base size, the input made from the base
     "as_strided": (5, lambda b: b.as_strided((3, 3), (1, 1))),
     "expand_wide": (3000, lambda b: b.expand(3, 3000)),
     "windows_wide": (3000, lambda b: b.as_strided((1400, 40), (2, 1))),
+    "interleaved": (20, lambda b: b.as_strided((3, 3), (2, 3))),  # 9 addresses, none twice, strides not nested
 }
 
 
 @pytest.mark.parametrize("make", OVERLAPPING_INPUTS)
 def test_overlapping_strided_inputs_get_eagers_gradients(make):
-    """An input whose elements share memory, read through views of its own (refused before:
-    a view's gradient was laid out by memory, where two elements are one): its gradient is
-    eager's, per element."""
+    """An input whose elements share memory, or whose strides interleave, read through views
+    of its own (refused before: a view's gradient was laid out by memory, where two elements
+    may be one): its gradient is eager's, per element."""
     for fn in (lambda x: x.exp() * x, lambda x: x.t() * 2, lambda x: x[:, 1:3].exp(), lambda x: x.softmax(1),
                lambda x: x.sum(0) * x[0], lambda x: x[::2].flip(1) + x[-1:]):
         size, view = OVERLAPPING_INPUTS[make]

@@ -34,8 +34,8 @@ def view_transpose(alg: Algebra, grad: GraphNode, view: View, src: GraphNode):
     """The source's gradient: a GraphNode, or a ScatterGrad for overlapping windows."""
     source = _layout(src)
     if source is None:
-        raise UnsupportedOpError("view", f"the gradient of a source with overlapping strides {list(src.view.strides)} "
-                                 f"(shape {list(src.shape)}); pass a contiguous tensor")
+        raise UnsupportedOpError("view", f"the gradient of a source whose strides {list(src.view.strides)} overlap or "
+                                 f"interleave (shape {list(src.shape)}); pass a contiguous tensor")
     grad, view = _split_like_source(alg, grad, view, source)
     sorted_grad, sizes, strides, offset = _sorted_by_stride(alg, grad, view)
     if not _disjoint(sizes, strides):
@@ -119,13 +119,22 @@ def _sorted_by_stride(alg: Algebra, grad: GraphNode, view: View):
 
 def _layout(src: GraphNode):
     """(axis order by decreasing stride, sizes, strides) of the source's non-unit axes, or
-    None if two of its elements share memory."""
-    kept = [d for d, n in enumerate(src.shape) if n != 1]
-    if any(src.view.strides[d] <= 0 for d in kept):
+    None where they do not nest (nested_layout)."""
+    return nested_layout(src.view)
+
+
+def nested_layout(view: View):
+    """(axis order by decreasing stride, sizes, strides) of the view's non-unit axes, or None
+    unless each stride is positive and steps past everything the smaller ones reach: the
+    orderings this module transposes through. Not nested: two elements share memory (an
+    expanded tensor, overlapping windows), or the strides interleave (as_strided((3, 3),
+    (2, 3)) reaches 9 addresses, none twice)."""
+    kept = [d for d, n in enumerate(view.shape) if n != 1]
+    if any(view.strides[d] <= 0 for d in kept):
         return None
-    order = sorted(kept, key=lambda d: -src.view.strides[d])
-    sizes = [src.shape[d] for d in order]
-    strides = [src.view.strides[d] for d in order]
+    order = sorted(kept, key=lambda d: -view.strides[d])
+    sizes = [view.shape[d] for d in order]
+    strides = [view.strides[d] for d in order]
     return (order, sizes, strides) if _disjoint(sizes, strides) else None
 
 

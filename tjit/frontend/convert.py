@@ -18,7 +18,8 @@ import torch
 import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from ..analysis.addresses import disjoint, overlaps_itself, pairwise_disjoint, within
+from ..analysis.addresses import disjoint, pairwise_disjoint, within
+from ..autograd.views import nested_layout
 from ..errors import DataDependentError, LayoutError, UnsupportedOpError
 from ..ir import (Const, Contiguous, DType, Extern, ExternCall, Graph, GraphNode, Input, Mutation, Operand, View, ViewOp,
                   toposort)
@@ -251,12 +252,15 @@ class Converter(ValueBuilder):
         return View(tuple(val.shape), tuple(val.stride()), val.storage_offset() - base.storage_offset())
 
     def _read_as_copy(self, name: str) -> bool:
-        """An input that requires grad and whose elements share memory (an expanded tensor,
-        overlapping windows) is read once, into a buffer of its own logical layout, and its
-        views are views of that copy: a view's gradient is then laid out by the input's
-        elements, not by the memory two of them share (eager's gradient is per element)."""
+        """An input that requires grad and whose axes do not nest (its elements share memory:
+        an expanded tensor, overlapping windows; or its strides interleave) is read once, into
+        a buffer of its own logical layout, and its views are views of that copy: a view's
+        gradient is then laid out by the input's elements, not by its memory, where two
+        elements may be one (eager's gradient is per element)."""
         if name not in self._copy_needed:
-            self._copy_needed[name] = name in self.requires_grad and overlaps_itself(_absolute_view(self.input_meta[name]))
+            meta = self.input_meta[name]
+            self._copy_needed[name] = name in self.requires_grad and meta.numel() > 0 and \
+                nested_layout(View(tuple(meta.shape), tuple(meta.stride()))) is None
         return self._copy_needed[name]
 
     def _logical_copy(self, name: str) -> GraphNode:

@@ -260,7 +260,8 @@ class Converter(ValueBuilder):
         if name not in self._copy_needed:
             meta = self.input_meta[name]
             self._copy_needed[name] = name in self.requires_grad and meta.numel() > 0 and \
-                nested_layout(View(tuple(meta.shape), tuple(meta.stride()))) is None
+                not DType.from_torch(meta.dtype).library_only and \
+                nested_layout(View(tuple(meta.shape), tuple(meta.stride()))) is None  # (complex: see autograd/complex.py)
         return self._copy_needed[name]
 
     def _logical_copy(self, name: str) -> GraphNode:

@@ -19,9 +19,8 @@ import torch
 
 from ..errors import UnsupportedOpError
 from ..frontend.library import in_memory
-from ..ir import Contiguous, Extern, ExternCall, GraphNode, Input, Operand, View, ViewOp
+from ..ir import Contiguous, Extern, ExternCall, GraphNode, Input, Operand, View, ViewOp, nested_axes
 from .library_grad import library_gradient
-from .views import _layout
 
 
 def touches_complex(node: GraphNode) -> bool:
@@ -86,7 +85,7 @@ def _positions(shape, strides, offset, device) -> torch.Tensor:
 
 def view_gradient(vb, grad: GraphNode, view: View, src: GraphNode) -> GraphNode:
     """The gradient of a complex source read through a strided view: one library call."""
-    if _layout(src) is None:
+    if nested_axes(src.view) is None:
         raise UnsupportedOpError("view", f"the gradient of a source with overlapping strides {list(src.view.strides)} "
                                  f"(shape {list(src.shape)}); pass a contiguous tensor")
     call = ExternCall(ViewGradient((view.shape, view.strides, view.offset),

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..ir import Contiguous, DType, Elementwise, GraphNode, Input, Scatter, View, ViewOp, contiguous_strides
+from ..ir import (Contiguous, DType, Elementwise, GraphNode, Input, Scatter, View, ViewOp, contiguous_strides,
+                  nested_axes)
 from .algebra import Algebra
-from .views import _layout
 from .vjp import ScatterGrad
 
 
@@ -86,7 +86,7 @@ def element_index(alg: Algebra, offset: GraphNode, src: GraphNode) -> Optional[G
     kept = [d for d, n in enumerate(src.shape) if n != 1]
     if all(view.strides[d] == dense[d] for d in kept) and view.offset == 0:
         return offset  # laid out row-major: the offset is the index
-    layout = _layout(src)
+    layout = nested_axes(src.view)
     if layout is None:
         return None
     rest, index = alg.sub(offset, view.offset) if view.offset else offset, None

@@ -26,19 +26,19 @@ from __future__ import annotations
 import math
 
 from ..errors import UnsupportedOpError
-from ..ir import DType, GraphNode, View, contiguous_strides
+from ..ir import DType, GraphNode, View, contiguous_strides, nested_axes, strides_nest
 from .algebra import Algebra
 
 
 def view_transpose(alg: Algebra, grad: GraphNode, view: View, src: GraphNode):
     """The source's gradient: a GraphNode, or a ScatterGrad for overlapping windows."""
-    source = _layout(src)
+    source = nested_axes(src.view)
     if source is None:
         raise UnsupportedOpError("view", f"the gradient of a source whose strides {list(src.view.strides)} overlap or "
                                  f"interleave (shape {list(src.shape)}); pass a contiguous tensor")
     grad, view = _split_like_source(alg, grad, view, source)
     sorted_grad, sizes, strides, offset = _sorted_by_stride(alg, grad, view)
-    if not _disjoint(sizes, strides):
+    if not strides_nest(sizes, strides):
         return _overlapping(alg, grad, view, src)
     grad = sorted_grad
     order, src_sizes, src_strides = source
@@ -115,38 +115,6 @@ def _sorted_by_stride(alg: Algebra, grad: GraphNode, view: View):
     if order != list(range(len(sizes))):
         grad = alg.view(grad, "permute", tuple(order))
     return grad, [sizes[k] for k in order], [strides[k] for k in order], offset
-
-
-def _layout(src: GraphNode):
-    """(axis order by decreasing stride, sizes, strides) of the source's non-unit axes, or
-    None where they do not nest (nested_layout)."""
-    return nested_layout(src.view)
-
-
-def nested_layout(view: View):
-    """(axis order by decreasing stride, sizes, strides) of the view's non-unit axes, or None
-    unless each stride is positive and steps past everything the smaller ones reach: the
-    orderings this module transposes through. Not nested: two elements share memory (an
-    expanded tensor, overlapping windows), or the strides interleave (as_strided((3, 3),
-    (2, 3)) reaches 9 addresses, none twice)."""
-    kept = [d for d, n in enumerate(view.shape) if n != 1]
-    if any(view.strides[d] <= 0 for d in kept):
-        return None
-    order = sorted(kept, key=lambda d: -view.strides[d])
-    sizes = [view.shape[d] for d in order]
-    strides = [view.strides[d] for d in order]
-    return (order, sizes, strides) if _disjoint(sizes, strides) else None
-
-
-def _disjoint(sizes, strides) -> bool:
-    """Sorted by decreasing stride, no two index tuples reach the same offset: every stride
-    is larger than the span of the axes after it."""
-    span = 0
-    for n, s in reversed(list(zip(sizes, strides))):
-        if s <= span:
-            return False
-        span += (n - 1) * s
-    return True
 
 
 def _coalesce(sizes, strides) -> list[tuple[int, int]]:

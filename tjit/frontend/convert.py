@@ -19,10 +19,9 @@ import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..analysis.addresses import disjoint, pairwise_disjoint, within
-from ..autograd.views import nested_layout
 from ..errors import DataDependentError, LayoutError, UnsupportedOpError
 from ..ir import (Const, Contiguous, DType, Extern, ExternCall, Graph, GraphNode, Input, Mutation, Operand, View, ViewOp,
-                  toposort)
+                  nested_axes, toposort)
 from .build import ValueBuilder
 from .library import WriteThroughView, in_memory, library_call, view_of_contents
 from .scalars import (RuntimeScalar, arithmetic, is_arithmetic, is_symbolic_number, read_number,
@@ -64,7 +63,8 @@ class Conversion:
     eager_ops: int  # kernels eager would launch: one per non-view aten op
     gradient_unknown: Optional[tuple] = None  # (error type, reason): what the trace saw that tjit's backward cannot follow
     matmul_choices: list = field(default_factory=list)  # frontend/matmul.py MatmulChoice, per product
-    shared_inputs: list = field(default_factory=list)  # arguments in one storage that are one input (Converter.storage_owner)
+    # arguments in one storage that are one input (Converter.storage_owner)
+    shared_inputs: list = field(default_factory=list)
 
 
 def storage_key(t: torch.Tensor):
@@ -216,8 +216,8 @@ class Converter(ValueBuilder):
             return self.env[node]
         if isinstance(val, torch.Tensor) and (val.is_conj() or val.is_neg()):
             return self.env[node]  # a lazily conjugated (negated) view: a library call made its values
-        name = self.storage_owner(node, val) if isinstance(val, torch.Tensor) and storage_key(val) in self.input_storage \
-            else None
+        in_input = isinstance(val, torch.Tensor) and storage_key(val) in self.input_storage
+        name = self.storage_owner(node, val) if in_input else None
         if name is not None and val.dtype == self.input_meta[name].dtype:
             if self._read_as_copy(name):
                 return self._logical_copy(name) if self.placeholder_names.get(node) == name else self.env[node]
@@ -261,13 +261,14 @@ class Converter(ValueBuilder):
             meta = self.input_meta[name]
             self._copy_needed[name] = name in self.requires_grad and meta.numel() > 0 and \
                 not DType.from_torch(meta.dtype).library_only and \
-                nested_layout(View(tuple(meta.shape), tuple(meta.stride()))) is None  # (complex: see autograd/complex.py)
+                nested_axes(View(tuple(meta.shape), tuple(meta.stride()))) is None  # (complex: see autograd/complex.py)
         return self._copy_needed[name]
 
     def _logical_copy(self, name: str) -> GraphNode:
         if name not in self._copies_of_inputs:
             source = self.read_input_storage(None, self.input_meta[name])
-            self._copies_of_inputs[name] = self.b.node(Contiguous(), source.dtype, (source,), View.contiguous(source.shape))
+            self._copies_of_inputs[name] = self.b.node(Contiguous(), source.dtype, (source,),
+                                                       View.contiguous(source.shape))
         return self._copies_of_inputs[name]
 
     def storage_owner(self, node: Optional[fx.Node], val: torch.Tensor) -> str:
@@ -299,9 +300,13 @@ class Converter(ValueBuilder):
     def _argument_of(self, node: Optional[fx.Node], key: int) -> Optional[str]:
         """The argument a view of storage `key` is taken from, following its view ops (and the
         in-place ops that return their first argument) back."""
-        while node is not None and node.op == "call_function" and node.args and isinstance(node.args[0], fx.Node) \
-                and isinstance(node.args[0].meta.get("val"), torch.Tensor) and storage_key(node.args[0].meta["val"]) == key:
-            node = node.args[0]
+        def source(n: fx.Node) -> Optional[fx.Node]:  # its first argument, where that is in the storage
+            first = n.args[0] if n.op == "call_function" and n.args else None
+            val = first.meta.get("val") if isinstance(first, fx.Node) else None
+            return first if isinstance(val, torch.Tensor) and storage_key(val) == key else None
+
+        while node is not None and source(node) is not None:
+            node = source(node)
         return self.placeholder_names.get(node)
 
     def shared_inputs(self) -> list[list[str]]:
@@ -504,10 +509,9 @@ class Converter(ValueBuilder):
                 continue
             key = storage_key(val)
             layout = dict(shape=tuple(val.shape), stride=tuple(val.stride()))
-            if key in self.input_storage and val.dtype == self.input_meta[self.storage_owner(item, val)].dtype:
-                name = self.storage_owner(item, val)
-                rel = self.input_view(name, val).offset
-                specs.append(OutputSpec("input_alias", name=name, offset=rel, **layout))
+            owner = self.storage_owner(item, val) if key in self.input_storage else None
+            if owner is not None and val.dtype == self.input_meta[owner].dtype:
+                specs.append(OutputSpec("input_alias", name=owner, offset=self.input_view(owner, val).offset, **layout))
             elif key in computed_storage:
                 j = computed_storage[key]
                 specs.append(OutputSpec("output_alias", index=j, offset=val.storage_offset(), **layout))

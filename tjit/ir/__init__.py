@@ -5,7 +5,7 @@ from .graph import (Const, Contiguous, Cumulative, Dot, Elementwise, Extern, Ext
                     covered_memory, format_graph, toposort)
 from .ops import NO_GRAD, OPS, OpDef, op_def
 from .strategy import Auto, AxisStrategy, Sequential, Thread, ThreadGroup
-from .view import View, contiguous_strides
+from .view import View, contiguous_strides, nested_axes, strides_nest
 
 __all__ = [
     "DType", "View", "contiguous_strides", "AxisStrategy", "Auto", "Sequential", "Thread", "ThreadGroup",

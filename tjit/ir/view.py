@@ -26,6 +26,32 @@ def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+def nested_axes(view: "View"):
+    """(axis order by decreasing stride, sizes, strides) of the view's non-unit axes, or None
+    unless each stride is positive and steps past everything the smaller ones reach (then no
+    two indices share an address, and the axes nest as a dense tensor's do, with gaps). Not
+    nested: two elements share memory (an expanded tensor, overlapping windows), or the
+    strides interleave (as_strided((3, 3), (2, 3)) reaches 9 addresses, none twice)."""
+    kept = [d for d, n in enumerate(view.shape) if n != 1]
+    if any(view.strides[d] <= 0 for d in kept):
+        return None
+    order = sorted(kept, key=lambda d: -view.strides[d])
+    sizes = [view.shape[d] for d in order]
+    strides = [view.strides[d] for d in order]
+    return (order, sizes, strides) if strides_nest(sizes, strides) else None
+
+
+def strides_nest(sizes: Sequence[int], strides: Sequence[int]) -> bool:
+    """Sorted by decreasing stride, no two index tuples reach the same offset: every stride
+    is larger than the span of the axes after it."""
+    span = 0
+    for n, s in reversed(list(zip(sizes, strides))):
+        if s <= span:
+            return False
+        span += (n - 1) * s
+    return True
+
+
 @dataclass(frozen=True)
 class View:
     shape: tuple[int, ...]

@@ -274,10 +274,15 @@ def stage_hazardous_reads(stores: list[Store]) -> list[Store]:
                                     note=f"copies {name} {_shown(leaf.view)} before a later kernel writes {name} "
                                          f"{_shown(store.target.mutation.view)}: a program there could overwrite "
                                          "what another still has to read"))
-                store.value = buffer if store.value is leaf else read_from_buffers(store.value, {id(leaf): buffer})
+                _read_copy(store, leaf, buffer)
             store.note = _in_place_note(store, bool(hazardous))
         staged.append(store)
     return staged
+
+
+def _read_copy(store: Store, leaf: GraphNode, buffer: GraphNode) -> None:
+    """The store reads `buffer`, a staged copy of `leaf`, wherever it read `leaf`."""
+    store.value = buffer if store.value is leaf else read_from_buffers(store.value, {id(leaf): buffer})
 
 
 def _value_staged(store: Store) -> Store:
@@ -331,8 +336,7 @@ def _stage_older_reads(stores: list[Store]) -> list[Store]:
                 staged.append(Store(BufferTarget(buffers[id(leaf)]), leaf, Domain(leaf.shape),
                                     note=f"copies {buffer_of(leaf).op.name} {_shown(leaf.view)} as it was before "
                                          "a write: a kernel reads both this and the written contents"))
-            store.value = read_from_buffers(store.value, {id(leaf): buffers[id(leaf)]}) \
-                if store.value is not leaf else buffers[id(leaf)]
+            _read_copy(store, leaf, buffers[id(leaf)])
         staged.append(store)
     return staged
 

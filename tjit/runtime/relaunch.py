@@ -3,10 +3,11 @@
 `kernel[grid](*args)` runs Triton's JITFunction.run on every call: it binds the arguments,
 computes the specialisation of each (divisibility by 16, ints equal to 1) and looks the binary
 up. On an H100 under cProfile (an MLP block in bfloat16, 3 launches and 2 library calls
-per call): 75 us per launch, a call host-bound at 407 us against 137 us of GPU kernels. A tjit launch's ints are fixed for its Program and
-its pointers' types by the call's guard, so what Triton would specialise on comes down to the
-pointers' alignment: the executor keys the binary by that (and the device) and launches it
-again through the binary's own launcher, as JITFunction.run itself does after its lookup.
+per call): 75 us per launch, a call host-bound at 407 us against 137 us of GPU kernels. A
+tjit launch's ints are fixed for its Program and its pointers' types by the call's guard,
+so what Triton would specialise on comes down to the pointers' alignment: the executor keys
+the binary by that (and the device) and launches it again through the binary's own
+launcher, as JITFunction.run itself does after its lookup.
 
 Only where this Triton's CompiledKernel has the launcher interface that JITFunction.run
 uses (Triton 3.4 on: `knobs`, `run`, `function`, `packed_metadata`), and never while launch

@@ -556,6 +556,47 @@ def test_linear_cross_entropy_never_writes_the_logits(dtype):
     assert "generated (tl.dot), fuses _log_softmax over its rows" in str(explanation)
 
 
+def _probabilities(scores, lse):
+    return torch.exp(scores - lse[..., None])
+
+
+TRANSPOSED_NESTED = {  # (function, input shapes, the nested product's elements)
+    # a linear's weight gradient under cross-entropy: (softmax(h @ w.T) - one-hot).T @ h
+    "weight_gradient": (lambda h, w, lse, target: ((_probabilities(h @ w.T, lse) - F.one_hot(target, w.shape[0]))
+                                                   / h.shape[0]).T @ h,
+                        [(150, 40), (300, 40), (150,), (150,)], 150 * 300),
+    # attention's dV = P.T @ dO, the probabilities recomputed from the scores and the rows' logsumexp
+    "attention_values": (lambda q, k, lse, do: _probabilities(q @ k.transpose(-1, -2) * 0.15, lse).transpose(-1, -2) @ do,
+                         [(2, 3, 70, 40), (2, 3, 150, 40), (2, 3, 70), (2, 3, 70, 24)], 2 * 3 * 70 * 150),
+    # a batched input under one shared weight: the transposed product reads the weight at every batch index
+    "shared_weight": (lambda h, w, lse: torch.sigmoid(h @ w.T - lse[..., None]).transpose(1, 2) @ h,
+                      [(2, 75, 40), (300, 40), (2, 75)], 2 * 75 * 300),
+}
+
+
+@pytest.mark.parametrize("name", TRANSPOSED_NESTED)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_transposed_product_is_computed_on_the_next_products_tiles(name, dtype):
+    """f(a @ b).T @ c, where the transpose cannot be pushed into a @ b as it is: the operand
+    computes the transposed product, b.T @ a.T, on its tiles (a nested k loop), so nothing of
+    the product is written (the backward of linear + cross-entropy and of attention need this
+    form: their gradients' rows are the product's columns). Rows, columns and both k loops
+    span several tiles and steps."""
+    fn, shapes, product_elements = TRANSPOSED_NESTED[name]
+    args = [torch.randn(shape).to(dtype) / 3 for shape in shapes]
+    if name == "weight_gradient":
+        args[-1] = torch.randint(0, 300, (150,))
+        args[2] = torch.logsumexp((args[0] @ args[1].T).float(), -1).to(dtype)
+    compiled = check(fn, *args)
+    assert steps(compiled, *args) == (1, 0)
+    explanation = tjit.explain(compiled, *args)
+    out = compiled(*args)
+    (kernel,) = explanation.kernels
+    assert kernel.source.count("tl.dot(") == 2
+    assert kernel.bytes_written == out.numel() * out.element_size()  # the result, nothing of the product
+    assert explanation.memory.slab_size < product_elements * args[0].element_size() / 8
+
+
 def test_a_target_out_of_range_raises_as_in_eager():
     h, w, target = torch.randn(2, 75, 40), torch.randn(300, 40), torch.randint(0, 300, (2, 75))
     target[1, 40] = 300

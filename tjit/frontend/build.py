@@ -36,6 +36,9 @@ class ValueBuilder:
         self.indices_checked = indices_checked
         self._view_memo: dict[tuple, GraphNode] = {}
         self._copies = 0  # materialisations made so far (a view pushed into an expression counts them)
+        # whether a view that swaps a product's rows and columns builds the transposed
+        # product (frontend/dot.py's view_of_dot); only while view_transposing_products runs
+        self.transposing_products = False
 
     def const(self, value, dtype: DType) -> GraphNode:
         return self.b.const(_coerce_scalar(value, dtype), dtype)
@@ -188,6 +191,18 @@ class ValueBuilder:
                 back = tuple(dims.index(d) for d in range(len(dims)))
                 self._view_memo.setdefault((id(found), ("permute", back)), node)
         return found
+
+    def view_transposing_products(self, node: GraphNode, desc: ViewFn) -> GraphNode:
+        """The view of node's expression with the products in it computed transposed
+        (b.T @ a.T) where the view swaps their rows and columns, instead of written to memory
+        and read through the view. The memo is left as it was: other views of those products
+        still read them from memory."""
+        memo = dict(self._view_memo)
+        self.transposing_products = True
+        try:
+            return self._view_uncached(node, desc)
+        finally:
+            self._view_memo, self.transposing_products = memo, False
 
     def _view_uncached(self, node: GraphNode, desc: ViewFn) -> GraphNode:
         if isinstance(node.op, Iota):

@@ -64,7 +64,44 @@ def _operand(vb, x: GraphNode, nests: bool) -> GraphNode:
     (the statistics come from a buffer their reduction's kernel writes); in a's prologue,
     also of products whose rows are a's rows and whose columns are a's k (attention's
     probabilities computed from the scores q @ k.T tile by tile: `nests`)."""
+    transposed = _products_transposed(vb, x) if nests else None
+    if transposed is not None and is_prologue(transposed, nests):
+        return transposed
     return x if is_prologue(x, nests) else in_memory(vb, x)
+
+
+def _products_transposed(vb, x: GraphNode) -> Optional[GraphNode]:
+    """x's expression with each read of a product's result through a transposed view (the
+    view could not be pushed into the product, so its expression was written to memory)
+    replaced by that expression computed transposed, its products as b.T @ a.T, which x's
+    product can then compute on its tiles: the gradient of a linear's weight under
+    cross-entropy, softmax(h @ w.T).T @ h, never writes the logits. None where x reads no
+    such view."""
+    if not isinstance(x.op, Elementwise):
+        return None
+    new: dict[int, GraphNode] = {}
+    for n in toposort([x], stop=_prologue_leaf):
+        if not _prologue_leaf(n):
+            new[id(n)] = vb.b.node(n.op, n.dtype, tuple(new[id(s)] for s in n.src), n.view)
+        elif _transposed_product_read(n):
+            rank = len(n.shape)
+            new[id(n)] = vb.view_transposing_products(n.src[0].src[0], ("permute", (*range(rank - 2), rank - 1, rank - 2)))
+        else:
+            new[id(n)] = n
+    return None if new[id(x)] is x else new[id(x)]
+
+
+def _transposed_product_read(n: GraphNode) -> bool:
+    """n reads a written expression that computes a product, through a view that swaps its
+    last two axes."""
+    if not (isinstance(n.op, ViewOp) and isinstance(n.src[0].op, Contiguous) and len(n.shape) >= 2):
+        return False
+    written = n.src[0]
+    rank = len(n.shape)
+    if len(written.shape) != rank:
+        return False
+    swapped = View.contiguous(written.shape).permute((*range(rank - 2), rank - 1, rank - 2))
+    return n.view == swapped and any(isinstance(m.op, Dot) for m in toposort([written.src[0]], stop=_prologue_leaf))
 
 
 def is_prologue(x: GraphNode, nests: bool = False) -> bool:
@@ -115,10 +152,14 @@ def view_of_dot(vb, node: GraphNode, desc: tuple) -> Optional[GraphNode]:
         if any(d >= rank - 2 for d in batch):
             return None
         if dims[-2:] != (rank - 2, rank - 1):
-            # a transposed product (b.T @ a.T) is not built: where the product is also read
-            # as it is (a residual stream read by a norm, and transposed by token mixing) it
-            # would be computed twice, where its memory read through a transposed view is free
-            return None
+            # a transposed product (b.T @ a.T) is built only for an operand that computes it on
+            # its tiles (_operand): elsewhere, where the product is also read as it is (a
+            # residual stream read by a norm, and transposed by token mixing), it would be
+            # computed twice, where its memory read through a transposed view is free
+            if not vb.transposing_products or dims[-2:] != (rank - 1, rank - 2):
+                return None
+            b_transposed = vb.view(b, ("permute", (1, 0))) if len(b.shape) == 2 else vb.view(b, desc)
+            return dot(vb, b_transposed, vb.view(a, desc))
         return dot(vb, vb.view(a, desc), b if shared else vb.view(b, desc))
     if kind in ("slice", "select"):
         d = args[0] % rank

@@ -243,6 +243,24 @@ def test_attention_never_writes_its_probabilities(name, dtype):
     _assert_probabilities_never_written(compiled, args, copies)
 
 
+@pytest.mark.parametrize("batch", [(2, 1), (1, 1), (1, 2)])
+@pytest.mark.parametrize("mask", ["causal", "tril_times"])
+def test_attention_with_batch_axes_of_size_one(batch, mask):
+    """A coordinate on a nested product's tile (a causal mask from tril) with a batch axis of
+    size 1: the kernel drops that axis, and the coordinate's batch terms took the names of
+    the rows' and columns' indices (wrong results with size 1 before the rows, a crash
+    after them)."""
+    def causal(q, k, v):
+        return torch.softmax(_causal(q @ k.transpose(-1, -2) * 0.2), -1) @ v
+
+    def tril_times(q, k, v):
+        return ((q @ k.transpose(-1, -2)) * torch.ones(q.shape[-2], k.shape[-2]).tril()) @ v
+    fn = causal if mask == "causal" else tril_times
+    args = [torch.randn(*batch, 70, 40), torch.randn(*batch, 150, 40), torch.randn(*batch, 150, 40)]
+    compiled = check(fn, *args)
+    assert steps(compiled, *args) == (1, 0)
+
+
 def _assert_probabilities_never_written(compiled, args, copies=0):
     """Beside the output and `copies` (bytes of copied inputs), the kernels write the rows'
     max and sum only: less than 1/8 of the (queries x keys) probabilities."""

@@ -1096,9 +1096,13 @@ class _Emitter(GridReductionEmitter):
     def _tile_coordinate(self, node: GraphNode, axes: tuple["TileAxis", "TileAxis"]) -> str:
         """An Iota's value on an operand's tile: its offset plus each index times its stride,
         the tile's own indices on its last two axes (the contraction's steps on one)."""
-        indices = [f"i{d}" for d in range(len(node.shape) - 2)] + [axis.index for axis in axes]
+        # (the batch axes by their index in the kernel, which drops axes of size 1: the names
+        # i0, i1, .. count the kept axes only)
+        kept = [d for d in range(len(node.shape) - 2) if node.shape[d] != 1]
+        indices = [(f"i{j}", node.view.strides[d]) for j, d in enumerate(kept)]
+        indices += [(axis.index, st) for axis, st in zip(axes, node.view.strides[-2:])]
         terms = [f"tl.full([], {node.view.offset}, {'tl.int64' if self.int64 else 'tl.int32'})"]
-        terms += [index if st == 1 else f"{index} * {st}" for index, st in zip(indices, node.view.strides) if st]
+        terms += [index if st == 1 else f"{index} * {st}" for index, st in indices if st]
         return f"({' + '.join(terms)}).to({tl_dtype(node.dtype)})"
 
     @staticmethod

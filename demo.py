@@ -330,6 +330,37 @@ def demo_autograd() -> None:
           f"{tjit.counters.launches - before} launch(es) forward and backward")
 
 
+def linear_cross_entropy(h, w, target):
+    """an LM head's loss: the (tokens x vocab) logits only reduced"""
+    return torch.nn.functional.cross_entropy(h @ w.t(), target)
+
+
+def demo_fused_training() -> None:
+    header("training without the logits: cross_entropy(h @ w.T, target).backward(), h and w requiring grad")
+    tokens, vocab, width = 256, 1000, 64
+    args = (rand(tokens, width), 0.1 * rand(vocab, width), torch.randint(0, vocab, (tokens,), device=DEVICE))
+    leaves_ = lambda: [a.clone().requires_grad_(a.is_floating_point()) for a in args]  # noqa: E731
+    compiled = tjit.compile(linear_cross_entropy)
+    mine, theirs = leaves_(), leaves_()
+    before = tjit.counters.snapshot()
+    loss = compiled(*mine)
+    tape = tjit.memory.stats()["tape_bytes"]
+    loss.backward()
+    linear_cross_entropy(*theirs).backward()
+    for name, a, b in zip("hw", mine, theirs):
+        torch.testing.assert_close(a.grad, b.grad, msg=lambda m: f"grad of {name}: {m}")
+    ex = tjit.explain(compiled, *leaves_())
+    logits = tokens * vocab * 4
+    written = sum(k.bytes_written for k in ex.kernels + ex.backward.kernels)
+    print("\n".join(ex.matmuls))
+    print("matches eager:   yes (the loss and the gradients of h and w)")
+    print(f"kernels:         forward {len(ex.kernels)}, backward {len(ex.backward.kernels)}, library calls "
+          f"{tjit.counters.library_calls - before['library_calls']} (each backward kernel computes the logits again "
+          "on its tiles: dlogits @ w, and dlogits.T @ h with the logits computed transposed)")
+    print(f"memory:          the logits are {logits:,} B; the kernels wrote {written:,} B in all (the gradients "
+          f"{(tokens + vocab) * width * 4:,} B of it); the tape held {tape:,} B between forward and backward")
+
+
 def _eager_saved_bytes(fn, args) -> int:
     seen = {}
     with torch.autograd.graph.saved_tensors_hooks(
@@ -383,6 +414,7 @@ def main() -> int:
     for k, (title, fn, make_args) in enumerate(EXAMPLES, 1):
         demo_one(k, title, fn, make_args)
     demo_autograd()
+    demo_fused_training()
 
     header('the same functions through torch.compile(fn, backend="tjit")')
     for _, fn, make_args in EXAMPLES:

@@ -271,6 +271,69 @@ def _assert_probabilities_never_written(compiled, args, copies=0):
     assert explanation.memory.slab_size - copies < probabilities / 8
 
 
+def _gradients(fn, args, grad_inputs: int, incoming, precision=None) -> list:
+    """The gradients of fn's first `grad_inputs` arguments (in `precision`, where given) for
+    the incoming gradient `incoming`."""
+    leaves = [a.to(precision or a.dtype, copy=True) for a in args]
+    for leaf in leaves[:grad_inputs]:
+        leaf.requires_grad_()
+    fn(*leaves).backward(incoming.to(precision or incoming.dtype))
+    return [leaf.grad for leaf in leaves[:grad_inputs]]
+
+
+# (function, backward kernels): fewer value columns place dV into v's gradient by a kernel of
+# its own (a product's store into a slice of a wider buffer is not built), and dV, narrower
+# than dK, takes a kernel of its own too. (A head width of 24 was not used: the forward's
+# float32 kernel spills 8 bytes at sm_90 there, with or without gradients.)
+ATTENTION_TRAINING = {"scaled": (ATTENTION["scaled"][0], 3), "additive_mask": (ATTENTION["additive_mask"][0], 3),
+                      "causal": (ATTENTION["causal"][0], 3),
+                      "fewer_value_columns": (lambda q, k, v: _scaled_attention(q, k, v[..., :17]), 5)}
+
+
+@pytest.mark.parametrize("name", ATTENTION_TRAINING)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_training_never_writes_its_probabilities(name, dtype):
+    """Flash attention's training step, found by fusion: the scores are recomputed instead of
+    saved (Dot.recomputed), so the forward's kernels write the output and the rows' max and
+    sum, and the backward's products compute the scores and dP = dO @ V.T on their tiles
+    (dV = P.T @ dO and dK = dS.T @ Q with them transposed, in one kernel; dQ = dS @ K; the
+    rows' sum of dP * P): 3 backward kernels, no library call, and nothing of the (queries x
+    keys) probabilities written or held. Gradients of q, k and v match eager (16-bit: no
+    further from float64 than twice eager's own error). Queries span several row tiles, keys
+    several steps and the head width two inner steps, and the scores are larger than q and
+    k together (what makes recomputing them worth it). Small: the interpreter runs these
+    kernels slowly."""
+    fn, kernels = ATTENTION_TRAINING[name]
+    q, k, v = torch.randn(1, 2, 64, 32), torch.randn(1, 2, 96, 32), torch.randn(1, 2, 96, 32)
+    args = [t.to(dtype) for t in (q, k, v, *[torch.randn(64, 96) for _ in ATTENTION[name][1]])]
+    incoming = torch.randn(fn(*args).shape).to(dtype)
+    compiled = tjit.compile(fn)
+    calls = tjit.counters.library_calls
+    got = _gradients(compiled, args, 3, incoming)
+    assert tjit.counters.library_calls == calls
+    eager = _gradients(fn, args, 3, incoming)
+    exact = _gradients(fn, args, 3, incoming, torch.float64)
+    for g, e, x in zip(got, eager, exact):
+        assert g.dtype == e.dtype
+        if dtype is torch.float32:
+            torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5 * e.abs().max().item())
+        else:
+            assert _largest((g.double() - x).abs()) <= 2 * _largest((e.double() - x).abs()) + 1e-3
+    leaves = [a.clone().requires_grad_(n < 3) for n, a in enumerate(args)]
+    explanation = tjit.explain(compiled, *leaves)
+    probabilities = 2 * 64 * 96 * args[0].element_size()
+    assert len(explanation.backward.kernels) == kernels
+    assert not explanation.backward.library_calls
+    # the kernels over the scores' shape write rows' values only
+    over_scores = [k for kernel in (explanation.kernels, explanation.backward.kernels) for k in kernel
+                   if k.shape[-2:] == (64, 96)]
+    assert over_scores and sum(k.bytes_written for k in over_scores) < probabilities / 8
+    if name != "fewer_value_columns":  # (which holds v's slice, and dV before it is placed: v's size)
+        alive = explanation.peak_memory.alive_at_peak
+        extra = explanation.peak_memory.peak - sum(alive.get(kind, 0) for kind in ("gradient", "output", "incoming gradient"))
+        assert extra < probabilities / 8, alive
+
+
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(data=st.data())
 def test_random_attention_shapes(data):
@@ -613,6 +676,46 @@ def test_a_transposed_product_is_computed_on_the_next_products_tiles(name, dtype
     assert kernel.source.count("tl.dot(") == 2
     assert kernel.bytes_written == out.numel() * out.element_size()  # the result, nothing of the product
     assert explanation.memory.slab_size < product_elements * args[0].element_size() / 8
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_linear_cross_entropy_training_never_writes_the_logits(dtype):
+    """Forward and backward of cross_entropy(h @ w.T): the logits are not saved for the
+    backward (only the rows' statistics); each gradient is a generated product whose operand
+    recomputes the logits on its tiles (dlogits @ w, and dlogits.T @ h with the logits
+    computed transposed): 1 kernel forward, 2 backward, no library call, and the step's
+    writes and extra memory beside the gradients under 1/8 of the logits. Gradients match
+    eager (16-bit: no further from float64 than twice eager's own error)."""
+    h, w = torch.randn(2, 75, 40).to(dtype), (torch.randn(300, 40) / 6).to(dtype)
+    target = torch.randint(0, 300, (2, 75))
+    target[0, ::7] = -100
+    compiled = tjit.compile(linear_cross_entropy)
+    grads = {}
+    for name, fn, precision in (("tjit", compiled, dtype), ("eager", linear_cross_entropy, dtype),
+                                ("exact", linear_cross_entropy, torch.float64)):
+        leaves = [x.to(precision, copy=True).requires_grad_() for x in (h, w)]
+        calls = tjit.counters.library_calls
+        fn(*leaves, target).backward()
+        assert name != "tjit" or tjit.counters.library_calls == calls
+        grads[name] = [leaf.grad for leaf in leaves]
+    for got, eager, exact in zip(grads["tjit"], grads["eager"], grads["exact"]):
+        assert got.dtype == eager.dtype
+        if dtype is torch.float32:
+            torch.testing.assert_close(got, eager, rtol=1e-4, atol=1e-5 * eager.abs().max().item())
+        else:
+            assert _largest((got.double() - exact).abs()) <= 2 * _largest((eager.double() - exact).abs()) + 1e-3
+    leaves = [h.clone().requires_grad_(), w.clone().requires_grad_()]
+    explanation = tjit.explain(compiled, *leaves, target)
+    logits = 150 * 300 * h.element_size()
+    assert len(explanation.kernels) == 1 and len(explanation.backward.kernels) == 2
+    assert all("tl.dot(" in k.source for k in explanation.backward.kernels)
+    gradients = sum(leaf.numel() * leaf.element_size() for leaf in leaves)
+    written = sum(k.bytes_written for k in explanation.kernels + explanation.backward.kernels)
+    assert written - gradients < logits / 8
+    alive = explanation.peak_memory.alive_at_peak
+    extra = explanation.peak_memory.peak - sum(alive.get(kind, 0) for kind in ("gradient", "output", "incoming gradient"))
+    assert extra < logits / 8, alive
+    assert "its gradients recompute it" in str(explanation)
 
 
 def test_a_target_out_of_range_raises_as_in_eager():

@@ -212,6 +212,8 @@ class _Recompute:
                 copy = self.vb.b.input(name, n.dtype, _saved_view(n, self.output_strides.get(name)))
             elif isinstance(n.op, Input):
                 copy = self.vb.b.input(n.op.name, n.dtype, n.view, n.op.version)
+            elif isinstance(n.op, Elementwise) and n.op.op == "index_in_range":
+                copy = self.memo[id(n.src[0])]  # (the forward checked it: the backward runs after it did)
             else:
                 copy = self.vb.b.node(n.op, n.dtype, [self.memo[id(s)] for s in n.src], n.view)
             self.memo[id(n)] = copy
@@ -348,10 +350,11 @@ def _choose_saved(plan: AutogradPlan, read: list[GraphNode], mutated: set[str]) 
         flow.add_edge(("in", id(node)), ("out", id(node)), capacity=_cost(node, output_of, mutated))
         for s in node.src:
             flow.add_edge(("out", id(s)), ("in", id(node)))  # no capacity: never cut
-        if isinstance(node.op, (Input, Dot)) or _is_total(node) or _is_library_result(node) or _is_buffer(node):
+        if isinstance(node.op, Input) or isinstance(node.op, Dot) and not node.op.recomputed or \
+                _is_total(node) or _is_library_result(node) or _is_buffer(node):
             # a total, a matrix product, a library call's result or a buffer: saved (or what
             # it feeds), never recomputed (a product would cost the backward its multiply-adds
-            # again, as a library call's would)
+            # again, as a library call's would), but for a product marked recomputed (Dot)
             flow.add_edge("inputs", ("in", id(node)))
     for node in read:
         flow.add_edge(("out", id(node)), "backward")

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
 from ..errors import UnsupportedOpError
-from ..frontend.dot import library_product
+from ..frontend.dot import dot, library_product, tileable
 from ..frontend.library import in_memory
 from ..ir import (Const, Contiguous, Cumulative, Dot, DType, Elementwise, Extern, Gather, GraphNode, Input, Iota, Reduce,
-                  Scatter, ViewOp, Window)
+                  Scatter, ViewOp, Window, toposort)
 from ..ir.ops import NO_GRAD, define_gradient, op_def
 from .algebra import LN2, TWO_OVER_SQRT_PI, Algebra
 from .library_grad import library_gradient
@@ -45,16 +45,20 @@ MAX_ONE_HOT_WORK = 64
 
 def _dot(alg: Algebra, node: GraphNode, grad: GraphNode, value: ValueOf) -> Grads:
     """As eager's matmul backward: grad @ b.T and a.T @ grad, in the operands' type, by
-    library products. A shared b's gradient is one product over all of a's rows. An operand
+    library products, or generated ones where grad or a computes a product
+    (_generated_gradients). A shared b's gradient is one product over all of a's rows. An operand
     that is a transposed view of its memory (a linear's weight) gets its gradient as the
     transposed product, transposed back, as ATen's mm backward does: written in the layout of
     the operand's memory, it needs no transposing copy to become the parameter's gradient."""
     a, b = (value(s) for s in node.src)
     vb = alg.vb
+    last_two = lambda x: vb.view(x, ("permute", tuple(range(len(x.shape) - 2)) + (len(x.shape) - 1, len(x.shape) - 2)))
+    g = alg.cast(grad, a.dtype)
+    if (_computes_products(g) or _computes_products(a)) and tileable(a.shape) and tileable(b.shape):
+        return _generated_gradients(alg, g, a, b, last_two)
     # both products read g: in memory once, then through views (a transposed view of an
     # expression would be written again, transposed)
-    g = in_memory(vb, alg.cast(grad, a.dtype))
-    last_two = lambda x: vb.view(x, ("permute", tuple(range(len(x.shape) - 2)) + (len(x.shape) - 1, len(x.shape) - 2)))
+    g = in_memory(vb, g)
     if _columns_in_memory(a) and len(b.shape) == len(a.shape):
         grad_a = last_two(library_product(vb, b, last_two(g)))
     else:
@@ -66,6 +70,30 @@ def _dot(alg: Algebra, node: GraphNode, grad: GraphNode, value: ValueOf) -> Grad
     else:
         grad_b = library_product(vb, last_two(a), g)
     return [grad_a, grad_b]
+
+
+def _generated_gradients(alg: Algebra, g: GraphNode, a: GraphNode, b: GraphNode, last_two) -> Grads:
+    """A product's gradients where g or a computes a product itself (a product of the
+    forward recomputed rather than saved: cross-entropy's logits, attention's scores under
+    its probabilities): generated products whose a operand computes it on its tiles, so
+    neither it nor g is written. a's gradient is g @ b.T, left a product that what reads it
+    can compute on its tiles too (attention's dP = dO @ V.T, read by the scores' gradient);
+    b's is a.T @ g, or (g.T @ a).T where g computes the products (over all of a's rows where
+    one b serves every batch index), the transposed operand computing them transposed
+    (frontend/dot.py)."""
+    vb = alg.vb
+    grad_a = dot(vb, g, last_two(b))
+    if len(b.shape) == 2 < len(a.shape):
+        a, g = (vb.view(x, ("reshape", (math.prod(x.shape[:-1]), x.shape[-1]))) for x in (a, g))
+    # (cast before the transposing view: the product is written once, in b's type)
+    grad_b = last_two(alg.cast(dot(vb, last_two(g), a), b.dtype)) if _computes_products(g) else \
+        alg.cast(dot(vb, last_two(a), g), b.dtype)
+    return [alg.cast(grad_a, a.dtype), grad_b]
+
+
+def _computes_products(x: GraphNode) -> bool:
+    """Whether x's expression computes a matrix product (not read from memory)."""
+    return any(isinstance(n.op, Dot) for n in toposort([x], stop=lambda n: n.is_leaf or isinstance(n.op, Contiguous)))
 
 
 def _columns_in_memory(x: GraphNode) -> bool:

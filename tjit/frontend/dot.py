@@ -26,10 +26,11 @@ def tileable(shape: tuple) -> bool:
     return len(shape) >= 2 and shape[-2] != 1 and shape[-1] != 1
 
 
-def dot(vb, a: GraphNode, b: GraphNode, nests: bool = True) -> GraphNode:
+def dot(vb, a: GraphNode, b: GraphNode, nests: bool = True, recomputed: bool = False) -> GraphNode:
     """a @ b over the last two axes, batched over the others (broadcast to one batch shape),
     as an IR Dot: float32, its operands read from memory or computed on their tiles (a's
-    computing products too where `nests` and b's columns are few: `nests_products`)."""
+    computing products too where `nests` and b's columns are few: `nests_products`);
+    `recomputed`: see Dot."""
     batch = tuple(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
     a = vb.expand_to(_operand(vb, a, nests=nests and nests_products(b.shape[-1])), batch + a.shape[-2:])
     b = _operand(vb, b, nests=False)
@@ -40,7 +41,7 @@ def dot(vb, a: GraphNode, b: GraphNode, nests: bool = True) -> GraphNode:
         b = vb.expand_to(b, batch + b.shape[-2:])
     shape = batch + (a.shape[-2], b.shape[-1])
     assert a.shape[-1] == b.shape[-2] and tileable(shape), (a.shape, b.shape)
-    return vb.b.node(Dot(), DType.float32, (a, b), View.contiguous(shape))
+    return vb.b.node(Dot(recomputed), DType.float32, (a, b), View.contiguous(shape))
 
 
 PROLOGUE_LOADS = 6  # the most memory reads an operand computed on its tiles makes
@@ -128,8 +129,23 @@ def _nestable(product: GraphNode, shape: tuple) -> bool:
     return product.shape == shape and all(not isinstance(s.op, Elementwise) or is_prologue(s) for s in product.src)
 
 
+def recomputed_by_backward(x: GraphNode) -> bool:
+    """Whether every product x's expression computes is one the backward computes again
+    (Dot.recomputed): a differentiated product may then compute them on its tiles too
+    (attention's probabilities from its scores), as the forward need not write them."""
+    return all(n.op.recomputed for n in toposort([x], stop=_prologue_leaf) if isinstance(n.op, Dot))
+
+
 def _prologue_leaf(n: GraphNode) -> bool:
     return n.is_leaf or isinstance(n.op, (Contiguous, Dot)) or isinstance(n.op, ViewOp) and isinstance(n.src[0].op, Reduce)
+
+
+def larger_than_operands(a_shape: tuple, b_shape: tuple) -> bool:
+    """Whether a @ b has more elements than a and b together (cross-entropy's logits over a
+    vocabulary, attention's scores over more keys than twice the head width): recomputing
+    it from them in the backward then reads less than saving it would write."""
+    rows, k, columns = math.prod(a_shape[:-1]), a_shape[-1], b_shape[-1]
+    return rows * columns > rows * k + math.prod(b_shape)
 
 
 def view_of_dot(vb, node: GraphNode, desc: tuple) -> Optional[GraphNode]:
@@ -144,6 +160,7 @@ def view_of_dot(vb, node: GraphNode, desc: tuple) -> Optional[GraphNode]:
     if new is None or not tileable(new.shape):
         return None
     a, b = node.src
+    recomputed = node.op.recomputed
     rank, shared = len(node.shape), len(b.shape) == 2 < len(node.shape)
     kind, *args = desc
     if kind == "permute":
@@ -159,29 +176,30 @@ def view_of_dot(vb, node: GraphNode, desc: tuple) -> Optional[GraphNode]:
             if not vb.transposing_products or dims[-2:] != (rank - 1, rank - 2):
                 return None
             b_transposed = vb.view(b, ("permute", (1, 0))) if len(b.shape) == 2 else vb.view(b, desc)
-            return dot(vb, b_transposed, vb.view(a, desc))
-        return dot(vb, vb.view(a, desc), b if shared else vb.view(b, desc))
+            return dot(vb, b_transposed, vb.view(a, desc), recomputed=recomputed)
+        return dot(vb, vb.view(a, desc), b if shared else vb.view(b, desc), recomputed=recomputed)
     if kind in ("slice", "select"):
         d = args[0] % rank
         if d < rank - 2:
-            return dot(vb, vb.view(a, desc), b if shared else vb.view(b, desc))
+            return dot(vb, vb.view(a, desc), b if shared else vb.view(b, desc), recomputed=recomputed)
         if d == rank - 2:
-            return dot(vb, vb.view(a, desc), b)
-        return dot(vb, a, vb.view(b, (kind, len(b.shape) - 1, *args[1:])))
+            return dot(vb, vb.view(a, desc), b, recomputed=recomputed)
+        return dot(vb, a, vb.view(b, (kind, len(b.shape) - 1, *args[1:])), recomputed=recomputed)
     if kind in ("reshape", "unsqueeze", "squeeze"):
-        return _reshaped(vb, a, b, node.shape, new.shape, shared)
+        return _reshaped(vb, a, b, node.shape, new.shape, shared, recomputed)
     return None
 
 
-def _reshaped(vb, a: GraphNode, b: GraphNode, shape: tuple, new: tuple, shared: bool) -> Optional[GraphNode]:
+def _reshaped(vb, a: GraphNode, b: GraphNode, shape: tuple, new: tuple, shared: bool,
+              recomputed: bool) -> Optional[GraphNode]:
     """The product of `shape` reshaped to `new`: its batch axes alone (both operands'), or
     its rows split or merged with the columns kept, where b is one matrix for every row."""
     if new[-2:] == shape[-2:]:  # the batch axes only
         return dot(vb, vb.view(a, ("reshape", new[:-2] + a.shape[-2:])),
-                   b if shared or len(b.shape) == 2 else vb.view(b, ("reshape", new[:-2] + b.shape[-2:])))
+                   b if shared or len(b.shape) == 2 else vb.view(b, ("reshape", new[:-2] + b.shape[-2:])), recomputed=recomputed)
     if new[-1] != shape[-1] or not (shared or len(b.shape) == 2):
         return None
-    return dot(vb, vb.view(a, ("reshape", new[:-1] + a.shape[-1:])), b)
+    return dot(vb, vb.view(a, ("reshape", new[:-1] + a.shape[-1:])), b, recomputed=recomputed)
 
 
 def library_product(vb, x: GraphNode, y: GraphNode) -> GraphNode:

@@ -119,7 +119,13 @@ class Dot:
     stride-0 axis of an operand's view). Both operands are leaves read from memory, of one
     floating type; the node's type is float32, the accumulator's (the frontend casts the
     result to torch's type, after the fused epilogue). Lowered to tl.dot over tiles of m
-    and n with k looped (lower/codegen.py), in a kernel of its own domain (lower/domains.py)."""
+    and n with k looped (lower/codegen.py), in a kernel of its own domain (lower/domains.py).
+
+    `recomputed`: the backward computes it again from its operands instead of reading it
+    saved (autograd/backward.py's cut): the frontend sets it on a product a reduction of its
+    rows reads, larger than its operands, which are memory (cross-entropy's logits,
+    attention's scores): no forward kernel then needs to write it."""
+    recomputed: bool = False
 
 
 @dataclass(frozen=True, eq=False)

@@ -718,6 +718,22 @@ def test_linear_cross_entropy_training_never_writes_the_logits(dtype):
     assert "its gradients recompute it" in str(explanation)
 
 
+def test_linear_cross_entropy_training_over_wide_rows_writes_the_logits_gradient_once():
+    """With more hidden columns than a product computing others on its tiles may have
+    (NESTED_COLUMNS), the backward writes the logits' gradient once, recomputing the logits
+    in that kernel, and both gradient products read it (it was written twice, once per
+    product, the second transposed); the forward still saves no logits."""
+    h, w, target = torch.randn(300, 160), torch.randn(1200, 160) / 13, torch.randint(0, 1200, (300,))
+    compiled = tjit.compile(linear_cross_entropy)
+    got = _gradients(compiled, [h, w, target], 2, torch.tensor(1.0))
+    for g, e in zip(got, _gradients(linear_cross_entropy, [h, w, target], 2, torch.tensor(1.0))):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5 * e.abs().max().item())
+    explanation = tjit.explain(compiled, h.clone().requires_grad_(), w.clone().requires_grad_(), target)
+    logits = 300 * 1200 * 4
+    assert sum(k.bytes_written for k in explanation.kernels) < logits / 8
+    assert explanation.backward.memory.slab_size == logits
+
+
 def test_a_target_out_of_range_raises_as_in_eager():
     h, w, target = torch.randn(2, 75, 40), torch.randn(300, 40), torch.randint(0, 300, (2, 75))
     target[1, 40] = 300

@@ -26,13 +26,17 @@ def tileable(shape: tuple) -> bool:
     return len(shape) >= 2 and shape[-2] != 1 and shape[-1] != 1
 
 
-def dot(vb, a: GraphNode, b: GraphNode, nests: bool = True, recomputed: bool = False) -> GraphNode:
+def dot(vb, a: GraphNode, b: GraphNode, nests: bool = True, recomputed: bool = False,
+        nests_recomputed_only: bool = False) -> GraphNode:
     """a @ b over the last two axes, batched over the others (broadcast to one batch shape),
     as an IR Dot: float32, its operands read from memory or computed on their tiles (a's
-    computing products too where `nests` and b's columns are few: `nests_products`);
+    computing products too where `nests` and b's columns are few: `nests_products`; only
+    products the backward recomputes, with `nests_recomputed_only`: a differentiated
+    product's, whose operand's other products the forward writes for the backward anyway);
     `recomputed`: see Dot."""
     batch = tuple(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
-    a = vb.expand_to(_operand(vb, a, nests=nests and nests_products(b.shape[-1])), batch + a.shape[-2:])
+    a = _operand(vb, a, nests and nests_products(b.shape[-1]), nests_recomputed_only)
+    a = vb.expand_to(a, batch + a.shape[-2:])
     b = _operand(vb, b, nests=False)
     if all(n == 1 or st == 0 for n, st in zip(b.shape[:-2], b.view.strides[:-2])):
         while len(b.shape) > 2:  # the same matrix for every batch index
@@ -58,17 +62,18 @@ def nests_products(columns: int) -> bool:
     return columns <= NESTED_COLUMNS
 
 
-def _operand(vb, x: GraphNode, nests: bool) -> GraphNode:
+def _operand(vb, x: GraphNode, nests: bool, recomputed_only: bool = False) -> GraphNode:
     """x as a product reads it: memory, or an elementwise expression of a few reads of memory,
     literals and row values of reductions (a cast, a scale, a norm's normalisation from its
     row statistics: a prologue), which the product's kernel computes on each tile it loads
     (the statistics come from a buffer their reduction's kernel writes); in a's prologue,
     also of products whose rows are a's rows and whose columns are a's k (attention's
     probabilities computed from the scores q @ k.T tile by tile: `nests`)."""
+    computed = lambda y: is_prologue(y, nests) and (not recomputed_only or recomputed_by_backward(y))  # noqa: E731
     transposed = _products_transposed(vb, x) if nests else None
-    if transposed is not None and is_prologue(transposed, nests):
+    if transposed is not None and computed(transposed):
         return transposed
-    return x if is_prologue(x, nests) else in_memory(vb, x)
+    return x if computed(x) else in_memory(vb, x)
 
 
 def _products_transposed(vb, x: GraphNode) -> Optional[GraphNode]:

@@ -176,11 +176,12 @@ def _product(cv, node: fx.Node, args: tuple, kwargs: dict, a: GraphNode, b: Grap
     if not generated:
         return library_call(cv, node, node.target, args, kwargs)
     # (differentiated, a nested product's value would be saved for the backward anyway,
-    # unless the backward computes it again too; and where a reduction of the rows reads
-    # the product, each pass over its column tiles would compute the nested products again)
+    # unless the backward computes it again too (nests_recomputed_only); and where a
+    # reduction of the rows reads the product, each pass over its column tiles would compute
+    # the nested products again)
     reduces_rows = _fusing_reader(node)[1]
-    nests = (not differentiated or recomputed_by_backward(a)) and not reduces_rows
-    value = dot(cv, a, b, nests=nests, recomputed=differentiated and recomputed(a, b, reduces_rows))
+    value = dot(cv, a, b, nests=not reduces_rows, recomputed=differentiated and recomputed(a, b, reduces_rows),
+                nests_recomputed_only=differentiated)
     if alpha != 1:
         value = cv.elementwise("mul", [value, cv.expand_to(cv.const(alpha, DType.float32), value.shape)],
                                DType.float32)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
 from ..errors import UnsupportedOpError
-from ..frontend.dot import dot, library_product, nests_products, tileable
+from ..frontend.dot import dot, is_prologue, library_product, nests_products, tileable
 from ..frontend.library import in_memory
 from ..ir import (Const, Contiguous, Cumulative, Dot, DType, Elementwise, Extern, Gather, GraphNode, Input, Iota, Reduce,
                   Scatter, ViewOp, Window, toposort)
@@ -55,9 +55,9 @@ def _dot(alg: Algebra, node: GraphNode, grad: GraphNode, value: ValueOf) -> Grad
     last_two = lambda x: vb.view(x, ("permute", tuple(range(len(x.shape) - 2)) + (len(x.shape) - 1, len(x.shape) - 2)))
     g = alg.cast(grad, a.dtype)
     # (where the gradients' operands cannot compute the products on their tiles, too many
-    # columns, g is written once and both products read it, as below)
-    nested = _computes_products(g) and nests_products(a.shape[-1]) or \
-        _computes_products(a) and nests_products(g.shape[-1])
+    # columns or reads, g is written once and both products read it, as below)
+    nested = _computes_products(g) and nests_products(a.shape[-1]) and is_prologue(g, nests=True) or \
+        _computes_products(a) and nests_products(g.shape[-1]) and is_prologue(a, nests=True)
     if nested and tileable(a.shape) and tileable(b.shape):
         return _generated_gradients(alg, g, a, b, last_two)
     # both products read g: in memory once, then through views (a transposed view of an

@@ -274,7 +274,7 @@ def _assert_probabilities_never_written(compiled, args, copies=0):
 def _gradients(fn, args, grad_inputs: int, incoming, precision=None) -> list:
     """The gradients of fn's first `grad_inputs` arguments (in `precision`, where given) for
     the incoming gradient `incoming`."""
-    leaves = [a.to(precision or a.dtype, copy=True) for a in args]
+    leaves = [a.to(precision, copy=True) if precision and a.is_floating_point() else a.clone() for a in args]
     for leaf in leaves[:grad_inputs]:
         leaf.requires_grad_()
     fn(*leaves).backward(incoming.to(precision or incoming.dtype))

@@ -206,4 +206,7 @@ def test_a_view_that_several_terms_cannot_take_copies_the_whole_expression_once(
     args = [torch.randn(2, 16, 48) for _ in range(3)] + [torch.randn(48, 8)]
     explained = tjit.explain(fn, *args)
     assert [n.shape for n in explained.graph.nodes() if isinstance(n.op, Contiguous)] == [(16, 2, 48)]
-    check_against_eager(fn, *args)
+    # (each output sums 48 products of exp, sin and cos values, each within an ulp of eager's:
+    # torch's default float32 tolerance failed about 1 draw in 100, before this test's
+    # subject changed anything; errors up to 2.5e-5 were measured over 300 draws)
+    torch.testing.assert_close(tjit.compile(fn)(*args), fn(*args), rtol=1e-5, atol=1e-4)

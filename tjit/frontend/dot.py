@@ -85,16 +85,20 @@ def _products_transposed(vb, x: GraphNode) -> Optional[GraphNode]:
     such view."""
     if not isinstance(x.op, Elementwise):
         return None
+    nodes = toposort([x], stop=_prologue_leaf)
+    reads = {id(n) for n in nodes if _prologue_leaf(n) and _transposed_product_read(n)}
+    if not reads:  # (every product's operand passes here: nothing is rebuilt for most)
+        return None
     new: dict[int, GraphNode] = {}
-    for n in toposort([x], stop=_prologue_leaf):
-        if not _prologue_leaf(n):
-            new[id(n)] = vb.b.node(n.op, n.dtype, tuple(new[id(s)] for s in n.src), n.view)
-        elif _transposed_product_read(n):
+    for n in nodes:
+        if id(n) in reads:
             rank = len(n.shape)
             new[id(n)] = vb.view_transposing_products(n.src[0].src[0], ("permute", (*range(rank - 2), rank - 1, rank - 2)))
-        else:
+        elif _prologue_leaf(n):
             new[id(n)] = n
-    return None if new[id(x)] is x else new[id(x)]
+        else:
+            new[id(n)] = vb.b.node(n.op, n.dtype, tuple(new[id(s)] for s in n.src), n.view)
+    return new[id(x)]
 
 
 def _transposed_product_read(n: GraphNode) -> bool:

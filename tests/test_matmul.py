@@ -281,6 +281,19 @@ def _gradients(fn, args, grad_inputs: int, incoming, precision=None) -> list:
     return [leaf.grad for leaf in leaves[:grad_inputs]]
 
 
+def _assert_gradients_match(got: list, eager: list, exact: list = ()) -> None:
+    """float32 gradients within rtol 1e-4 of eager's and 1e-5 of their largest magnitude;
+    16-bit ones no further from the float64 answer (`exact`) than twice eager's own largest
+    error, plus 1e-3."""
+    for k, (g, e) in enumerate(zip(got, eager)):
+        assert g.dtype == e.dtype
+        if g.dtype is torch.float32:
+            torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5 * e.abs().max().item())
+        else:
+            x = exact[k]
+            assert _largest((g.double() - x).abs()) <= 2 * _largest((e.double() - x).abs()) + 1e-3
+
+
 # (function, backward kernels): fewer value columns place dV into v's gradient by a kernel of
 # its own (a product's store into a slice of a wider buffer is not built), and dV, narrower
 # than dK, takes a kernel of its own too. (A head width of 24 was not used: the forward's
@@ -313,12 +326,7 @@ def test_attention_training_never_writes_its_probabilities(name, dtype):
     assert tjit.counters.library_calls == calls
     eager = _gradients(fn, args, 3, incoming)
     exact = _gradients(fn, args, 3, incoming, torch.float64)
-    for g, e, x in zip(got, eager, exact):
-        assert g.dtype == e.dtype
-        if dtype is torch.float32:
-            torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5 * e.abs().max().item())
-        else:
-            assert _largest((g.double() - x).abs()) <= 2 * _largest((e.double() - x).abs()) + 1e-3
+    _assert_gradients_match(got, eager, exact)
     leaves = [a.clone().requires_grad_(n < 3) for n, a in enumerate(args)]
     explanation = tjit.explain(compiled, *leaves)
     probabilities = 2 * 64 * 96 * args[0].element_size()
@@ -690,20 +698,12 @@ def test_linear_cross_entropy_training_never_writes_the_logits(dtype):
     target = torch.randint(0, 300, (2, 75))
     target[0, ::7] = -100
     compiled = tjit.compile(linear_cross_entropy)
-    grads = {}
-    for name, fn, precision in (("tjit", compiled, dtype), ("eager", linear_cross_entropy, dtype),
-                                ("exact", linear_cross_entropy, torch.float64)):
-        leaves = [x.to(precision, copy=True).requires_grad_() for x in (h, w)]
-        calls = tjit.counters.library_calls
-        fn(*leaves, target).backward()
-        assert name != "tjit" or tjit.counters.library_calls == calls
-        grads[name] = [leaf.grad for leaf in leaves]
-    for got, eager, exact in zip(grads["tjit"], grads["eager"], grads["exact"]):
-        assert got.dtype == eager.dtype
-        if dtype is torch.float32:
-            torch.testing.assert_close(got, eager, rtol=1e-4, atol=1e-5 * eager.abs().max().item())
-        else:
-            assert _largest((got.double() - exact).abs()) <= 2 * _largest((eager.double() - exact).abs()) + 1e-3
+    args, incoming = [h, w, target], torch.tensor(1.0).to(dtype)
+    calls = tjit.counters.library_calls
+    got = _gradients(compiled, args, 2, incoming)
+    assert tjit.counters.library_calls == calls
+    _assert_gradients_match(got, _gradients(linear_cross_entropy, args, 2, incoming),
+                            _gradients(linear_cross_entropy, args, 2, incoming, torch.float64))
     leaves = [h.clone().requires_grad_(), w.clone().requires_grad_()]
     explanation = tjit.explain(compiled, *leaves, target)
     logits = 150 * 300 * h.element_size()
@@ -725,9 +725,8 @@ def test_linear_cross_entropy_training_over_wide_rows_writes_the_logits_gradient
     product, the second transposed); the forward still saves no logits."""
     h, w, target = torch.randn(300, 160), torch.randn(1200, 160) / 13, torch.randint(0, 1200, (300,))
     compiled = tjit.compile(linear_cross_entropy)
-    got = _gradients(compiled, [h, w, target], 2, torch.tensor(1.0))
-    for g, e in zip(got, _gradients(linear_cross_entropy, [h, w, target], 2, torch.tensor(1.0))):
-        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5 * e.abs().max().item())
+    _assert_gradients_match(_gradients(compiled, [h, w, target], 2, torch.tensor(1.0)),
+                            _gradients(linear_cross_entropy, [h, w, target], 2, torch.tensor(1.0)))
     explanation = tjit.explain(compiled, h.clone().requires_grad_(), w.clone().requires_grad_(), target)
     logits = 300 * 1200 * 4
     assert sum(k.bytes_written for k in explanation.kernels) < logits / 8

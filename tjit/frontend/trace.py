@@ -249,8 +249,11 @@ def trace(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozenset = fr
     def with_tensors(*traced):
         it = iter(traced)
         values = {name: (next(it) if isinstance(v, torch.Tensor) else v) for name, v in flat}
-        result = _call_with(fn, args, kwargs, flat, values)
-        watch.note_custom_functions(result)
+        # the modes watch the function's own calls only: around make_fx's set-up (fake copies of
+        # the inputs) they would see hundreds of calls per trace
+        with watch, FunctionalCells():
+            result = _call_with(fn, args, kwargs, flat, values)
+            watch.note_custom_functions(result)
         returned.append(tree_flatten(result)[1])
         return result
 
@@ -260,7 +263,7 @@ def trace(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozenset = fr
     # parameters that require grad in place, which grad mode forbids
     grad_mode = torch.enable_grad() if torch.is_grad_enabled() else torch.no_grad()
     try:
-        with grad_mode, watch, FunctionalCells():
+        with grad_mode:
             gm = fake_trace(with_tensors, [t.detach().requires_grad_(name in requires_grad)
                                            for name, t in zip(tensor_names, tensors)])
     except (UnsupportedOpError, EagerError):  # (EagerError: eager's error for these inputs, raised by a decomposition)

@@ -7,6 +7,7 @@ hashing O(1) however deep the DAG is.
 """
 from __future__ import annotations
 
+import functools
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
@@ -299,6 +300,21 @@ def toposort(roots: Iterable[GraphNode], stop: Optional[Callable[[GraphNode], bo
             if stop is None or not stop(node):
                 stack.extend((s, False) for s in reversed(node.src) if id(s) not in seen)
     return order
+
+
+def per_node(walk: Callable[[GraphNode], list]) -> Callable[[GraphNode], list]:
+    """`walk` computed once per node: nodes are immutable, so what a walk down from one finds
+    never changes (lowering asks the same of a store's expression many times). The cache
+    holds nodes weakly, and each call gets its own list."""
+    found: "weakref.WeakKeyDictionary[GraphNode, tuple]" = weakref.WeakKeyDictionary()
+
+    @functools.wraps(walk)
+    def cached(node: GraphNode) -> list:
+        result = found.get(node)
+        if result is None:
+            result = found[node] = tuple(walk(node))
+        return list(result)
+    return cached
 
 
 def covered_memory(node: GraphNode) -> Optional[GraphNode]:

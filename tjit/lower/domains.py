@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..ir import (Const, Contiguous, Cumulative, Dot, Elementwise, Extern, Gather, GraphBuilder, GraphNode, Input, Iota, Reduce,
-                  View, ViewOp, toposort)
+                  View, ViewOp, per_node, toposort)
 
 
 @dataclass(frozen=True)
@@ -117,12 +117,14 @@ def is_kernel_input(node: GraphNode) -> bool:
     return node.is_leaf or isinstance(node.op, Contiguous)
 
 
+@per_node
 def reduces_in(value: GraphNode) -> list[GraphNode]:
     """Reductions and scans a store's fused expression computes, nearest the store first."""
     nodes = toposort([value], stop=is_kernel_input)
     return [n for n in reversed(nodes) if isinstance(n.op, (Reduce, Cumulative))]
 
 
+@per_node
 def dots_in(value: GraphNode) -> list[GraphNode]:
     """The matrix products a store's fused expression computes (a product that an operand
     computes on its tiles is part of that product's work: not listed)."""

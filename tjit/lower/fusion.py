@@ -18,7 +18,7 @@ from typing import Optional, Union
 from ..analysis.addresses import disjoint
 from ..errors import TjitError
 from ..ir import (Contiguous, Cumulative, Dot, Extern, ExternCall, Gather, Graph, GraphNode, Input, Mutation, Reduce, Scatter,
-                  View, ViewOp, toposort)
+                  View, ViewOp, per_node, toposort)
 from .domains import (Copies, Domain, Placement, aligned_permutation, domain_of_reduce, dots_in, is_kernel_input, product_key,
                       read_from_buffers, reduces_in, reshaped_expression, splits_into, store_domain, totals_fit,
                       totals_of)
@@ -98,6 +98,7 @@ class ExternStep:
     level: int = 0
 
 
+@per_node
 def expression_leaves(value: GraphNode) -> list[GraphNode]:
     """The kernel inputs a store's fused expression reads."""
     return [n for n in toposort([value], stop=is_kernel_input) if is_kernel_input(n)]

@@ -511,21 +511,29 @@ def _sink_buffers(stores: list[Store], edges: dict[int, list], levels: dict[int,
     """A buffer written early and read late holds its memory in between (a backward that
     recomputes forward values at its start for its last kernels): its store joins the
     latest kernel of its domain that still runs before its first reader, if there is one
-    (so no kernel is added, and its own may go)."""
+    (so no kernel is added, and its own may go). A fill that reads no memory (the zeros an
+    embedding's gradient is scattered into) may also join the latest level with a pointwise
+    kernel, whose launch it then shares (horizontal.py): the table is allocated closer to the
+    scatter, as eager allocates it, rather than at the backward's start."""
     readers: dict[int, list[tuple[int, bool]]] = {}  # store id -> (id of a store or call reading it, strict?)
     for item, deps in edges.items():
         for dep, strict in deps:
             readers.setdefault(id(dep), []).append((item, strict))
     levels = dict(levels)
     kernels = collections.Counter((levels[id(s)], s.domain) for s in stores)
+    pointwise = collections.Counter(levels[id(s)] for s in stores if not s.domain.axes and not s.domain.dot)
     buffers = [s for s in stores if isinstance(s.target, BufferTarget) and id(s) in readers]
     for store in sorted(buffers, key=lambda s: -levels[id(s)]):  # the last first: what it reads may follow it
         level = levels[id(store)]
         latest = min(levels[reader] - strict for reader, strict in readers[id(store)])
-        later = [k for k in range(latest, level, -1) if kernels[(k, store.domain)]]
+        fill = not store.domain.axes and all(buffer_of(leaf) is None for leaf in expression_leaves(store.value))
+        later = [k for k in range(latest, level, -1) if kernels[(k, store.domain)] or (fill and pointwise[k])]
         if later:
             kernels[(level, store.domain)] -= 1
             kernels[(later[0], store.domain)] += 1
+            if not store.domain.axes and not store.domain.dot:
+                pointwise[level] -= 1
+                pointwise[later[0]] += 1
             levels[id(store)] = later[0]
     return levels
 

@@ -190,3 +190,43 @@ def test_an_embedding_gradient_is_allocated_after_the_layers_above_it_are_differ
     events = [e for e in tjit.explain(compiled, *args).peak_memory.events if "backward step" in e.where]
     allocated = [e.what for e in events if e.bytes > 0]
     assert allocated.index("output grad_table") > allocated.index("aten.mm.default result 0"), allocated
+
+
+def postnorm_layers(x, weights, norm_weights, norm_biases):
+    """A post-norm residual stream (BERT's): x = layer_norm(x + linear(x)) per layer."""
+    for w, g, b in zip(weights, norm_weights, norm_biases):
+        x = F.layer_norm(x + F.linear(x, w), x.shape[-1:], g, b)
+    return x.sum()
+
+
+def postnorm_args(layers, shape):
+    x = torch.randn(*shape)
+    weights = [(torch.randn(40, 40) / 7).requires_grad_() for _ in range(layers)]
+    norm_weights = [torch.randn(40).requires_grad_() for _ in range(layers)]
+    norm_biases = [torch.randn(40).requires_grad_() for _ in range(layers)]
+    return x, weights, norm_weights, norm_biases
+
+
+@pytest.mark.usefixtures("library_matmuls")  # (about the buffers written for library calls)
+@pytest.mark.parametrize("shape", [(64, 40), (4, 16, 40)], ids=["rows", "batch_rows"])
+def test_a_residual_streams_values_and_gradients_are_read_from_the_buffers_written_for_its_linears(shape):
+    """Each layer's input (and the gradient flowing down the stream) is written to memory for
+    a linear (as [b*t, d] where the stream is [b, t, d]). The backward reads each layer's
+    value and gradient there, and each row's first element (layer_norm's shift) through a
+    view of it, rather than computing them again from the saved values of every layer below
+    (or above): its slab then does not grow with the depth, as each layer's gradient rows
+    and norm-weight gradients are done with at that layer."""
+    compiled = tjit.compile(postnorm_layers)
+    args = postnorm_args(6, shape)
+    params = [p for group in args[1:] for p in group]
+    compiled(*args).backward()
+    got = [p.grad for p in params]
+    for p in params:
+        p.grad = None
+    postnorm_layers(*args).backward()
+    for g, p in zip(got, params):  # (sums over rows in another order than eager's)
+        torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-4)
+    rows = 64 * 40 * 4
+    two, six = backward_slab(compiled, postnorm_args(2, shape)), backward_slab(compiled, args)
+    # held to the end, each layer's [64, 40] gradient rows would add 4 * rows at least
+    assert six - two < 2 * rows, (two, six)

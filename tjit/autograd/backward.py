@@ -24,8 +24,8 @@ import torch
 from ..errors import UnsupportedOpError
 from ..frontend.build import ValueBuilder
 from ..frontend.library import joint_library_call_gradient
-from ..ir import (Contiguous, Dot, DType, Elementwise, Extern, Graph, GraphNode, Input, Reduce, View, contiguous_strides,
-                  covered_memory, toposort)
+from ..ir import (Contiguous, Dot, DType, Elementwise, Extern, Graph, GraphNode, Input, Reduce, View, ViewOp,
+                  contiguous_strides, covered_memory, toposort)
 from .accumulate import total_gradient
 from .algebra import Algebra
 from .complex import as_call_result, complex_vjp, touches_complex
@@ -104,7 +104,7 @@ def plan_autograd(graph: Graph, grad_inputs, eager: Optional[dict[str, frozenset
     plan = AutogradPlan(graph, tuple(grad_inputs), outputs, {}, (), (),
                         {name: eager[name] for name in outputs} if eager is not None else {})
     contiguous = {name: (graph.outputs[name].shape, None, graph.outputs[name].dtype.torch) for name in outputs}
-    recomputing = _Recompute(_ViewTracking(), {})
+    recomputing = _Recompute(_ViewTracking(), {}, view_sources=graph.view_sources)  # (reads as the backward's)
     grads = _sweep(Algebra(recomputing.vb), plan, contiguous, recomputing, needs)
     roots = [n for dense, scattered in grads.values()
              for n in [dense] + [v for s in scattered for v in (s.index, s.values)] if n is not None]
@@ -132,7 +132,8 @@ def backward_graph(plan: AutogradPlan, layouts: dict[str, GradLayout],
     alg = Algebra(vb)
     needs = _needs_grad(plan.graph, set(plan.grad_inputs))
     strides = {**saved_layouts(plan), **(output_strides or {})}
-    grads = _sweep(alg, plan, layouts, _Recompute(vb, plan._saved_ids, strides, _saved_copies(plan)), needs)
+    recompute = _Recompute(vb, plan._saved_ids, strides, _saved_copies(plan), plan.graph.view_sources)
+    grads = _sweep(alg, plan, layouts, recompute, needs)
     outputs = {}
     for name, (dense, scattered) in grads.items():
         node = plan.graph.input_node(name)
@@ -155,7 +156,17 @@ def _saved_copies(plan: AutogradPlan) -> dict[int, GraphNode]:
     backward, not recomputed from every earlier step's saved values: work and source that
     would grow with the square of the steps."""
     kept = [*plan.saved.values(), *(plan.graph.outputs[name] for name in plan.saved_outputs)]
-    return {id(c.src[0]): c for c in kept if isinstance(c.op, Contiguous) and c.dtype == c.src[0].dtype}
+    return {id(_buffer_of_reshape(c).src[0]): c for c in kept
+            if isinstance(_buffer_of_reshape(c).op, Contiguous) and c.dtype == _buffer_of_reshape(c).src[0].dtype}
+
+
+def _buffer_of_reshape(node: GraphNode) -> GraphNode:
+    """The buffer that node reshapes (a linear's [b*t, d] operand written as [b, t, d]
+    activations: frontend/library.py's in_memory), or node itself."""
+    if isinstance(node.op, ViewOp) and isinstance(node.src[0].op, Contiguous) and \
+            node.view == View.contiguous(node.shape) and node.view.numel == node.src[0].view.numel:
+        return node.src[0]
+    return node
 
 
 def saved_layouts(plan: AutogradPlan) -> dict[str, tuple[int, ...]]:
@@ -189,24 +200,47 @@ class _Recompute:
     or read from what the forward saved."""
 
     def __init__(self, vb: ValueBuilder, saved: dict[int, str], output_strides: Optional[dict] = None,
-                 copies: Optional[dict[int, GraphNode]] = None):
+                 copies: Optional[dict[int, GraphNode]] = None, view_sources: Optional[dict] = None):
         """output_strides: the layout each forward output is returned in (eager's, not always
         contiguous): a saved output is read in it. copies: see _saved_copies; a value with a
-        saved copy is read from the copy."""
+        saved copy is read from the copy. view_sources: Graph.view_sources; a view of a value
+        that is saved (or has a saved copy) is read through that view of it, not computed
+        from the value's leaves (a norm's shift, the first element of each row of a
+        residual stream's value: from every layer below, else)."""
         self.vb, self.saved, self.output_strides = vb, saved, output_strides or {}
         self.copies = copies or {}
+        self.view_sources = view_sources or {}
+        self._viewing: set[int] = set()  # nodes being built as views of their sources
         self.memo: dict[int, GraphNode] = {}
+
+    def _viewed_saved(self, node: GraphNode) -> Optional[tuple]:
+        """(value, view) when node computes a view of a value and is not kept itself."""
+        if id(node) in self.saved or id(node) in self.copies:
+            return None
+        found = self.view_sources.get(id(node))
+        # (hash-consing can make two values views of each other: a squeeze of an unsqueeze)
+        return None if found is None or id(found[0]) in self._viewing else found
 
     def __call__(self, node: GraphNode) -> GraphNode:
         found = self.memo.get(id(node))
         if found is not None:
             return found
-        done = lambda n: id(n) in self.memo or id(n) in self.saved or id(n) in self.copies  # noqa: E731
+        done = lambda n: id(n) in self.memo or id(n) in self.saved or id(n) in self.copies or \
+            self._viewed_saved(n) is not None  # noqa: E731
         for n in toposort([node], stop=done):
             if id(n) in self.memo:
                 continue
-            if id(n) in self.copies and id(n) not in self.saved:
+            viewed = self._viewed_saved(n)
+            if viewed is not None:
+                self._viewing.add(id(n))
+                try:
+                    copy = self.vb.view(self(viewed[0]), viewed[1])
+                finally:
+                    self._viewing.discard(id(n))
+            elif id(n) in self.copies and id(n) not in self.saved:
                 copy = self(self.copies[id(n)])  # (saved: read as an input, no deeper)
+                if copy.shape != n.shape:  # (a copy written for a reshape of n: _saved_copies)
+                    copy = self.vb.view(copy, ("reshape", n.shape))
             elif id(n) in self.saved:
                 name = self.saved[id(n)]
                 copy = self.vb.b.input(name, n.dtype, _saved_view(n, self.output_strides.get(name)))

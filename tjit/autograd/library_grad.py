@@ -193,6 +193,7 @@ class FormulaConverter(Converter):
         # (the formula's indexed reads are its own: their indices are checked, and negative
         # ones wrapped, as in any traced function; a backward's own gathers are known in range)
         self.b = vb.b
+        self.view_sources = vb.view_sources  # (a reshaped gradient is written in its own shape: library.in_memory)
         self.forward_node, self.forward_value = node, value
 
     def gradients(self, grad: GraphNode, wrt: tuple[int, ...]) -> list[Optional[GraphNode]]:

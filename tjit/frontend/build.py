@@ -35,6 +35,9 @@ class ValueBuilder:
         self.b = builder or GraphBuilder()
         self.indices_checked = indices_checked
         self._view_memo: dict[tuple, GraphNode] = {}
+        # id of an expression a view was pushed into -> (the viewed value, the view): the
+        # expression computes that view of the value from the value's own leaves
+        self.view_sources: dict[int, tuple[GraphNode, ViewFn]] = {}
         self._copies = 0  # materialisations made so far (a view pushed into an expression counts them)
         # whether a view that swaps a product's rows and columns builds the transposed
         # product (frontend/dot.py's view_of_dot); only while view_transposing_products runs
@@ -174,6 +177,12 @@ class ValueBuilder:
         """How many leaves in memory node's fused expression reads."""
         return sum(_reads_memory(n) for n in toposort([node], stop=_reads_memory))
 
+    def reshaped_from(self, node: GraphNode) -> Optional[GraphNode]:
+        """The computed value whose reshape node's expression is (built by pushing the reshape
+        into it), if it is one."""
+        source, desc = self.view_sources.get(id(node), (None, ("",)))
+        return source if desc[0] == "reshape" else None
+
     def materialize(self, node: GraphNode) -> GraphNode:
         if isinstance(node.op, (Contiguous, Input, Const, Extern)):
             return node
@@ -186,6 +195,8 @@ class ValueBuilder:
         found = self._view_memo.get(key)
         if found is None:
             found = self._view_memo[key] = self._view_uncached(node, desc)
+            if isinstance(found.op, Elementwise) and found is not node:
+                self.view_sources.setdefault(id(found), (node, desc))
             if desc[0] == "permute":  # permuted back, it is the node itself (not a copy of its expression)
                 dims = [d % len(desc[1]) for d in desc[1]] if desc[1] else []
                 back = tuple(dims.index(d) for d in range(len(dims)))

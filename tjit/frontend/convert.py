@@ -535,6 +535,7 @@ class Converter(ValueBuilder):
         specs = [replace(spec, device=item.meta["val"].device.type) if spec.kind != "constant" else spec
                  for spec, item in zip(specs, flat)]
         graph = self.b.finish(self.input_names, outputs, self.mutations, self.effects)
+        graph.view_sources = self.view_sources
         return Conversion(graph, specs, tree, self.constants, count_eager_kernels(self.gm),
                           matmul_choices=self.matmul_choices, shared_inputs=self.shared_inputs())
 

@@ -73,7 +73,9 @@ def _operand(vb, x: GraphNode, nests: bool, recomputed_only: bool = False) -> Gr
     transposed = _products_transposed(vb, x) if nests else None
     if transposed is not None and computed(transposed):
         return transposed
-    return x if computed(x) else in_memory(vb, x)
+    # (a generated product's operand is written as the product reads it: written in its own
+    # shape instead, phi's MLP kernel nested six products and spilled registers at sm_90)
+    return x if computed(x) else in_memory(vb, x, own_shape=False)
 
 
 def _products_transposed(vb, x: GraphNode) -> Optional[GraphNode]:

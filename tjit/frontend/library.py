@@ -205,13 +205,21 @@ def _same_strides(strides: tuple[int, ...], meta: torch.Tensor) -> bool:
     return all(size == 1 or a == b for size, a, b in zip(meta.shape, strides, meta.stride()))
 
 
-def in_memory(vb, value: GraphNode) -> GraphNode:
+def in_memory(vb, value: GraphNode, own_shape: bool = True) -> GraphNode:
     """The value as memory a library call can read: as it is when it already is memory (or a
-    view of it), else written to a buffer by a kernel (literals too)."""
+    view of it), else written to a buffer by a kernel (literals too). own_shape: a reshape
+    of a computed value is written in the value's shape (below)."""
     if reads_memory(value):
         return value
     if value.is_literal:
         return vb.b.node(Contiguous(), value.dtype, (value,), View.contiguous(value.shape))
+    source = vb.reshaped_from(value) if own_shape else None
+    if source is not None:
+        # a reshape of a computed value (a linear's [b*t, d] operand of [b, t, d] activations)
+        # is written in the value's own shape and read through the reshape: a kernel that needs
+        # the value itself then reads this buffer (lower/fusion.py: _read_earlier_buffers)
+        # rather than computing it again (a residual stream's gradient, from every layer above)
+        return vb.view(in_memory(vb, source), ("reshape", value.shape))
     return vb.materialize(value)
 
 

@@ -238,6 +238,10 @@ class Graph:
     # Inputs are held weakly: the graph is kept alive by what it computes, not by its inputs.
     _inputs: dict[str, "weakref.ref[GraphNode]"] = field(default_factory=dict, repr=False)
     effects: tuple[GraphNode, ...] = ()  # calls that return nothing, run for their checks (Extern index None)
+    # id of a node that computes a view of another value from that value's leaves (the view
+    # was pushed into the value's expression) -> (the value, the view): the backward reads
+    # the view of the value where the forward saved the value (autograd/backward.py)
+    view_sources: dict[int, tuple[GraphNode, tuple]] = field(default_factory=dict, repr=False)
 
     def input_node(self, name: str) -> Optional[GraphNode]:
         ref = self._inputs.get(name)

@@ -180,14 +180,15 @@ def collect_externs(graph: Graph) -> list[ExternStep]:
     return list(steps.values())
 
 
-def place_in_domains(stores: list[Store]) -> list[Store]:
+def place_in_domains(stores: list[Store], copies: Optional[Copies] = None) -> list[Store]:
     """Give every store its domain. A reduction (or gather) a store cannot keep in registers
     in its domain is written to a buffer by a store of its own, and that store reads the
     buffer; stores that can keep it in registers still do (softmax's max stays fused with
-    its sum even when another kernel also needs it)."""
+    its sum even when another kernel also needs it). copies: where the expressions it
+    rewrites note their originals."""
     buffers: dict[int, GraphNode] = {}  # the graph's node (a copy's original) -> the buffer it is written to
     products: dict[tuple, GraphNode] = {}  # product_key -> the buffer a Dot is written to
-    copies = Copies()
+    copies = copies if copies is not None else Copies()
     pending, placed = list(stores), []
     while pending:
         store = pending.pop(0)
@@ -357,7 +358,8 @@ def group_kernels(graph: Graph, unstored: frozenset = frozenset()) -> list[Union
     """Stores with the same domain and level share a kernel; library calls run between the
     kernels, in level order. unstored: outputs no kernel writes (see collect_stores)."""
     externs = collect_externs(graph)
-    stores = stage_hazardous_reads(place_in_domains(collect_stores(graph, unstored)))
+    copies = Copies()  # (so a later pass knows the copies placing makes for their originals)
+    stores = stage_hazardous_reads(place_in_domains(collect_stores(graph, unstored), copies))
     stores = without_overwritten_writes(stores, externs)
     edges = _dependencies(stores, externs)
     try:
@@ -369,7 +371,7 @@ def group_kernels(graph: Graph, unstored: frozenset = frozenset()) -> list[Union
     # the passes below move stores between kernels; with a write into an input, kernel order
     # also protects the input from early overwrites: the stores then stay as placed
     if not any(written_input(s) for s in stores):
-        if _read_earlier_buffers(stores, levels):  # (the levels still hold: each buffer read is of an earlier one)
+        if _read_earlier_buffers(stores, levels, copies):  # (the levels still hold: each buffer read is of an earlier one)
             edges = _dependencies(stores, externs)
         levels = _sink_buffers(stores, edges, levels)
         levels = _sink_outputs(stores, externs, levels)
@@ -377,7 +379,7 @@ def group_kernels(graph: Graph, unstored: frozenset = frozenset()) -> list[Union
         shared = _store_shared_values(stores, levels)
         if shared:
             stores += shared
-            _read_earlier_buffers(stores, levels)
+            _read_earlier_buffers(stores, levels, copies)
     groups: dict[tuple, KernelGroup] = {}
     for store in stores:
         key = (levels[id(store)], store.domain)
@@ -428,13 +430,16 @@ def _latest_other_reader(read_levels: list[int], own: int) -> int:
 RECOMPUTED_LOADS = 4  # a value computed from more loads than this is read from its buffer where one is written
 
 
-def _read_earlier_buffers(stores: list[Store], levels: dict[int, int]) -> bool:
+def _read_earlier_buffers(stores: list[Store], levels: dict[int, int], copies: Copies) -> bool:
     """A store whose expression computes a value that an earlier kernel writes to a buffer
     anyway (a matmul's operand) reads the buffer instead: an unrolled RNN's step computes
     its hidden state from the previous one, which the step's matmul read from memory, and
     recomputed, each step would compute every step before it. A product is never computed
-    again where its value is in a buffer. Whether any store changed."""
-    filled = {id(s.target.node.src[0]): (s.target.node, levels[id(s)]) for s in stores
+    again where its value is in a buffer. A copy that placing made (reading a row statistic
+    from a buffer where its kernel cannot compute it) computes its original's value, so it
+    reads its original's buffer too (`copies`). Whether any store changed."""
+    original = lambda node: id(copies.original(node))  # noqa: E731
+    filled = {original(s.target.node.src[0]): (s.target.node, levels[id(s)]) for s in stores
               if isinstance(s.target, BufferTarget) and s.target.node.src[0] is s.value
               and (len(expression_leaves(s.value)) > RECOMPUTED_LOADS or dots_in(s.value))}
     changed = False
@@ -445,9 +450,9 @@ def _read_earlier_buffers(stores: list[Store], levels: dict[int, int]) -> bool:
         online = store.domain.dot and not store.domain.axes
         earlier = {key: buffer for key, (buffer, level) in filled.items() if level < levels[id(store)]
                    and not (online and isinstance(buffer.src[0].op, Reduce))}
-        if earlier and any(id(n) in earlier and n is not store.value
+        if earlier and any(original(n) in earlier and n is not store.value
                            for n in toposort([store.value], stop=is_kernel_input)):
-            store.value = read_from_buffers(store.value, earlier)
+            store.value = read_from_buffers(store.value, earlier, copies)
             if store.totals:  # (the grid reductions of the new expression)
                 store.totals = tuple(totals_of(store.value))
             if store.domain.dot and not dots_in(store.value):  # (its products are read instead)

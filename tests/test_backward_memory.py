@@ -77,29 +77,34 @@ def prenorm_layers(x, weights, norm_weights, norm_biases):
     return x.sum()
 
 
-def layer_args(layers):
-    x = torch.randn(64, 40)
+def layer_args(layers, shape=(64, 40)):
+    x = torch.randn(*shape)
     weights = [(torch.randn(40, 40) / 7).requires_grad_() for _ in range(layers)]
     norm_weights = [torch.randn(40).requires_grad_() for _ in range(layers)]
     norm_biases = [torch.randn(40).requires_grad_() for _ in range(layers)]
     return x, weights, norm_weights, norm_biases
 
 
-def test_each_layers_norm_gradients_do_not_wait_for_the_last_layer():
-    compiled = tjit.compile(prenorm_layers)
-    args = layer_args(6)
+def assert_layers_match_eager_in_a_slab_that_does_not_grow(layers_fn, shape=(64, 40)):
+    """Gradients of six layers against eager's; the backward slab of six against two."""
+    compiled = tjit.compile(layers_fn)
+    args = layer_args(6, shape)
     params = [p for group in args[1:] for p in group]
     compiled(*args).backward()
     got = [p.grad for p in params]
     for p in params:
         p.grad = None
-    prenorm_layers(*args).backward()
+    layers_fn(*args).backward()
     for g, p in zip(got, params):  # (sums over rows in another order than eager's)
         torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-4)
     rows = 64 * 40 * 4
-    two, six = backward_slab(compiled, layer_args(2)), backward_slab(compiled, args)
+    two, six = backward_slab(compiled, layer_args(2, shape)), backward_slab(compiled, args)
     # held to the end, each layer's [64, 40] gradient rows would add 4 * rows at least
     assert six - two < 2 * rows, (two, six)
+
+
+def test_each_layers_norm_gradients_do_not_wait_for_the_last_layer():
+    assert_layers_match_eager_in_a_slab_that_does_not_grow(prenorm_layers)
 
 
 def test_one_matmul_result_contributing_twice_to_a_gradient():
@@ -199,14 +204,6 @@ def postnorm_layers(x, weights, norm_weights, norm_biases):
     return x.sum()
 
 
-def postnorm_args(layers, shape):
-    x = torch.randn(*shape)
-    weights = [(torch.randn(40, 40) / 7).requires_grad_() for _ in range(layers)]
-    norm_weights = [torch.randn(40).requires_grad_() for _ in range(layers)]
-    norm_biases = [torch.randn(40).requires_grad_() for _ in range(layers)]
-    return x, weights, norm_weights, norm_biases
-
-
 @pytest.mark.usefixtures("library_matmuls")  # (about the buffers written for library calls)
 @pytest.mark.parametrize("shape", [(64, 40), (4, 16, 40)], ids=["rows", "batch_rows"])
 def test_a_residual_streams_values_and_gradients_are_read_from_the_buffers_written_for_its_linears(shape):
@@ -216,17 +213,4 @@ def test_a_residual_streams_values_and_gradients_are_read_from_the_buffers_writt
     view of it, rather than computing them again from the saved values of every layer below
     (or above): its slab then does not grow with the depth, as each layer's gradient rows
     and norm-weight gradients are done with at that layer."""
-    compiled = tjit.compile(postnorm_layers)
-    args = postnorm_args(6, shape)
-    params = [p for group in args[1:] for p in group]
-    compiled(*args).backward()
-    got = [p.grad for p in params]
-    for p in params:
-        p.grad = None
-    postnorm_layers(*args).backward()
-    for g, p in zip(got, params):  # (sums over rows in another order than eager's)
-        torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-4)
-    rows = 64 * 40 * 4
-    two, six = backward_slab(compiled, postnorm_args(2, shape)), backward_slab(compiled, args)
-    # held to the end, each layer's [64, 40] gradient rows would add 4 * rows at least
-    assert six - two < 2 * rows, (two, six)
+    assert_layers_match_eager_in_a_slab_that_does_not_grow(postnorm_layers, shape)

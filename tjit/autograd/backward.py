@@ -151,13 +151,17 @@ def backward_graph(plan: AutogradPlan, layouts: dict[str, GradLayout],
 
 
 def _saved_copies(plan: AutogradPlan) -> dict[int, GraphNode]:
-    """id(n) -> a saved contiguous(n): n's values, kept anyway. A recurrent state written for
-    the next step's matmul (which the matmul's gradient reads) is then read back by the
-    backward, not recomputed from every earlier step's saved values: work and source that
-    would grow with the square of the steps."""
+    """id(n) -> a saved contiguous(n) (or a reshape of it): n's values, kept anyway. A
+    recurrent state written for the next step's matmul (which the matmul's gradient reads)
+    is then read back by the backward, not recomputed from every earlier step's saved
+    values: work and source that would grow with the square of the steps."""
     kept = [*plan.saved.values(), *(plan.graph.outputs[name] for name in plan.saved_outputs)]
-    return {id(_buffer_of_reshape(c).src[0]): c for c in kept
-            if isinstance(_buffer_of_reshape(c).op, Contiguous) and c.dtype == _buffer_of_reshape(c).src[0].dtype}
+    found = {}
+    for c in kept:  # (c may be a reshape of the copy: _buffer_of_reshape)
+        buffer = _buffer_of_reshape(c)
+        if isinstance(buffer.op, Contiguous) and c.dtype == buffer.src[0].dtype:
+            found[id(buffer.src[0])] = c
+    return found
 
 
 def _buffer_of_reshape(node: GraphNode) -> GraphNode:
@@ -203,17 +207,18 @@ class _Recompute:
                  copies: Optional[dict[int, GraphNode]] = None, view_sources: Optional[dict] = None):
         """output_strides: the layout each forward output is returned in (eager's, not always
         contiguous): a saved output is read in it. copies: see _saved_copies; a value with a
-        saved copy is read from the copy. view_sources: Graph.view_sources; a view of a value
-        that is saved (or has a saved copy) is read through that view of it, not computed
-        from the value's leaves (a norm's shift, the first element of each row of a
-        residual stream's value: from every layer below, else)."""
+        saved copy is read from the copy. view_sources: Graph.view_sources; a node that
+        computes a view of a value from the value's leaves is built as that view of the
+        value, as the value is got (a saved copy of a residual stream's value, read through
+        the view that picks a norm's shift, rather than the stream recomputed from every
+        layer below)."""
         self.vb, self.saved, self.output_strides = vb, saved, output_strides or {}
         self.copies = copies or {}
         self.view_sources = view_sources or {}
         self._viewing: set[int] = set()  # nodes being built as views of their sources
         self.memo: dict[int, GraphNode] = {}
 
-    def _viewed_saved(self, node: GraphNode) -> Optional[tuple]:
+    def _view_of(self, node: GraphNode) -> Optional[tuple]:
         """(value, view) when node computes a view of a value and is not kept itself."""
         if id(node) in self.saved or id(node) in self.copies:
             return None
@@ -226,11 +231,11 @@ class _Recompute:
         if found is not None:
             return found
         done = lambda n: id(n) in self.memo or id(n) in self.saved or id(n) in self.copies or \
-            self._viewed_saved(n) is not None  # noqa: E731
+            self._view_of(n) is not None  # noqa: E731
         for n in toposort([node], stop=done):
             if id(n) in self.memo:
                 continue
-            viewed = self._viewed_saved(n)
+            viewed = self._view_of(n)
             if viewed is not None:
                 self._viewing.add(id(n))
                 try:

@@ -239,8 +239,8 @@ class Graph:
     _inputs: dict[str, "weakref.ref[GraphNode]"] = field(default_factory=dict, repr=False)
     effects: tuple[GraphNode, ...] = ()  # calls that return nothing, run for their checks (Extern index None)
     # id of a node that computes a view of another value from that value's leaves (the view
-    # was pushed into the value's expression) -> (the value, the view): the backward reads
-    # the view of the value where the forward saved the value (autograd/backward.py)
+    # was pushed into the value's expression) -> (the value, the view): the backward builds
+    # it as that view of the value, which a saved copy may hold (autograd/backward.py)
     view_sources: dict[int, tuple[GraphNode, tuple]] = field(default_factory=dict, repr=False)
 
     def input_node(self, name: str) -> Optional[GraphNode]:

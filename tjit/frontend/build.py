@@ -180,8 +180,8 @@ class ValueBuilder:
     def reshaped_from(self, node: GraphNode) -> Optional[GraphNode]:
         """The computed value whose reshape node's expression is (built by pushing the reshape
         into it), if it is one."""
-        source, desc = self.view_sources.get(id(node), (None, ("",)))
-        return source if desc[0] == "reshape" else None
+        found = self.view_sources.get(id(node))
+        return found[0] if found is not None and found[1][0] == "reshape" else None
 
     def materialize(self, node: GraphNode) -> GraphNode:
         if isinstance(node.op, (Contiguous, Input, Const, Extern)):

@@ -535,7 +535,8 @@ class Converter(ValueBuilder):
         specs = [replace(spec, device=item.meta["val"].device.type) if spec.kind != "constant" else spec
                  for spec, item in zip(specs, flat)]
         graph = self.b.finish(self.input_names, outputs, self.mutations, self.effects)
-        graph.view_sources = self.view_sources
+        # (the graph's own nodes only: an id of a node that is gone may name a new one)
+        graph.view_sources = {id(n): self.view_sources[id(n)] for n in graph.nodes() if id(n) in self.view_sources}
         return Conversion(graph, specs, tree, self.constants, count_eager_kernels(self.gm),
                           matmul_choices=self.matmul_choices, shared_inputs=self.shared_inputs())
 

@@ -180,7 +180,7 @@ def collect_externs(graph: Graph) -> list[ExternStep]:
     return list(steps.values())
 
 
-def place_in_domains(stores: list[Store], copies: Optional[Copies] = None) -> list[Store]:
+def place_in_domains(stores: list[Store], copies: Copies) -> list[Store]:
     """Give every store its domain. A reduction (or gather) a store cannot keep in registers
     in its domain is written to a buffer by a store of its own, and that store reads the
     buffer; stores that can keep it in registers still do (softmax's max stays fused with
@@ -188,7 +188,6 @@ def place_in_domains(stores: list[Store], copies: Optional[Copies] = None) -> li
     rewrites note their originals."""
     buffers: dict[int, GraphNode] = {}  # the graph's node (a copy's original) -> the buffer it is written to
     products: dict[tuple, GraphNode] = {}  # product_key -> the buffer a Dot is written to
-    copies = copies if copies is not None else Copies()
     pending, placed = list(stores), []
     while pending:
         store = pending.pop(0)
@@ -526,17 +525,18 @@ def _sink_buffers(stores: list[Store], edges: dict[int, list], levels: dict[int,
             readers.setdefault(id(dep), []).append((item, strict))
     levels = dict(levels)
     kernels = collections.Counter((levels[id(s)], s.domain) for s in stores)
-    pointwise = collections.Counter(levels[id(s)] for s in stores if not s.domain.axes and not s.domain.dot)
+    plain = lambda domain: not domain.axes and not domain.dot  # noqa: E731  (a pointwise kernel's)
+    pointwise = collections.Counter(levels[id(s)] for s in stores if plain(s.domain))
     buffers = [s for s in stores if isinstance(s.target, BufferTarget) and id(s) in readers]
     for store in sorted(buffers, key=lambda s: -levels[id(s)]):  # the last first: what it reads may follow it
         level = levels[id(store)]
         latest = min(levels[reader] - strict for reader, strict in readers[id(store)])
-        fill = not store.domain.axes and all(buffer_of(leaf) is None for leaf in expression_leaves(store.value))
+        fill = plain(store.domain) and all(buffer_of(leaf) is None for leaf in expression_leaves(store.value))
         later = [k for k in range(latest, level, -1) if kernels[(k, store.domain)] or (fill and pointwise[k])]
         if later:
             kernels[(level, store.domain)] -= 1
             kernels[(later[0], store.domain)] += 1
-            if not store.domain.axes and not store.domain.dot:
+            if plain(store.domain):
                 pointwise[level] -= 1
                 pointwise[later[0]] += 1
             levels[id(store)] = later[0]

@@ -427,6 +427,20 @@ def test_attention_returning_its_probabilities_too():
     assert steps(compiled, *args) == (2, 0)
 
 
+def test_attention_returning_its_scores_with_as_many_keys_as_head_dimensions():
+    """The scores have the output's shape (70 x 40): a product kernel of that shape would
+    compute them both as its own tile (stored) and inside the output's k loop, which codegen
+    cannot; the stores take a kernel each (an assertion in codegen before)."""
+    def attention_and_scores(q, k, v):
+        s = q @ k.transpose(-1, -2) * 0.2
+        return torch.softmax(s, -1) @ v, s
+    args = (torch.randn(2, 3, 70, 40), torch.randn(2, 3, 40, 40), torch.randn(2, 3, 40, 40))
+    compiled = tjit.compile(attention_and_scores)
+    for got, expected in zip(compiled(*args), attention_and_scores(*args)):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+    assert steps(compiled, *args) == (2, 0)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_grouped_query_attention_by_broadcasting(dtype):
     """One head of keys and values for three query heads, broadcast: eager's bmm copies the

@@ -201,7 +201,7 @@ def store_domain(value: GraphNode) -> Placement:
         online = {id(r) for d in dots if (form := online_product(d)) is not None for r in form.reductions}
         return Placement(Domain(value.shape, dot=True), [r for r in reduces if id(r) not in online])
     if dots and reduces:
-        nested = _nested_products(dots)
+        nested = nested_products(dots)
         if nested:  # (each pass over a row's column tiles would compute them again: written once instead)
             return Placement(Domain(value.shape), nested)
         placement = _reduction_placement(value, reduces)
@@ -231,13 +231,13 @@ def _nested_products_read_again(dots: list[GraphNode]) -> list[GraphNode]:
     k loop, not both (it failed on the nested product's b, which the kernel's index cannot
     address)."""
     seen: dict[int, int] = {id(d): 1 for d in dots}
-    nested = _nested_products(dots)
+    nested = nested_products(dots)
     for n in nested:
         seen[id(n)] = seen.get(id(n), 0) + 1
     return list({id(n): n for n in nested if seen[id(n)] > 1}.values())
 
 
-def _nested_products(dots: list[GraphNode]) -> list[GraphNode]:
+def nested_products(dots: list[GraphNode]) -> list[GraphNode]:
     """The products the dots' a operands compute on their tiles, once per dot that does."""
     return [n for d in dots for n in toposort([d.src[0]], stop=is_kernel_input) if isinstance(n.op, Dot)]
 

@@ -19,9 +19,9 @@ from ..analysis.addresses import disjoint
 from ..errors import TjitError
 from ..ir import (Contiguous, Cumulative, Dot, Extern, ExternCall, Gather, Graph, GraphNode, Input, Mutation, Reduce, Scatter,
                   View, ViewOp, per_node, toposort)
-from .domains import (Copies, Domain, Placement, aligned_permutation, domain_of_reduce, dots_in, is_kernel_input, product_key,
-                      read_from_buffers, reduces_in, reshaped_expression, splits_into, store_domain, totals_fit,
-                      totals_of)
+from .domains import (Copies, Domain, Placement, aligned_permutation, domain_of_reduce, dots_in, is_kernel_input,
+                      nested_products, product_key, read_from_buffers, reduces_in, reshaped_expression, splits_into,
+                      store_domain, totals_fit, totals_of)
 from .hazards import gather_tables, reads_apart, reads_older_version, same_program_access, stage
 
 
@@ -381,12 +381,27 @@ def group_kernels(graph: Graph, unstored: frozenset = frozenset()) -> list[Union
             _read_earlier_buffers(stores, levels, copies)
     groups: dict[tuple, KernelGroup] = {}
     for store in stores:
-        key = (levels[id(store)], store.domain)
+        key = (levels[id(store)], store.domain, 0)
+        while key in groups and _computes_a_product_in_two_roles(groups[key].stores, store):
+            key = (*key[:2], key[2] + 1)
         groups.setdefault(key, KernelGroup(store.domain, level=key[0])).stores.append(store)
     for step in externs:
         step.level = levels[id(step)]
     # at one level nothing depends on anything else; calls first, so their results die early
     return sorted([*externs, *groups.values()], key=lambda g: (g.level, isinstance(g, KernelGroup)))
+
+
+def _computes_a_product_in_two_roles(group: list[Store], store: Store) -> bool:
+    """Whether a product kernel of these stores would compute one product both as its own
+    tile and inside another product's operand (attention's scores, stored, and summed into
+    its output, when the keys are as many as the head dimension): codegen computes a
+    product in one role only (store_domain's rule for one store), so such a store gets a
+    kernel of its own."""
+    if not store.domain.dot:
+        return False
+    outer = lambda stores: {id(d) for s in stores for d in dots_in(s.value)}  # noqa: E731
+    nested = lambda stores: {id(n) for s in stores for n in nested_products(dots_in(s.value))}  # noqa: E731
+    return bool(outer(group) & nested([store]) or nested(group) & outer([store]))
 
 
 def _sink_outputs(stores: list[Store], externs: list[ExternStep], levels: dict[int, int]) -> dict[int, int]:

@@ -98,6 +98,24 @@ def test_outputs_that_are_views_of_inputs_share_their_storage():
     assert outs[2] is x
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_an_output_that_broadcasts_an_input_has_eagers_gradient(dtype):
+    """Returned as x.expand(...), not as_strided: autograd sums the gradient over the
+    broadcast axes as eager's expand does (in float32 for 16-bit types; as_strided's
+    gradient accumulated 3000 terms in float16)."""
+    def f(x, y):
+        return x.expand(3000, 1, 5), y.expand(2, 3000, 5)
+    x = torch.randn(1, 5, dtype=dtype, requires_grad=True)
+    y = torch.randn(3000, 1, dtype=dtype, requires_grad=True)
+    cotangents = [torch.randn(3000, 1, 5, dtype=dtype), torch.randn(2, 3000, 5, dtype=dtype)]
+    expected = torch.autograd.grad(f(x, y), [x, y], cotangents)
+    outs = tjit.compile(f)(x, y)
+    for out, e in zip(outs, f(x, y)):
+        assert out.untyped_storage().data_ptr() == e.untyped_storage().data_ptr() and out.stride() == e.stride()
+    for got, e in zip(torch.autograd.grad(outs, [x, y], cotangents), expected):
+        torch.testing.assert_close(got, e, rtol=0, atol=0)
+
+
 def test_outputs_that_are_views_of_each_other_share_storage():
     def f(x):
         z = x * 2

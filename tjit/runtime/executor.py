@@ -5,6 +5,7 @@ layouts) was computed at trace time; a call only allocates and binds pointers.
 """
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -539,9 +540,28 @@ class Executable:
             return spec.returned(out if spec.view is None else out.as_strided(*spec.view))
         base = memory[spec.name] if spec.kind == "input_alias" else done[spec.index]
         offset = base.storage_offset() + spec.offset if spec.kind == "input_alias" else spec.offset
-        if (tuple(base.shape), tuple(base.stride()), base.storage_offset()) == (spec.shape, spec.stride, offset):
-            return base
-        return base.as_strided(spec.shape, spec.stride, offset)
+        return _view_of(base, spec.shape, spec.stride, offset)
+
+
+def _view_of(base: torch.Tensor, shape: tuple, stride: tuple, offset: int) -> torch.Tensor:
+    """base viewed with this layout: base itself, a broadcast of it (base.view(...).expand:
+    autograd then sums the gradient over the broadcast axes as eager's expand does, in
+    float32 for 16-bit types) or as_strided (whose gradient scatters into the storage in
+    the tensor's own dtype)."""
+    shape, stride = tuple(shape), tuple(stride)
+    if offset != base.storage_offset():
+        return base.as_strided(shape, stride, offset)
+    if (tuple(base.shape), base.stride()) == (shape, stride):
+        return base
+    unbroadcast = [1 if st == 0 else n for n, st in zip(shape, stride)]
+    if math.prod(unbroadcast) == base.numel():
+        try:
+            broadcast = base.view(unbroadcast).expand(shape)
+        except RuntimeError:  # base's layout cannot take that view
+            broadcast = None
+        if broadcast is not None and broadcast.stride() == stride:
+            return broadcast
+    return base.as_strided(shape, stride, offset)
 
 
 def _dead_library_results(program: Program) -> list[list]:

@@ -196,8 +196,6 @@ KNOWN_GAPS = {
     "sinc": [SPILLS, _gap("NaN at 0: the untaken branch of the decomposition's where is differentiated")],
     "hardsigmoid": [_gap("gradient at exactly +-3 is shared as at a min/max tie; eager gives 0")],
     "hardswish": [_gap("gradient at exactly +-3 is shared as at a min/max tie; eager's differs")],
-    "fmax_ties": [_gap("fmax ties: eager gives the whole gradient to self, tjit shares it")],
-    "fmin_ties": [_gap("fmin ties: eager gives the whole gradient to self, tjit shares it")],
     "xlogy_at_zero": [_gap("xlogy at x == 0: the decomposition's where drops eager's d/dx = log(y)")],
 }
 
@@ -287,6 +285,17 @@ def test_broadcast_through_ternary_ops():
     check_grads(lambda a, b, c: torch.lerp(a, b, c) + torch.addcmul(a, b, c, value=2.0),
                 randn(4, 5), randn(5), torch.rand(4, 1))
     check_grads(lambda a, b: torch.maximum(a.round(), b.round()) * a, randn(4, 1) * 2, randn(5) * 2)
+
+
+@pytest.mark.parametrize("op", [torch.fmax, torch.fmin], ids=["fmax", "fmin"])
+def test_fmax_and_fmin_give_a_ties_gradient_to_their_first_argument(op):
+    """Eager's derivative: all of a tie's gradient to the first argument (maximum splits it),
+    and a NaN's to the other; over rows past a block, ties on every other one."""
+    a = torch.randn(300, 70)
+    b = torch.where(torch.arange(300)[:, None] % 2 == 0, a, torch.randn(300, 70))
+    a[0, :5], b[1, :5], b[2, :5] = float("nan"), float("nan"), float("nan")
+    a[2, :5] = float("nan")
+    check_grads(op, a, b)
 
 
 # -- 3. reductions, normalisations, losses ----------------------------------------------------------------

@@ -579,14 +579,16 @@ def _clamp(cv, node, x, min=None, max=None):
 
 @register(aten.fmax, aten.fmin)
 def _fmax_fmin(cv, node, a, b):
-    """Like maximum/minimum, but a NaN loses to a number."""
-    op = "max" if node.target.overloadpacket is aten.fmax else "min"
-    value = compute(cv, node, op, [a, b])
+    """Like maximum/minimum, but a NaN loses to a number: a where(a >= b or b is NaN, a, b)
+    for fmax, as eager's derivative has it (a tie's gradient all to a, not split as
+    maximum's; ties are common in 16-bit types)."""
+    fmax = node.target.overloadpacket is aten.fmax
     if not out_dtype(node).is_float:
-        return value
+        return compute(cv, node, "max" if fmax else "min", [a, b])
     x, y = x_of(cv, node, a), x_of(cv, node, b)
-    value = x_of(cv, node, value)
-    return y.op("isnan", result=DType.bool).where(x, x.op("isnan", result=DType.bool).where(y, value)).value
+    keeps_x = x.op("ge" if fmax else "le", y, result=DType.bool).op("logical_or", y.op("isnan", result=DType.bool),
+                                                                    result=DType.bool)
+    return keeps_x.where(x, y).value
 
 
 @register(aten.copysign)

@@ -40,7 +40,24 @@ def decomposition_table():
     # batch norm (which the core table keeps whole): reductions and elementwise work, the running
     # statistics written in place, the gradient tjit's own
     table.update(batch_norm_decompositions())
+    for op in (aten.linspace, aten.logspace):
+        for overload in op.overloads():
+            key = getattr(op, overload)
+            if key in table:
+                table[key] = _in_eagers_precision_only(table[key])
     return table
+
+
+def _in_eagers_precision_only(decomposition: Callable) -> Callable:
+    """linspace and logspace decomposed only into float32/float64 (and complex) results:
+    in integer and 16-bit types eager's kernel rounds start, end and step its own way (the
+    decomposition, exact, differs from it by one unit), so they stay whole, library calls."""
+    def decompose(*args, **kwargs):
+        dtype = kwargs.get("dtype") or torch.get_default_dtype()
+        if dtype.is_complex or dtype in (torch.float32, torch.float64):
+            return decomposition(*args, **kwargs)
+        return NotImplemented
+    return decompose
 
 
 aten = torch.ops.aten

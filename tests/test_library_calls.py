@@ -344,3 +344,17 @@ def test_attention_is_the_library_call_eager_makes_forward_and_backward(name):
         ["aten._scaled_dot_product_flash_attention_for_cpu_backward.default"]
     scores = args[0][..., 0].numel() * args[1].shape[-2] * args[0].element_size()  # b * h * s * s
     assert max(explained.memory.slab_size, explained.backward.memory.slab_size) < scores
+
+
+def test_a_call_under_autocast_runs_as_traced():
+    """The trace ran under the caller's autocast and holds its casts; the call must not be
+    cast again. The encoder layer's fused fast path (eval, no grad) returns float32 by its
+    meta function but bfloat16 when run under autocast, so its float32 memory refused the
+    result (RuntimeError) before; now it runs as torch's own trace does (aot_eager)."""
+    layer = torch.nn.TransformerEncoderLayer(48, 4, 96, dropout=0.0, batch_first=True).eval()
+    x = torch.randn(2, 70, 48)
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
+        got = torch.compile(layer, backend="tjit")(x)
+        expected = torch.compile(layer, backend="aot_eager")(x)
+    assert got.dtype == expected.dtype
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)

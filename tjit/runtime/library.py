@@ -90,12 +90,15 @@ def run_library_call(plan: LibraryPlan, memory: dict) -> None:
                                                                       device=t.device).copy_(t)
                     for op, t in zip(plan.operands, operands)]
     counters.library_calls += 1
-    if plan.out_form is not None and not _records_gradients(operands):
-        tensors = results_into(plan, operands, memory)
-        for node in plan.results:
-            memory[memory_key(node)] = tensors[node.op.index]
-        return
-    tensors = call_results(plan.call, operands)
+    # (the trace ran under the caller's autocast and holds its casts: the call runs the op
+    # as traced, not cast again, which gave a bfloat16 result where its memory is float32)
+    with torch._C._DisableAutocast():
+        if plan.out_form is not None and not _records_gradients(operands):
+            tensors = results_into(plan, operands, memory)
+            for node in plan.results:
+                memory[memory_key(node)] = tensors[node.op.index]
+            return
+        tensors = call_results(plan.call, operands)
     for node in plan.results:
         memory[memory_key(node)] = _as_planned(tensors[node.op.index], node, operands, plan.call.name)
 

@@ -32,6 +32,10 @@ PROGRAMS = {
     "write_a_row_of_a_complex_intermediate": (lambda c: _row_write(c), lambda: (cplx(6, 37),)),
     "write_a_whole_complex_intermediate": (lambda c: (c * 2).mul_(1j) + 1, lambda: (cplx(6, 37),)),
     "empty": (lambda c: c * 2, lambda: (cplx(0, 5),)),
+    # view_as_real of a broadcast input, laid out with a stride 0 (copy_ refused the layout)
+    "logaddexp_of_broadcast_operands": (torch.logaddexp, lambda: (cplx(300, 1), cplx(1, 70))),
+    # a lazily conjugated result of a call (svd's Vh) returned: view_as_real refused it
+    "conjugated_call_result": (torch.svd, lambda: (cplx(0, 0),)),
     "hash_tensor": (lambda x: torch.hash_tensor(x * 2, dim=1), lambda: (torch.randn(9, 300),)),
 }
 
@@ -47,6 +51,19 @@ def _row_write(c):
 def test_programs_with_complex_and_uint64_values_match_eager(name, fresh_seed):
     fn, make = PROGRAMS[name]
     check_against_eager(fn, *make())
+
+
+@pytest.mark.parametrize("fn", [torch.conj, lambda c: c.mH, lambda c: (c.conj().t(), c), torch._neg_view],
+                         ids=["conj", "mH", "conj_t_and_itself", "neg_view"])
+def test_a_lazily_conjugated_view_of_an_input_keeps_its_bit(fn):
+    """conj() of an input returns a view with the conjugate bit, as eager's (it was returned
+    without it: the input's values, unconjugated)."""
+    c = cplx(40, 37)
+    for got, expected in zip(torch.utils._pytree.tree_leaves(tjit.compile(fn)(c)),
+                             torch.utils._pytree.tree_leaves(fn(c))):
+        assert (got.is_conj(), got.is_neg()) == (expected.is_conj(), expected.is_neg())
+        assert got.untyped_storage().data_ptr() == c.untyped_storage().data_ptr()
+        assert torch.equal(got.resolve_conj().resolve_neg(), expected.resolve_conj().resolve_neg())
 
 
 def test_complex_outputs_have_eagers_layout(fresh_seed):

@@ -46,6 +46,18 @@ class OutputSpec:
     # a computed output of a type no kernel writes (complex, uint64): the kernel writes its
     # bits as another type (Converter.carrier), and the output is returned as this dtype
     returned_as: Optional[torch.dtype] = None
+    # an alias returned with its values lazily conjugated or negated (conj() of an input):
+    # the bits eager's view carries
+    conj: bool = False
+    neg: bool = False
+
+    def with_lazy_bits(self, view: torch.Tensor) -> torch.Tensor:
+        """An alias view with the conjugate and negative bits this output has."""
+        if view.is_conj() != self.conj:
+            view = view.conj()
+        if view.is_neg() != self.neg:
+            view = torch._neg_view(view)
+        return view
 
     def returned(self, out: torch.Tensor) -> torch.Tensor:
         """The computed output as the function returns it, from what the kernel wrote."""
@@ -482,6 +494,9 @@ class Converter(ValueBuilder):
         copy, and its layout: a complex tensor as its (real, imaginary) pairs (view_as_real),
         uint64 as int64; OutputSpec.returned_as turns the output back."""
         if value.dtype.is_complex:
+            if val.is_conj():  # (view_as_real refuses a lazily conjugated tensor: svd's Vh of an empty input)
+                resolve = ExternCall(torch.ops.aten.resolve_conj.default, (Operand(0),), {})
+                value = self.b.node(Extern(resolve, 0), value.dtype, (in_memory(self, value),), View.contiguous(val.shape))
             call = ExternCall(torch.ops.aten.view_as_real.default, (Operand(0),), {})
             dtype, shape = DType.from_torch(val.real.dtype), tuple(val.shape) + (2,)
             stride = tuple(2 * st for st in val.stride()) + (1,)
@@ -509,12 +524,14 @@ class Converter(ValueBuilder):
                 continue
             key = storage_key(val)
             layout = dict(shape=tuple(val.shape), stride=tuple(val.stride()))
+            lazy = dict(conj=val.is_conj(), neg=val.is_neg())
             owner = self.storage_owner(item, val) if key in self.input_storage else None
             if owner is not None and val.dtype == self.input_meta[owner].dtype:
-                specs.append(OutputSpec("input_alias", name=owner, offset=self.input_view(owner, val).offset, **layout))
+                specs.append(OutputSpec("input_alias", name=owner, offset=self.input_view(owner, val).offset, **layout,
+                                        **lazy))
             elif key in computed_storage:
                 j = computed_storage[key]
-                specs.append(OutputSpec("output_alias", index=j, offset=val.storage_offset(), **layout))
+                specs.append(OutputSpec("output_alias", index=j, offset=val.storage_offset(), **layout, **lazy))
             else:
                 name = f"out{k}"
                 value = self.value(item)

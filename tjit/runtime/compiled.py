@@ -383,7 +383,7 @@ def _cpu_results(entry: CompiledEntry, result, originals: dict[str, torch.Tensor
     for k, spec in entry.cpu_outputs:
         if spec.kind == "input_alias" and spec.name in originals:
             base = originals[spec.name]
-            flat[k] = base.as_strided(spec.shape, spec.stride, base.storage_offset() + spec.offset)
+            flat[k] = spec.with_lazy_bits(base.as_strided(spec.shape, spec.stride, base.storage_offset() + spec.offset))
         else:
             flat[k] = flat[k].to("cpu")
     return torch.utils._pytree.tree_unflatten(flat, tree)

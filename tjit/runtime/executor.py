@@ -540,7 +540,7 @@ class Executable:
             return spec.returned(out if spec.view is None else out.as_strided(*spec.view))
         base = memory[spec.name] if spec.kind == "input_alias" else done[spec.index]
         offset = base.storage_offset() + spec.offset if spec.kind == "input_alias" else spec.offset
-        return _view_of(base, spec.shape, spec.stride, offset)
+        return spec.with_lazy_bits(_view_of(base, spec.shape, spec.stride, offset))
 
 
 def _view_of(base: torch.Tensor, shape: tuple, stride: tuple, offset: int) -> torch.Tensor:

@@ -119,6 +119,15 @@ def _as_planned(t: torch.Tensor, node: GraphNode, operands: list[torch.Tensor], 
     if same_layout and not aliases:
         return t
     out = torch.empty_strided(node.shape, node.view.strides, dtype=t.dtype, device=t.device)
+    # a layout broadcast along some axes (view_as_real of an expanded input): the one element
+    # each such line holds, where the result also repeats it (copy_ refuses overlapping writes)
+    repeated = [d for d, (size, want) in enumerate(zip(node.shape, node.view.strides)) if size > 1 and want == 0]
+    if repeated and all(t.stride(d) == 0 for d in repeated):
+        out_line, t_line = out, t
+        for d in repeated:
+            out_line, t_line = out_line.narrow(d, 0, 1), t_line.narrow(d, 0, 1)
+        out_line.copy_(t_line)
+        return out
     return out.copy_(t)
 
 

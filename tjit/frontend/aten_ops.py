@@ -466,15 +466,22 @@ def _mish(cv, node, x):
 @register(aten.hardsigmoid)
 @_float_activation("hardsigmoid_cpu")
 def _hardsigmoid(cv, node, x):
-    v = x_of(cv, node, x)
-    return ((v + 3.0).op("max", 0.0).op("min", 6.0) / 6.0).value
+    return (_clamped_by_selects(x_of(cv, node, x) + 3.0, 0.0, 6.0) / 6.0).value
 
 
 @register(aten.hardswish)
 @_float_activation("hardswish_cpu")
 def _hardswish(cv, node, x):
     v = x_of(cv, node, x)
-    return (v * (v + 3.0).op("max", 0.0).op("min", 6.0) / 6.0).value
+    return (v * _clamped_by_selects(v + 3.0, 0.0, 6.0) / 6.0).value
+
+
+def _clamped_by_selects(t: X, low: float, high: float) -> X:
+    """t clamped to [low, high] by two selects in t's own (computing) type, a bound taken
+    where t reaches it: the gradient at x = +-3 is eager's (hardsigmoid's 0 there, not a
+    min/max tie's half), and NaN passes through."""
+    t = t.op("le", low, result=DType.bool).where(t.wrap(low), t)
+    return t.op("ge", high, result=DType.bool).where(t.wrap(high), t)
 
 
 @register(aten.frac)

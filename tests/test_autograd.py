@@ -1078,3 +1078,13 @@ def test_backward_launches_at_most_two_kernels(name):
     for a, e in zip(args, theirs):
         if e.grad is not None:
             torch.testing.assert_close(a.grad, e.grad)
+
+
+@pytest.mark.parametrize("shape", [(3, 2, 1, 2), (40, 3, 300, 2)], ids=str)
+def test_a_backward_rebuilds_views_only_of_values_the_forward_computed(shape):
+    """nanquantile's mask is computed broadcast; the view recorded for it named the mask
+    before the broadcast, which the forward never computed, so the backward rebuilt it from
+    the sort of an input the forward had not saved (KeyError: 'x' in the backward)."""
+    q = torch.tensor([0.029, 0.4019, 0.9])
+    check_grads(lambda x, q: torch.nanquantile(x, q, dim=2, keepdim=True, interpolation="midpoint"),
+                torch.randn(shape), q)

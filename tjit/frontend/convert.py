@@ -552,8 +552,13 @@ class Converter(ValueBuilder):
         specs = [replace(spec, device=item.meta["val"].device.type) if spec.kind != "constant" else spec
                  for spec, item in zip(specs, flat)]
         graph = self.b.finish(self.input_names, outputs, self.mutations, self.effects)
-        # (the graph's own nodes only: an id of a node that is gone may name a new one)
-        graph.view_sources = {id(n): self.view_sources[id(n)] for n in graph.nodes() if id(n) in self.view_sources}
+        # (the graph's own nodes only: an id of a node that is gone may name a new one; and
+        # views of values the graph computes: a backward that rebuilt a value the forward never
+        # computed, nanquantile's mask before its broadcast, recomputed it from inputs the
+        # forward had not saved)
+        nodes = {id(n) for n in graph.nodes()}
+        graph.view_sources = {key: (value, view) for key, (value, view) in self.view_sources.items()
+                              if key in nodes and id(value) in nodes}
         return Conversion(graph, specs, tree, self.constants, count_eager_kernels(self.gm),
                           matmul_choices=self.matmul_choices, shared_inputs=self.shared_inputs())
 

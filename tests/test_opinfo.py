@@ -104,6 +104,9 @@ DEFAULT_TOLERANCE = (None, None)
 TOLERANCES: dict[str, tuple[float, float]] = {  # opinfo id -> (atol, rtol)
     # eager's fused CPU attention kernel sums in another order: both are up to 2e-5 from float64
     "nn.functional.scaled_dot_product_attention": (5e-5, 1.3e-6),
+    # sample 126: inputs and weights up to 9 give scores of size 1e5, whose rounding moves the
+    # softmax by |s| * eps ~ 1%; eager's own error is 0.012 at outputs of size 600, tjit's 0.037
+    "nn.functional.multi_head_attention_forward": (1e-5, 1e-4),
 }
 
 # Expected failures, grouped by cause. "(bug)" marks a cause that is tjit's fault rather than a

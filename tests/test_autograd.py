@@ -194,7 +194,6 @@ SPILLS = pytest.mark.spills_at_sm90(reason="sin/cos recomputed in a backward ker
 KNOWN_GAPS = {
     "tan": [SPILLS],
     "sinc": [SPILLS, _gap("NaN at 0: the untaken branch of the decomposition's where is differentiated")],
-    "xlogy_at_zero": [_gap("xlogy at x == 0: the decomposition's where drops eager's d/dx = log(y)")],
 }
 
 

@@ -598,6 +598,19 @@ def _fmax_fmin(cv, node, a, b):
     return keeps_x.where(x, y).value
 
 
+@register(aten.xlogy)
+def _xlogy(cv, node, a, b):
+    """x * log(y), 0 where x == 0 unless y is NaN, written so that the IR's derivative is
+    eager's: d/dx is log(y) at x == 0 too (0 only where y <= 0 there), d/dy is x / y."""
+    x, y = x_of(cv, node, a), x_of(cv, node, b)
+    outside_log = y.op("le", 0.0, result=DType.bool).op("logical_or", y.op("eq", math.inf, result=DType.bool),
+                                                        result=DType.bool)
+    at_zero = x.op("eq", 0.0, result=DType.bool).op("logical_and", outside_log, result=DType.bool)
+    # (log of 1 where the product is not taken: its gradient there is 0, not 0 * NaN)
+    product = x * at_zero.where(y.wrap(1.0), y).op("log")
+    return at_zero.where(x.wrap(0.0), product).value
+
+
 @register(aten.copysign)
 def _copysign(cv, node, a, b):
     magnitude = x_of(cv, node, a).op("abs")

@@ -63,6 +63,7 @@ def _in_eagers_precision_only(decomposition: Callable) -> Callable:
 aten = torch.ops.aten
 KEPT_WHOLE = (aten.clamp_min, aten.clamp_max, aten.silu, aten.softplus, aten.mish, aten.hardsigmoid, aten.hardswish,
               aten.frac, aten.celu, aten.selu, aten.lerp, aten.addcmul, aten.addcdiv,
+              aten.xlogy,  # its decomposition's where() gives no gradient to x at x == 0; eager's is log(y)
               aten._safe_softmax,  # its decomposition's backward meets softmax's NaN in fully masked rows
               aten.baddbmm,  # its decomposition computes 16-bit products in float32 operands (frontend/matmul.py)
               aten.detach,  # its decomposition (alias) would lose where the gradient stops

@@ -461,6 +461,9 @@ class Converter(ValueBuilder):
                 raise UnsupportedOpError(str(self.current.target), "in-place write into an intermediate tensor that "
                                          "other views still read, and no tensor of the trace holds all its storage")
             base = self.flat(self.env[owner], owner.meta["val"])
+        if base.dtype.torch != val.dtype:  # (the write's view counts in its own type's units)
+            raise UnsupportedOpError(str(self.current.target), f"an in-place write through a {val.dtype} view of a "
+                                     f"{base.dtype.torch} intermediate (x.real of a complex tensor)")
         # kernels write a box of the storage: a select between the old contents and a window of
         # the value (not yet where a gradient flows through the write: the gradient of each later
         # read of a view of the contents is an indexed read of its own, and a chain of such writes

@@ -499,7 +499,8 @@ class Converter(ValueBuilder):
         if value.dtype.is_complex:
             if val.is_conj():  # (view_as_real refuses a lazily conjugated tensor: svd's Vh of an empty input)
                 resolve = ExternCall(torch.ops.aten.resolve_conj.default, (Operand(0),), {})
-                value = self.b.node(Extern(resolve, 0), value.dtype, (in_memory(self, value),), View.contiguous(val.shape))
+                value = self.b.node(Extern(resolve, 0), value.dtype, (in_memory(self, value),),
+                                    View.contiguous(val.shape))
             call = ExternCall(torch.ops.aten.view_as_real.default, (Operand(0),), {})
             dtype, shape = DType.from_torch(val.real.dtype), tuple(val.shape) + (2,)
             stride = tuple(2 * st for st in val.stride()) + (1,)

@@ -30,7 +30,7 @@ from ..ir import AxisStrategy
 from ..memory.donation import DonatedTensor
 from ..pipeline import build_program, trace_and_convert
 from .counters import counters
-from .executor import Executable
+from .executor import Executable, alias_view
 from .interpreter import check_device
 from .split import SplitFunction
 
@@ -382,8 +382,7 @@ def _cpu_results(entry: CompiledEntry, result, originals: dict[str, torch.Tensor
     flat, tree = torch.utils._pytree.tree_flatten(result)
     for k, spec in entry.cpu_outputs:
         if spec.kind == "input_alias" and spec.name in originals:
-            base = originals[spec.name]
-            flat[k] = spec.with_lazy_bits(base.as_strided(spec.shape, spec.stride, base.storage_offset() + spec.offset))
+            flat[k] = alias_view(spec, originals[spec.name])
         else:
             flat[k] = flat[k].to("cpu")
     return torch.utils._pytree.tree_unflatten(flat, tree)

@@ -539,8 +539,14 @@ class Executable:
             out = memory[("output", spec.name)]
             return spec.returned(out if spec.view is None else out.as_strided(*spec.view))
         base = memory[spec.name] if spec.kind == "input_alias" else done[spec.index]
-        offset = base.storage_offset() + spec.offset if spec.kind == "input_alias" else spec.offset
-        return spec.with_lazy_bits(_view_of(base, spec.shape, spec.stride, offset))
+        return alias_view(spec, base)
+
+
+def alias_view(spec: OutputSpec, base: torch.Tensor) -> torch.Tensor:
+    """An output that aliases `base` (an input, or an earlier output), as eager's view of it:
+    its layout (_view_of) and its lazy conjugate and negative bits."""
+    offset = base.storage_offset() + spec.offset if spec.kind == "input_alias" else spec.offset
+    return spec.with_lazy_bits(_view_of(base, tuple(spec.shape), tuple(spec.stride), offset))
 
 
 def _view_of(base: torch.Tensor, shape: tuple, stride: tuple, offset: int) -> torch.Tensor:
@@ -548,7 +554,6 @@ def _view_of(base: torch.Tensor, shape: tuple, stride: tuple, offset: int) -> to
     autograd then sums the gradient over the broadcast axes as eager's expand does, in
     float32 for 16-bit types) or as_strided (whose gradient scatters into the storage in
     the tensor's own dtype)."""
-    shape, stride = tuple(shape), tuple(stride)
     if offset != base.storage_offset():
         return base.as_strided(shape, stride, offset)
     if (tuple(base.shape), base.stride()) == (shape, stride):

@@ -1,5 +1,6 @@
 """Differential checks against eager PyTorch."""
 import torch
+from torch.testing._comparison import default_tolerances
 
 import tjit
 
@@ -36,16 +37,70 @@ def clone_args(args):
 
 def check_against_eager(fn, *args, compiled=None, **compile_options):
     """Run fn eagerly and compiled on separate copies of args; outputs and every input
-    (in-place writes included) must match. Returns the compiled function."""
+    (in-place writes included) must match. A float result outside torch's tolerance still
+    passes if it is as accurate as eager's against fn run in float64 on the same inputs (a
+    sum of hundreds of float32 values, added in another order, can miss the tolerance by
+    rounding alone). Returns the compiled function."""
     compiled = compiled or tjit.compile(fn, **compile_options)
     eager_args, tjit_args = clone_args(args), clone_args(args)
+    rng = torch.get_rng_state()
     expected = fn(*eager_args)
     got = compiled(*tjit_args)
-    assert_matches_eager(got, expected, f"{getattr(fn, '__name__', fn)} outputs")
-    for k, (e, g) in enumerate(zip(eager_args, tjit_args)):
-        if isinstance(e, torch.Tensor):
-            assert_matches_eager(g, e, f"{getattr(fn, '__name__', fn)} input {k} after the call")
+    name = getattr(fn, "__name__", fn)
+    pairs = [(got, expected, f"{name} outputs")]
+    pairs += [(g, e, f"{name} input {k} after the call")
+              for k, (e, g) in enumerate(zip(eager_args, tjit_args)) if isinstance(e, torch.Tensor)]
+    exact = None
+    for k, (g, e, msg) in enumerate(pairs):
+        try:
+            assert_matches_eager(g, e, msg)
+        except AssertionError:
+            exact = exact or _in_float64(fn, args, rng)
+            if exact is None or not _all_floating(g, e):
+                raise
+            _assert_as_accurate_by_dtype(g, e, exact[k], msg)
     return compiled
+
+
+def _in_float64(fn, args, rng_state):
+    """fn's outputs, then each argument after the call, computed with every floating argument
+    in float64 (complex in complex128), from the random state eager's call started with;
+    None if fn does not run that way."""
+    widened = [_widened(a) for a in args]
+    with torch.random.fork_rng(devices=[]):
+        torch.set_rng_state(rng_state)
+        try:
+            outputs = fn(*widened)
+        except Exception:
+            return None
+    return [outputs] + [a for a in widened if isinstance(a, torch.Tensor)]
+
+
+def _widened(a):
+    if not isinstance(a, torch.Tensor) or not (a.is_floating_point() or a.is_complex()):
+        return a
+    wide = torch.complex128 if a.is_complex() else torch.float64
+    elements = a.untyped_storage().nbytes() // a.element_size()
+    storage = torch.empty(0, dtype=a.dtype).set_(a.untyped_storage(), 0, (elements,), (1,))
+    return torch.empty(0, dtype=wide).set_(storage.to(wide).untyped_storage(), a.storage_offset(), a.shape, a.stride())
+
+
+def _all_floating(got, expected):
+    if isinstance(expected, (tuple, list)):
+        return all(_all_floating(g, e) for g, e in zip(got, expected))
+    return isinstance(expected, torch.Tensor) and expected.is_floating_point()
+
+
+def _assert_as_accurate_by_dtype(got, eager, exact, msg):
+    if isinstance(eager, (tuple, list)):
+        for g, e, x in zip(got, eager, exact):
+            _assert_as_accurate_by_dtype(g, e, x, msg)
+        return
+    try:
+        assert_matches_eager(got, eager, msg)
+    except AssertionError:
+        rtol, atol = default_tolerances(eager.dtype)
+        assert_as_accurate_as_eager(got, eager, exact, rtol, atol, msg)
 
 
 def launches(compiled, *args, **kwargs) -> int:

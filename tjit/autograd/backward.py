@@ -41,6 +41,29 @@ def incoming_grad_name(output: str) -> str:
     return f"tjit_grad_{output}"
 
 
+WRITTEN_PREFIX = "tjit_written_"
+
+
+def written_output_name(name: str) -> str:
+    """The result that stands for the new contents of input `name`, written in place."""
+    return WRITTEN_PREFIX + name
+
+
+def with_written_inputs(graph: Graph, written: tuple[str, ...]) -> Graph:
+    """The graph with the new contents of each written input that requires grad as one more
+    result (its gradient flows back like any result's; see trace._write_back): the value of
+    the input's one mutation, which writes all of it."""
+    if not written:
+        return graph
+    extra = {}
+    for name in written:
+        (mutation,) = [m for m in graph.mutations if m.name == name]
+        assert mutation.value.shape == mutation.view.shape and mutation.view.offset == 0, (name, mutation.view)
+        extra[written_output_name(name)] = mutation.value
+    return Graph(graph.input_names, {**graph.outputs, **extra}, graph.mutations, graph._inputs, graph.effects,
+                 graph.view_sources)
+
+
 GradLayout = Optional[tuple[tuple[int, ...], tuple[int, ...], torch.dtype]]  # None: no gradient arrives
 
 
@@ -92,7 +115,7 @@ def plan_autograd(graph: Graph, grad_inputs, eager: Optional[dict[str, frozenset
     backward gives a gradient from it, when that was asked because the IR may disagree (see
     may_differ_from_eager); the outputs that require grad are then eager's."""
     mutated = {m.name for m in graph.mutations}
-    refused = sorted(mutated & set(grad_inputs))
+    refused = sorted(name for name in mutated & set(grad_inputs) if written_output_name(name) not in graph.outputs)
     if refused:
         raise UnsupportedOpError("in-place write", f"the function writes into input(s) {refused}, which require "
                                  "grad (eager refuses in-place writes into leaves that require grad)")
@@ -109,8 +132,13 @@ def plan_autograd(graph: Graph, grad_inputs, eager: Optional[dict[str, frozenset
     roots = [n for dense, scattered in grads.values()
              for n in [dense] + [v for s in scattered for v in (s.index, s.values)] if n is not None]
     read = _read_by_backward(roots, recomputing.vb.origin)
-    _choose_saved(plan, read, mutated)
+    _choose_saved(plan, read, mutated - _written(graph))
     return plan
+
+
+def _written(graph: Graph) -> set[str]:
+    """The inputs whose new contents are results (with_written_inputs)."""
+    return {name[len(WRITTEN_PREFIX):] for name in graph.outputs if name.startswith(WRITTEN_PREFIX)}
 
 
 @dataclass
@@ -179,9 +207,10 @@ def saved_layouts(plan: AutogradPlan) -> dict[str, tuple[int, ...]]:
     contiguous. A call's result or operand is what the backward's calls read again (its
     derivative formula was traced with it), in the layout they were traced for: kept in
     that layout, the backward reads it as it is, with no copy (attention's q, k, v, written
-    [b, s, h, d] for the forward's call and read [b, h, s, d])."""
-    return {name: node.view.strides if covered_memory(node) is not None else contiguous_strides(node.shape)
-            for name, node in plan.saved.items()}
+    [b, s, h, d] for the forward's call and read [b, h, s, d]). A copy of an input (one the
+    function writes in place) is contiguous."""
+    return {name: node.view.strides if covered_memory(node) is not None and not isinstance(node.op, Input)
+            else contiguous_strides(node.shape) for name, node in plan.saved.items()}
 
 
 def _reached_through_floats(roots: list[GraphNode], needs: set[int]) -> set[int]:
@@ -288,8 +317,9 @@ class _ViewTracking(ValueBuilder):
 
 def _saved_view(node: GraphNode, strides: Optional[tuple[int, ...]] = None) -> View:
     """How the backward reads a saved value: an input as the caller passed it, an output in
-    the layout it is returned in, an intermediate as the tape holds it (contiguous)."""
-    if isinstance(node.op, Input):
+    the layout it is returned in, an intermediate (or a copy of an input written in place) as
+    the tape holds it."""
+    if isinstance(node.op, Input) and strides is None:
         return node.view
     return View(node.shape, tuple(strides)) if strides is not None else View.contiguous(node.shape)
 
@@ -382,11 +412,14 @@ def _read_by_backward(roots: list[GraphNode], origin: dict[int, list[GraphNode]]
 
 
 def _choose_saved(plan: AutogradPlan, read: list[GraphNode], mutated: set[str]) -> None:
+    """mutated: the inputs written in place whose values from before the write cannot be kept
+    (an input whose new contents are a result is kept as a copy, like an intermediate)."""
     graph = plan.graph
+    written = _written(graph)
     output_of = {id(node): name for name, node in graph.outputs.items()}
     flow = nx.DiGraph()
     for node in toposort(read):
-        flow.add_edge(("in", id(node)), ("out", id(node)), capacity=_cost(node, output_of, mutated))
+        flow.add_edge(("in", id(node)), ("out", id(node)), capacity=_cost(node, output_of, mutated, written))
         for s in node.src:
             flow.add_edge(("out", id(s)), ("in", id(node)))  # no capacity: never cut
         if isinstance(node.op, Input) or isinstance(node.op, Dot) and not node.op.recomputed or \
@@ -408,7 +441,7 @@ def _choose_saved(plan: AutogradPlan, read: list[GraphNode], mutated: set[str]) 
     for key, node in nodes.items():
         if ("in", key) not in reachable or ("out", key) in reachable:
             continue
-        if isinstance(node.op, Input):
+        if isinstance(node.op, Input) and node.op.name not in written:
             saved_inputs.append(node.op.name)
             plan._saved_ids[key] = node.op.name
         elif key in output_of:
@@ -443,13 +476,15 @@ def _is_buffer(node: GraphNode) -> bool:
     return isinstance(node.op, Contiguous)
 
 
-def _cost(node: GraphNode, output_of: dict[int, str], mutated: set[str]) -> int:
-    """Bytes to keep the node for backward, scaled so ties prefer inputs, then outputs."""
+def _cost(node: GraphNode, output_of: dict[int, str], mutated: set[str], written: set[str]) -> int:
+    """Bytes to keep the node for backward, scaled so ties prefer inputs (but those written in
+    place, kept as copies), then outputs."""
     if isinstance(node.op, Input) and node.op.name in mutated:
         return INFINITE
     if not node.src and not isinstance(node.op, Input):  # literals are never saved
         return INFINITE
     if node.dtype.library_only and not isinstance(node.op, (Input, Extern)) and id(node) not in output_of:
         return INFINITE  # a view of a complex value: no kernel can copy it out; its source is saved
-    preference = 0 if isinstance(node.op, Input) else 1 if id(node) in output_of else 2
+    kept_by_reference = isinstance(node.op, Input) and node.op.name not in written
+    preference = 0 if kept_by_reference else 1 if id(node) in output_of else 2
     return (node.view.numel * node.dtype.itemsize) * 1000 + preference

@@ -21,7 +21,8 @@ from ..ir import contiguous_strides
 from ..pipeline import build_program, with_tape_donated
 from ..memory.peak import Allocation, PeakMemory, allocated_bytes, relabel, release
 from ..runtime.executor import Executable, tape_bytes
-from .backward import AutogradPlan, GradLayout, backward_graph, incoming_grad_name, saved_layouts
+from .backward import (AutogradPlan, GradLayout, backward_graph, incoming_grad_name, saved_layouts,
+                       written_output_name)
 
 
 class GradExecutable:
@@ -38,12 +39,16 @@ class GradExecutable:
                         if spec.kind in ("input_alias", "output_alias") and paths is None] if eager else []
         graph = plan.forward_graph()
         strides = {s.name: s.stride for s in conversion.outputs if s.kind == "computed"}
-        kept = saved_layouts(plan)
+        # (the new contents of a written input are in a block of their own, as a saved value's:
+        # the input itself is written by the graph's mutation)
+        self.written = {written_output_name(name): name for name in conversion.written_grad_inputs}
+        kept = {**saved_layouts(plan),
+                **{out: contiguous_strides(plan.graph.outputs[out].shape) for out in self.written}}
         strides.update(kept)
         forward = Conversion(graph, conversion.outputs, conversion.output_tree, conversion.constants,
                              conversion.eager_ops, matmul_choices=conversion.matmul_choices)
         self.forward = Executable(forward, build_program(graph, strides, strategies, device), tape=kept)
-        self.output_names = [s.name for s in conversion.outputs if s.kind == "computed"]
+        self.output_names = [s.name for s in conversion.outputs if s.kind == "computed"] + list(self.written)
         self._backward: dict[tuple, object] = {}
         self._lock = threading.Lock()
 
@@ -64,8 +69,13 @@ class GradExecutable:
         if out is not None:
             raise CompileArgumentError("out= is not differentiable: call the function without out=, or under "
                                        "torch.no_grad() (eager refuses out= with inputs that require grad too)")
+        for name in self.written.values():
+            _check_writable(name, tensors[name])
         names = tuple(tensors)
         outs = _Compiled.apply(self, names, *tensors.values())
+        for name, value in zip(self.output_names, outs):
+            if name in self.written:
+                _Rebase.apply(tensors[self.written[name]], value)
         memory = dict(tensors)
         memory.update({("output", name): t for name, t in zip(self.output_names, outs)})
         result = self.forward.assemble(memory)
@@ -197,6 +207,16 @@ class _Backward:
         return found
 
 
+def _check_writable(name: str, t: torch.Tensor) -> None:
+    """Eager's error for an in-place write into a leaf that requires grad (or into a view of
+    one), raised before any kernel writes it."""
+    base = t._base if t._is_view() else t
+    if base.is_leaf and base.requires_grad:
+        view = "a view of " if base is not t else ""
+        raise RuntimeError(f"{view}a leaf Variable that requires grad is being used in an in-place operation. "
+                           f"(tjit: the function writes into its argument {name!r})")
+
+
 def _backward_runs_once() -> bool:
     """Whether the backward running now lets go of the graph (no retain_graph): then nothing
     reads the saved values after it."""
@@ -254,3 +274,22 @@ class _Compiled(torch.autograd.Function):
         consumable = frozenset(plan.saved) if _backward_runs_once() else frozenset()
         found = backward.run(tensors, ctx.input_layouts, consumable)
         return (None, None) + tuple(found.get(name) for name in ctx.names)
+
+
+class _Rebase(torch.autograd.Function):
+    """An input requiring grad that the call wrote in place gets its new contents' history,
+    as eager's in-place op rebases it: its gradient is the gradient of the call's result that
+    stands for those contents (`value`, computed in the call's kernels, which wrote them into
+    the input too). A Function of its own, because autograd lets a Function that marks a view
+    dirty return nothing else."""
+
+    @staticmethod
+    def forward(ctx, written: torch.Tensor, value: torch.Tensor):
+        ctx.mark_dirty(written)
+        return written
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        # zeros, not None: for a view, autograd's CopySlices drops the whole base's gradient
+        # when the view's is undefined
+        return torch.zeros_like(grad), grad

@@ -77,6 +77,9 @@ class Conversion:
     matmul_choices: list = field(default_factory=list)  # frontend/matmul.py MatmulChoice, per product
     # arguments in one storage that are one input (Converter.storage_owner)
     shared_inputs: list = field(default_factory=list)
+    # inputs requiring grad that the function writes in place (trace._write_back): each is a
+    # result of the differentiable call too, its new contents the value of its one mutation
+    written_grad_inputs: tuple[str, ...] = ()
 
 
 def storage_key(t: torch.Tensor):

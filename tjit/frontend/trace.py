@@ -263,15 +263,21 @@ def trace(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozenset = fr
         if t.layout != torch.strided:
             raise LayoutError(f"input {name}", f"a tensor of layout {t.layout}: tjit compiles strided tensors only")
     returned = []  # the pytree spec of what fn returns (make_fx's output loses named tuples)
+    written_grad_inputs = []  # (with writes_grad_inputs) the inputs requiring grad that fn wrote
 
     def with_tensors(*traced):
         it = iter(traced)
         values = {name: (next(it) if isinstance(v, torch.Tensor) else v) for name, v in flat}
+        copies = {}
+        if writes_grad_inputs:
+            copies = {name: values[name].clone() for name in tensor_names if name in requires_grad}
+            values.update(copies)
         # the modes watch the function's own calls only: around make_fx's set-up (fake copies of
         # the inputs) they would see hundreds of calls per trace
         with watch, FunctionalCells():
             result = _call_with(fn, args, kwargs, flat, values)
             watch.note_custom_functions(result)
+        written_grad_inputs.extend(_write_back(copies, traced, tensor_names))
         returned.append(tree_flatten(result)[1])
         return result
 
@@ -280,19 +286,27 @@ def trace(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozenset = fr
     # in the caller's grad mode: under torch.no_grad() (an optimizer step) eager updates
     # parameters that require grad in place, which grad mode forbids
     grad_mode = torch.enable_grad() if torch.is_grad_enabled() else torch.no_grad()
-    try:
-        with grad_mode:
-            gm = fake_trace(with_tensors, [t.detach().requires_grad_(name in requires_grad)
-                                           for name, t in zip(tensor_names, tensors)])
-    except (UnsupportedOpError, EagerError):  # (EagerError: eager's error for these inputs, raised by a decomposition)
-        raise
-    except Exception as e:
-        error = DataDependentError if _needs_tensor_data(e) else UnsupportedOpError
-        raise error(name, f"tracing failed: {type(e).__name__}: {str(e).strip()}") from e
+    writes_grad_inputs = False
+    while True:
+        try:
+            with grad_mode:
+                gm = fake_trace(with_tensors, [t.detach().requires_grad_(name in requires_grad)
+                                               for name, t in zip(tensor_names, tensors)])
+            break
+        except (UnsupportedOpError, EagerError):  # (EagerError: eager's error for these inputs, from a decomposition)
+            raise
+        except Exception as e:
+            if not writes_grad_inputs and _writes_a_leaf(e):
+                writes_grad_inputs = True  # the trace's inputs are leaves; the caller's need not be
+                returned.clear()
+                continue
+            error = DataDependentError if _needs_tensor_data(e) else UnsupportedOpError
+            raise error(name, f"tracing failed: {type(e).__name__}: {str(e).strip()}") from e
     check_no_data_dependence(gm, name)
     try:
         conversion = Converter(gm, tensor_names, requires_grad).run()
         conversion.gradient_unknown = watch.gradient_unknown
+        conversion.written_grad_inputs = tuple(written_grad_inputs)
         if returned and returned[-1].num_leaves == conversion.output_tree.num_leaves:
             # eager's own structure: torch.return_types named tuples (x.max(1).values) stay named
             conversion.output_tree = returned[-1]
@@ -301,6 +315,27 @@ def trace(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozenset = fr
         if e.where or e.target is None:
             raise
         raise type(e)(e.op, e.reason, locate_call(with_tensors, tensors, e.target)) from None
+
+
+def _writes_a_leaf(e: Exception) -> bool:
+    """The function writes in place into an input that requires grad: the trace's inputs are
+    leaves, where eager refuses that; the caller's may be results of earlier ops (a graph that
+    Dynamo cut before `h.relu_()`), where eager allows it."""
+    return isinstance(e, RuntimeError) and "leaf Variable that requires grad" in str(e)
+
+
+def _write_back(copies: dict, traced: tuple, tensor_names: list) -> list[str]:
+    """Each input requiring grad that the function wrote (through its stand-in copy) gets the
+    copy's final contents, in one write the trace records outside grad mode (the gradient of
+    the new contents flows through the copy: tjit's autograd returns the input as a result of
+    the call, marked dirty, as eager rebases its history). The names of those inputs."""
+    written = []
+    for name, copy in copies.items():
+        if copy._version:
+            with torch.no_grad():
+                traced[tensor_names.index(name)].copy_(copy)
+            written.append(name)
+    return written
 
 
 def _needs_tensor_data(e: Exception) -> bool:
@@ -329,7 +364,8 @@ def check_no_data_dependence(gm: torch.fx.GraphModule, name: str) -> None:
 
 
 def eager_gradient_paths(fn: Callable, args: tuple, kwargs: dict, grad_inputs) -> Optional[list]:
-    """What eager's autograd makes of fn's results: per flattened result (pytree order), None
+    """What eager's autograd makes of fn's results: per flattened result (pytree order), then
+    per input requiring grad that fn writes in place (its new contents), None
     if it does not require grad (or is not a tensor), else the names of the inputs in
     `grad_inputs` that get a gradient from it (possibly none: a norm of order 0).
 
@@ -338,27 +374,42 @@ def eager_gradient_paths(fn: Callable, args: tuple, kwargs: dict, grad_inputs) -
     through detach() is the input itself), so where the two may differ, this runs fn and
     eager's backward on fake copies of the inputs: no real compute. None if fn cannot run
     that way."""
+    flat = flatten_arguments(fn, args, kwargs)
+    for written in (False, True):
+        try:
+            return _eager_gradient_paths(fn, args, kwargs, flat, grad_inputs, written)
+        except Exception as e:
+            if written or not _writes_a_leaf(e):
+                return None
+    return None
+
+
+def _eager_gradient_paths(fn, args, kwargs, flat, grad_inputs, writes_grad_inputs: bool) -> list:
+    """writes_grad_inputs: fn writes into inputs that require grad, so it gets non-leaf
+    copies of them (as the trace does), the paths lead to the copies' sources, and the new
+    contents of each written input follow the results, as trace._write_back lists them."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    flat = flatten_arguments(fn, args, kwargs)
     mode = FakeTensorMode(allow_non_fake_inputs=True)
-    values, names = {}, {}
-    try:
-        for name, v in flat:
-            if isinstance(v, torch.Tensor):
-                v = mode.from_tensor(v.detach())
-                if name in grad_inputs:
-                    v.requires_grad_()
-                    names[id(v)] = name
-            values[name] = v
-        with mode, torch.enable_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the trace already showed the function's warnings once
-            result = _call_with(fn, args, kwargs, flat, values)
-            inputs = [(name, values[name]) for name in names.values()]
-            return [_reached_inputs(t, inputs, names) if isinstance(t, torch.Tensor) and t.requires_grad else None
-                    for t in tree_leaves(result)]
-    except Exception:
-        return None
+    values, names, inputs, copies = {}, {}, [], []
+    for name, v in flat:
+        if isinstance(v, torch.Tensor):
+            v = mode.from_tensor(v.detach())
+            if name in grad_inputs:
+                v.requires_grad_()
+                names[id(v)] = name
+                inputs.append((name, v))
+                if writes_grad_inputs:
+                    with mode, torch.enable_grad():
+                        v = v.clone()
+                    copies.append(v)
+        values[name] = v
+    with mode, torch.enable_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the trace already showed the function's warnings once
+        result = _call_with(fn, args, kwargs, flat, values)
+        results = tree_leaves(result) + [copy for copy in copies if copy._version]
+        return [_reached_inputs(t, inputs, names) if isinstance(t, torch.Tensor) and t.requires_grad else None
+                for t in results]
 
 
 def _reached_inputs(t: torch.Tensor, inputs: list, names: dict[int, str]) -> frozenset:

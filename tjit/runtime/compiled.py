@@ -22,7 +22,7 @@ import torch
 
 from .. import debug
 from ..analysis.addresses import tensors_meet
-from ..autograd.backward import may_differ_from_eager, plan_autograd
+from ..autograd.backward import may_differ_from_eager, plan_autograd, with_written_inputs, written_output_name
 from ..autograd.function import GradExecutable
 from ..errors import CompileArgumentError, SplitError, UnsupportedOpError
 from ..frontend.trace import CONTAINERS, eager_gradient_paths, flatten_arguments, holds_tensors
@@ -204,8 +204,8 @@ class CompiledFunction:
             eager = None
             if may_differ_from_eager(conversion, grad_inputs):
                 eager = eager_gradient_paths(self.fn, *_detached((args, kwargs)), grad_inputs)
-            executable = GradExecutable(conversion, plan_autograd(conversion.graph, grad_inputs,
-                                                                  _by_output(conversion, eager)),
+            graph = with_written_inputs(conversion.graph, conversion.written_grad_inputs)
+            executable = GradExecutable(conversion, plan_autograd(graph, grad_inputs, _by_output(conversion, eager)),
                                         self.axis_strategies, device, eager)
             t2 = time.perf_counter()
         else:
@@ -424,11 +424,14 @@ def _check_no_shared_memory(fn, flat, grad_inputs, shared_inputs) -> None:
 
 
 def _by_output(conversion, eager) -> Optional[dict]:
-    """Computed output name -> eager's gradient paths from it (see eager_gradient_paths), or
-    None when they were not asked."""
-    if eager is None or len(eager) != len(conversion.outputs):
+    """Computed output name -> eager's gradient paths from it (see eager_gradient_paths), the
+    new contents of each written input that requires grad included, or None when they were
+    not asked."""
+    written = [written_output_name(name) for name in conversion.written_grad_inputs]
+    if eager is None or len(eager) != len(conversion.outputs) + len(written):
         return None
-    return {s.name: paths for s, paths in zip(conversion.outputs, eager) if s.kind == "computed"}
+    found = {s.name: paths for s, paths in zip(conversion.outputs, eager) if s.kind == "computed"}
+    return {**found, **dict(zip(written, eager[len(conversion.outputs):]))}
 
 
 def _into_out(result, out):

@@ -259,3 +259,14 @@ def test_a_formula_is_traced_once_per_op_arguments_and_layouts(monkeypatch):
     # (gradients in the hundreds, summed over 48 terms in another order than eager's)
     check(layers, *(torch.randn(48, 48) for _ in range(4)), torch.randn(48), atol=1e-3, rtol=1e-4)
     assert traced.count("aten.mm.default") == 2 and traced.count("aten.addmm.default") == 2, traced
+
+
+def test_a_reshape_of_a_reshape_back_into_a_library_call():
+    """x.reshape(a).reshape(b) is x's own expression again, so it was recorded as a view of
+    its view, a cycle that sent the operand's placing round it forever (MobileBERT's
+    training step: RecursionError)."""
+    def f(x, w):
+        a = (x * 2).reshape(4, 8, 16)
+        return (a.reshape(32, 16) @ w).sin() + a.sum()
+
+    check(f, torch.randn(32, 16), torch.randn(16, 300), atol=1e-4, rtol=1e-4)

@@ -183,6 +183,16 @@ class ValueBuilder:
         found = self.view_sources.get(id(node))
         return found[0] if found is not None and found[1][0] == "reshape" else None
 
+    def _viewed_from(self, node: GraphNode, source: GraphNode) -> bool:
+        """Whether node is (a view of a view of...) source: then source is not recorded as a
+        view of node (x.reshape(a).reshape(b) is x itself again; a cycle of view sources would
+        send library.in_memory round it forever)."""
+        while id(node) in self.view_sources:
+            node = self.view_sources[id(node)][0]
+            if node is source:
+                return True
+        return False
+
     def materialize(self, node: GraphNode) -> GraphNode:
         if isinstance(node.op, (Contiguous, Input, Const, Extern)):
             return node
@@ -195,7 +205,7 @@ class ValueBuilder:
         found = self._view_memo.get(key)
         if found is None:
             found = self._view_memo[key] = self._view_uncached(node, desc)
-            if isinstance(found.op, Elementwise) and found is not node:
+            if isinstance(found.op, Elementwise) and found is not node and not self._viewed_from(node, found):
                 self.view_sources.setdefault(id(found), (node, desc))
             if desc[0] == "permute":  # permuted back, it is the node itself (not a copy of its expression)
                 dims = [d % len(desc[1]) for d in desc[1]] if desc[1] else []

@@ -10,6 +10,7 @@ import tjit
 from tjit.errors import DataDependentError
 from tjit.frontend.trace import trace
 from tjit.runtime import split
+from helpers import check_against_eager
 
 
 def close(got, expected):
@@ -239,3 +240,17 @@ def test_float_attributes_read_as_numbers_stay_compiled():
         assert tjit.counters.launches > launches  # compiled, not eager
     assert tjit.counters.traces == traces  # (the first tuple again)
     assert graphs and all(graph.eager_because is None for graph in graphs)
+
+
+def test_a_size_read_from_a_tensor_made_of_python_numbers():
+    """LED/Longformer compute a chunk count as `torch.div(12, 4, rounding_mode="trunc")`, a
+    tensor of Python numbers, and take a size from it: the trace knows its value (the read
+    is left without a fake value, unused); a KeyError in the converter before."""
+    def f(x):
+        n = torch.div(x.shape[1] * 3, 4, rounding_mode="trunc")
+        return x.new_zeros((x.shape[0], n + 1)) + x
+
+    check_against_eager(f, torch.randn(300, 4))
+    torch._dynamo.reset()
+    x = torch.randn(300, 4)
+    torch.testing.assert_close(torch.compile(f, backend="tjit")(x), f(x))

@@ -176,6 +176,10 @@ class Converter(ValueBuilder):
         args = fx.node.map_arg(node.args, self.value)
         kwargs = fx.node.map_arg(node.kwargs, self.value)
         if node.target is torch.ops.aten._local_scalar_dense.default:
+            if "val" not in node.meta and not node.users:
+                # a number read from a tensor the function made from Python numbers
+                # (`torch.div(12, 4)` as a size): the trace computed it and used its value
+                return None
             return read_number(self, args[0], node.meta["val"])
         if is_arithmetic(node.target):
             return arithmetic(self, node, *args)

@@ -1034,3 +1034,18 @@ def test_tiles_follow_what_computes_the_product():
     assert (walked.rows, walked.columns) == (64, 128)
     assert (dot_row_tiles(4096, 32000, 1024, 4).rows, dot_row_tiles(4096, 32000, 1024, 4).columns) == (16, 32)
     assert (dot_row_tiles(4096, 100, 1024, 2).rows, dot_row_tiles(4096, 100, 1024, 2).columns) == (64, 128)
+
+
+@pytest.mark.parametrize("queries", [4, 70])
+def test_attention_with_a_bias_table_gathered_by_an_index_buffer(queries):
+    """LeViT's attention adds biases gathered from a table by an index buffer before the
+    softmax: the softmax's row values, which a product's prologue computes on its tiles,
+    would read the table at gathered addresses, which tiles do not hold (an internal error
+    in codegen before); the probabilities are written by a kernel first."""
+    def attention(scores, biases, idxs, value):
+        return (scores + biases[:, idxs]).softmax(dim=-1) @ value
+
+    keys = queries
+    args = (torch.randn(2, 3, queries, keys), torch.randn(3, 50), torch.randint(0, 50, (queries, keys)),
+            torch.randn(2, 3, keys, 16))
+    check(attention, *args)

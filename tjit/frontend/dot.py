@@ -130,7 +130,17 @@ def is_prologue(x: GraphNode, nests: bool = False) -> bool:
     inner = [n for n in nodes if not _prologue_leaf(n)]
     return all(isinstance(n.op, Elementwise) and not op_def(n.op.op).divides and not op_def(n.op.op).checks_index
                for n in inner) and \
-        sum(not (n.is_literal or isinstance(n.op, Iota)) for n in leaves) <= PROLOGUE_LOADS
+        sum(not (n.is_literal or isinstance(n.op, Iota)) for n in leaves) <= PROLOGUE_LOADS and \
+        all(_rows_computed_on_tiles(n) for n in leaves if isinstance(n.op, ViewOp))
+
+
+def _rows_computed_on_tiles(row_values: GraphNode) -> bool:
+    """Whether the kernel can compute a reduction's row values (softmax's max and sum) from
+    the tiles of memory it loads: elementwise work and reductions over memory, not a gather
+    (LeViT's attention biases, `table[:, idx]`) or another op whose table is read at
+    addresses of its own."""
+    nodes = toposort([row_values], stop=lambda n: n.is_leaf or isinstance(n.op, (Contiguous, Dot)))
+    return all(n.is_leaf or isinstance(n.op, (Elementwise, Reduce, ViewOp, Contiguous, Dot)) for n in nodes)
 
 
 def _nestable(product: GraphNode, shape: tuple) -> bool:

@@ -1177,3 +1177,19 @@ def test_a_dynamo_graph_that_writes_an_activation_in_place_is_compiled():
     expected.backward()
     torch.testing.assert_close(loss, expected)
     torch.testing.assert_close(w.grad, w2.grad)
+
+
+@pytest.mark.parametrize("second", ["same", "detached"])
+def test_a_written_input_that_requires_grad_passed_with_its_own_memory_again_is_refused(second):
+    """The written input is traced through a copy of its own, which another argument in its
+    memory would not see (`b * 1` would read b before a's write: a wrong answer); refused
+    by name before anything is written."""
+    def f(a, b):
+        a.mul_(2)
+        return b * 1
+
+    h = randn(6, 4).requires_grad_() * 1
+    before = h.detach().clone()
+    with pytest.raises(tjit.UnsupportedOpError, match="shares memory with"):
+        tjit.compile(f)(h, h if second == "same" else h.detach())
+    assert torch.equal(h.detach(), before)

@@ -235,6 +235,7 @@ class CompiledFunction:
     def _check_differentiable(self, conversion, flat, grad_inputs) -> None:
         """What tjit's backward cannot follow is refused before anything runs."""
         _check_no_shared_memory(self.fn, flat, grad_inputs, conversion.shared_inputs)
+        _check_written_alone(self.fn, flat, conversion.written_grad_inputs)
         if conversion.gradient_unknown:
             error, reason = conversion.gradient_unknown
             raise error(getattr(self.fn, "__name__", str(self.fn)),
@@ -421,6 +422,19 @@ def _check_no_shared_memory(fn, flat, grad_inputs, shared_inputs) -> None:
             raise UnsupportedOpError(getattr(fn, "__name__", str(fn)), f"inputs {names} are different views of one "
                                      "tensor whose memory meets, the function writes into it, and one requires "
                                      "grad; pass separate tensors (e.g. .clone())")
+
+
+def _check_written_alone(fn, flat, written: tuple[str, ...]) -> None:
+    """An input requiring grad that the function writes is traced through a copy of its own
+    (trace._write_back), so another argument in its memory would not see the writes: that
+    is refused (the same tensor passed twice, or overlapping views of it)."""
+    tensors = dict(flat)
+    for name in written:
+        others = [n for n, t in flat if n != name and isinstance(t, torch.Tensor) and tensors_meet(t, tensors[name])]
+        if others:
+            raise UnsupportedOpError(getattr(fn, "__name__", str(fn)), f"the function writes into input {name!r}, "
+                                     f"which requires grad and shares memory with {others}; pass separate tensors "
+                                     "(e.g. .clone())")
 
 
 def _by_output(conversion, eager) -> Optional[dict]:

@@ -181,6 +181,8 @@ class Converter(ValueBuilder):
                 # (`torch.div(12, 4)` as a size): the trace computed it and used its value
                 return None
             return read_number(self, args[0], node.meta["val"])
+        if node.target is torch.ops.aten.as_strided.default and self._of_a_computed_storage(node):
+            return self.read_computed_storage(node.meta["val"])
         if is_arithmetic(node.target):
             return arithmetic(self, node, *args)
         handler = self.handler_for(node)
@@ -455,6 +457,30 @@ class Converter(ValueBuilder):
                                      f"{val.dtype}")
         return view_of_contents(self.b, flat, View(tuple(val.shape), tuple(val.stride()), val.storage_offset()))
 
+    def _of_a_computed_storage(self, node: fx.Node) -> bool:
+        val = node.meta.get("val")
+        return isinstance(val, torch.Tensor) and storage_key(val) not in self.input_storage and \
+            not DType.from_torch(val.dtype).library_only
+
+    def read_computed_storage(self, val: torch.Tensor) -> GraphNode:
+        """A view that addresses a computed value's storage (as_strided of a slice of it:
+        fill_diagonal_ of `block[0]`), read from the storage's contents, written to memory."""
+        key = storage_key(val)
+        if key not in self.storages:
+            contents = self._owner_contents(key)
+            if contents is None or contents.dtype.torch != val.dtype:
+                raise UnsupportedOpError("aten.as_strided", "a view of a computed value's storage that no tensor "
+                                         "of the trace holds all of (or holds as another dtype)")
+            self.storages[key] = contents
+        return self.read_storage(val)
+
+    def _owner_contents(self, key: int) -> Optional[GraphNode]:
+        """The flat contents of an intermediate's storage, from a tensor computed before the
+        current node that covers all of it densely; None if there is none."""
+        owner = next((n for n in self._storage_nodes(key) if self.position.get(n, -1) < self.position[self.current]
+                      and _covers_storage(n.meta["val"]) and is_non_overlapping_and_dense(n.meta["val"])), None)
+        return None if owner is None else self.flat(self.env[owner], owner.meta["val"])
+
     def storage_after_write(self, target: fx.Node, key: int, value: GraphNode) -> GraphNode:
         """The storage's contents after `value` is written through the view `target`."""
         val = self.meta(target)
@@ -462,12 +488,10 @@ class Converter(ValueBuilder):
             return self.flat(value, val)  # the whole storage is written
         base = self.storages.get(key)
         if base is None:
-            owner = next((n for n in self._storage_nodes(key) if self.position.get(n, -1) < self.position[self.current]
-                          and _covers_storage(n.meta["val"]) and is_non_overlapping_and_dense(n.meta["val"])), None)
-            if owner is None:
+            base = self._owner_contents(key)
+            if base is None:
                 raise UnsupportedOpError(str(self.current.target), "in-place write into an intermediate tensor that "
                                          "other views still read, and no tensor of the trace holds all its storage")
-            base = self.flat(self.env[owner], owner.meta["val"])
         if base.dtype.torch != val.dtype:  # (the write's view counts in its own type's units)
             raise UnsupportedOpError(str(self.current.target), f"an in-place write through a {val.dtype} view of a "
                                      f"{base.dtype.torch} intermediate (x.real of a complex tensor)")

@@ -1193,3 +1193,23 @@ def test_a_written_input_that_requires_grad_passed_with_its_own_memory_again_is_
     with pytest.raises(tjit.UnsupportedOpError, match="shares memory with"):
         tjit.compile(f)(h, h if second == "same" else h.detach())
     assert torch.equal(h.detach(), before)
+
+
+def test_a_written_input_that_requires_grad_and_is_returned_is_the_input_itself():
+    """`return x.add_(w)` returns x in eager (its history rebased): a later in-place write
+    into the result writes x too, and both gradients follow it."""
+    def f(x, w):
+        return x.add_(w), x * 2
+
+    a, w = randn(300, 70).requires_grad_(), randn(70).requires_grad_()
+    grads = []
+    for fn in (f, tjit.compile(f)):
+        a.grad = w.grad = None
+        h = a * 1.5
+        y, z = fn(h, w)
+        assert y is h
+        y.mul_(3)
+        (h.sum() + z.sum()).backward()
+        grads.append((a.grad, w.grad))
+    for got, expected in zip(*reversed(grads)):
+        torch.testing.assert_close(got, expected)

@@ -49,6 +49,7 @@ class GradExecutable:
                              conversion.eager_ops, matmul_choices=conversion.matmul_choices)
         self.forward = Executable(forward, build_program(graph, strides, strategies, device), tape=kept)
         self.output_names = [s.name for s in conversion.outputs if s.kind == "computed"] + list(self.written)
+        self._returned_written = conversion.returned_written  # (eager returns the input itself, rebased)
         self._backward: dict[tuple, object] = {}
         self._lock = threading.Lock()
 
@@ -79,10 +80,12 @@ class GradExecutable:
         memory = dict(tensors)
         memory.update({("output", name): t for name, t in zip(self.output_names, outs)})
         result = self.forward.assemble(memory)
-        if self._detach:
+        if self._detach or self._returned_written:
             flat, tree = torch.utils._pytree.tree_flatten(result)
             for k in self._detach:
                 flat[k] = flat[k].detach()
+            for k, name in self._returned_written.items():
+                flat[k] = tensors[name]
             result = torch.utils._pytree.tree_unflatten(flat, tree)
         return result
 

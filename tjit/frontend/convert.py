@@ -80,6 +80,7 @@ class Conversion:
     # inputs requiring grad that the function writes in place (trace._write_back): each is a
     # result of the differentiable call too, its new contents the value of its one mutation
     written_grad_inputs: tuple[str, ...] = ()
+    returned_written: dict[int, str] = field(default_factory=dict)  # result position -> the written input it is
 
 
 def storage_key(t: torch.Tensor):

@@ -264,6 +264,7 @@ def trace(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozenset = fr
             raise LayoutError(f"input {name}", f"a tensor of layout {t.layout}: tjit compiles strided tensors only")
     returned = []  # the pytree spec of what fn returns (make_fx's output loses named tuples)
     written_grad_inputs = []  # (with writes_grad_inputs) the inputs requiring grad that fn wrote
+    returned_written = {}  # result position -> the written input it is (`return x.relu_()`)
 
     def with_tensors(*traced):
         it = iter(traced)
@@ -278,6 +279,8 @@ def trace(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozenset = fr
             result = _call_with(fn, args, kwargs, flat, values)
             watch.note_custom_functions(result)
         written_grad_inputs.extend(_write_back(copies, traced, tensor_names))
+        returned_written.update({k: name for k, leaf in enumerate(tree_leaves(result)) for name, copy in copies.items()
+                                 if leaf is copy and name in written_grad_inputs})
         returned.append(tree_flatten(result)[1])
         return result
 
@@ -307,6 +310,7 @@ def trace(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozenset = fr
         conversion = Converter(gm, tensor_names, requires_grad).run()
         conversion.gradient_unknown = watch.gradient_unknown
         conversion.written_grad_inputs = tuple(written_grad_inputs)
+        conversion.returned_written = returned_written
         if returned and returned[-1].num_leaves == conversion.output_tree.num_leaves:
             # eager's own structure: torch.return_types named tuples (x.max(1).values) stay named
             conversion.output_tree = returned[-1]

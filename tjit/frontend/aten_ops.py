@@ -611,6 +611,16 @@ def _xlogy(cv, node, a, b):
     return at_zero.where(x.wrap(0.0), product).value
 
 
+@register(aten.sinc)
+def _sinc(cv, node, a):
+    """sin(pi x) / (pi x), 1 at x == 0, where the quotient is taken at x = 1 instead (its
+    gradient at 0 is then 0, eager's, not the untaken branch's 0 / 0)."""
+    x = x_of(cv, node, a)
+    at_zero = x.op("eq", 0.0, result=DType.bool)
+    angle = at_zero.where(x.wrap(1.0), x) * math.pi
+    return at_zero.where(x.wrap(1.0), angle.op("sin") / angle).value
+
+
 @register(aten.copysign)
 def _copysign(cv, node, a, b):
     magnitude = x_of(cv, node, a).op("abs")

@@ -222,6 +222,24 @@ def _var_mean(cv, node, x, dim=None, *, correction=None, keepdim=False):
     return as_result(cv, node, var, 0), as_result(cv, node, mean, 1)
 
 
+@register(aten.std)
+def _std(cv, node, x, dim=None, *, correction=None, keepdim=False):
+    acc = _moment_dtype(node, x, "std")
+    return as_result(cv, node, _root(cv, variance(cv, node, x, reduced_axes(x, dim), correction, acc)[1]))
+
+
+@register(aten.std_mean)
+def _std_mean(cv, node, x, dim=None, *, correction=None, keepdim=False):
+    acc = _moment_dtype(node, x, "std_mean")
+    mean, var = variance(cv, node, x, reduced_axes(x, dim), correction, acc)
+    return as_result(cv, node, _root(cv, var), 0), as_result(cv, node, mean, 1)
+
+
+def _root(cv, var: GraphNode) -> GraphNode:
+    """sqrt(var), with eager's zero gradient where var is 0 (a constant row), not inf * 0."""
+    return cv.elementwise("sqrt", [_zero_slope_at_zero(cv, var)], var.dtype)
+
+
 @register(aten.linalg_vector_norm)
 def _vector_norm(cv, node, x, ord=2, dim=None, keepdim=False, *, dtype=None):
     acc = accumulate_type(node, x, dtype)

@@ -64,6 +64,8 @@ aten = torch.ops.aten
 KEPT_WHOLE = (aten.clamp_min, aten.clamp_max, aten.silu, aten.softplus, aten.mish, aten.hardsigmoid, aten.hardswish,
               aten.frac, aten.celu, aten.selu, aten.lerp, aten.addcmul, aten.addcdiv,
               aten.xlogy,  # its decomposition's where() gives no gradient to x at x == 0; eager's is log(y)
+              aten.sinc,  # its decomposition's where() differentiates 0 / 0 at x == 0 (NaN; eager's is 0)
+              aten.std, aten.std_mean,  # sqrt(var) differentiated at var == 0 is inf * 0 (NaN; eager's is 0)
               aten._safe_softmax,  # its decomposition's backward meets softmax's NaN in fully masked rows
               aten.baddbmm,  # its decomposition computes 16-bit products in float32 operands (frontend/matmul.py)
               aten.detach,  # its decomposition (alias) would lose where the gradient stops

@@ -186,11 +186,7 @@ UNARY = {
 }
 
 
-# Known gaps (strict: the day they are fixed, these start failing and the marks come off).
-def _gap(reason):
-    return pytest.mark.xfail(strict=True, reason=reason)
-
-
+# Known gaps (a strict xfail where a gradient differs from eager's: none now).
 SPILLS = pytest.mark.spills_at_sm90(reason="sin/cos recomputed in a backward kernel: libdevice slow paths spill 8 B")
 KNOWN_GAPS = {
     "tan": [SPILLS],

@@ -1049,3 +1049,22 @@ def test_attention_with_a_bias_table_gathered_by_an_index_buffer(queries):
     args = (torch.randn(2, 3, queries, keys), torch.randn(3, 50), torch.randint(0, 50, (queries, keys)),
             torch.randn(2, 3, keys, 16))
     check(attention, *args)
+
+
+SELECTED_FROM_PRODUCTS = {
+    # (mamba under autocast: a row of a product of computed operands, sliced and broadcast)
+    "row_shared_b": (lambda h, w, b: ((h * 2).transpose(1, 2) @ (w * 2))[:, 0, :1, None] * b[:, :4],
+                     ((2, 64, 11), (64, 10), (64, 40))),
+    "row_batched_b": (lambda h, w, b: ((h * 2) @ (w * 2))[:, 3] + b[0, :10], ((3, 70, 64), (3, 64, 10), (1, 40))),
+    "column_shared_b": (lambda h, w, b: ((h * 2) @ (w * 2))[..., 7] * b[0, 0], ((3, 70, 64), (64, 10), (1, 40))),
+    "column_batched_b": (lambda h, w, b: ((h * 2) @ (w * 2))[:, :, -1].sum(-1), ((3, 70, 64), (3, 64, 10), (1, 40))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SELECTED_FROM_PRODUCTS))
+def test_a_row_or_column_selected_from_a_product(name):
+    """x[:, i] of a product selects a row (or a column) of each matrix: built as a slice of
+    a's rows (b's columns), then squeezed, so both operands stay matrices (a select
+    dropped the row axis of a and multiplied the wrong shapes: a ValueError in the frontend)."""
+    fn, shapes = SELECTED_FROM_PRODUCTS[name]
+    check(fn, *[torch.randn(s) for s in shapes])

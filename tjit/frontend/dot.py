@@ -201,6 +201,10 @@ def view_of_dot(vb, node: GraphNode, desc: tuple) -> Optional[GraphNode]:
         return dot(vb, vb.view(a, desc), b if shared else vb.view(b, desc), recomputed=recomputed)
     if kind in ("slice", "select"):
         d = args[0] % rank
+        if kind == "select" and d >= rank - 2:  # a row or column, keeping the operands matrices
+            index = args[1] % node.shape[d]
+            kept = view_of_dot(vb, node, ("slice", d, index, index + 1, 1))
+            return None if kept is None else vb.view(kept, ("squeeze", (d,)))
         if d < rank - 2:
             return dot(vb, vb.view(a, desc), b if shared else vb.view(b, desc), recomputed=recomputed)
         if d == rank - 2:

@@ -1219,3 +1219,32 @@ def test_a_written_input_that_requires_grad_and_is_returned_is_the_input_itself(
         grads.append((a.grad, w.grad))
     for got, expected in zip(*reversed(grads)):
         torch.testing.assert_close(got, expected)
+
+
+def test_a_residual_read_through_a_row_view_under_autocast_with_a_second_result():
+    """CLIP's training step under autocast: a linear's result (with a bias cast to bfloat16)
+    is read by the backward both through row views (the pooled token) and as the whole
+    residual value the views are pushed through. The plan kept the row views, the backward
+    rebuilt the whole value to view it: a KeyError for the bias it did not keep."""
+    d = 32
+
+    def f(px, cw, cls, lnw, lnb, w1, b1, w2, b2):
+        x = torch.cat([cls.expand(2, 1, -1), F.linear(px, cw)], 1)
+        x = F.layer_norm(x, (d,), lnw[0], lnb[0])
+        h = F.linear(F.layer_norm(x, (d,), lnw[1], lnb[1]), w1, b1)
+        x = x + F.linear(h, w2, b2)
+        return F.layer_norm(x[:, 0, :], (d,), lnw[2], lnb[2]), x  # the second gets no gradient
+
+    px = randn(2, 16, 192)
+    params = [randn(d, 192), randn(d), randn(3, d), randn(3, d), randn(2 * d, d), randn(2 * d), randn(d, 2 * d),
+              randn(d)]
+    grads = []
+    for fn, dtype in ((f, torch.float64), (f, torch.float32), (tjit.compile(f), torch.float32)):
+        leaves = [p.to(dtype).requires_grad_() for p in params]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.float32):
+            out = fn(px.to(dtype), *leaves)
+        out[0].float().pow(2).mean().backward()
+        grads.append([leaf.grad for leaf in leaves])
+    exact, eager, got = grads
+    for k, (g, e, x) in enumerate(zip(got, eager, exact)):
+        assert_as_accurate_as_eager(g, e, x, 1.6e-2, 1e-5, f"gradient of parameter {k}")

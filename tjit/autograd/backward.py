@@ -131,7 +131,7 @@ def plan_autograd(graph: Graph, grad_inputs, eager: Optional[dict[str, frozenset
     grads = _sweep(Algebra(recomputing.vb), plan, contiguous, recomputing, needs)
     roots = [n for dense, scattered in grads.values()
              for n in [dense] + [v for s in scattered for v in (s.index, s.values)] if n is not None]
-    read = _read_by_backward(roots, recomputing.vb.origin)
+    read = _read_by_backward(roots + recomputing.viewed_values, recomputing.vb.origin)
     _choose_saved(plan, read, mutated - _written(graph))
     return plan
 
@@ -246,6 +246,9 @@ class _Recompute:
         self.view_sources = view_sources or {}
         self._viewing: set[int] = set()  # nodes being built as views of their sources
         self.memo: dict[int, GraphNode] = {}
+        # the values rebuilt whole to be viewed: the backward builds each before the view is
+        # pushed into it, so what they read is read (the plan's cut must cover it)
+        self.viewed_values: list[GraphNode] = []
 
     def _view_of(self, node: GraphNode) -> Optional[tuple]:
         """(value, view) when node computes a view of a value and is not kept itself."""
@@ -268,7 +271,9 @@ class _Recompute:
             if viewed is not None:
                 self._viewing.add(id(n))
                 try:
-                    copy = self.vb.view(self(viewed[0]), viewed[1])
+                    whole = self(viewed[0])
+                    self.viewed_values.append(whole)
+                    copy = self.vb.view(whole, viewed[1])
                 finally:
                     self._viewing.discard(id(n))
             elif id(n) in self.copies and id(n) not in self.saved:

@@ -74,9 +74,10 @@ class GradExecutable:
             _check_writable(name, tensors[name])
         names = tuple(tensors)
         outs = _Compiled.apply(self, names, *tensors.values())
-        for name, value in zip(self.output_names, outs):
-            if name in self.written:
-                _Rebase.apply(tensors[self.written[name]], value)
+        if self.written:
+            for name, value in zip(self.output_names, outs):
+                if name in self.written:
+                    _Rebase.apply(tensors[self.written[name]], value)
         memory = dict(tensors)
         memory.update({("output", name): t for name, t in zip(self.output_names, outs)})
         result = self.forward.assemble(memory)

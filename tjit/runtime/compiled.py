@@ -273,10 +273,15 @@ def _cannot_donate(name, x, conversion, flat) -> Optional[str]:
         return "the function writes into it, so its contents are a result"
     if any(s.kind == "input_alias" and s.name == name for s in conversion.outputs):
         return "a result is a view of it"
-    others = [n for n, t in flat.items() if n != name and isinstance(t, torch.Tensor) and tensors_meet(t, x)]
+    others = _sharing_memory(flat, name)
     if others:
         return f"it shares memory with {others}"
     return None
+
+
+def _sharing_memory(tensors: dict, name: str) -> list[str]:
+    """The other tensor arguments whose memory meets argument `name`'s."""
+    return [n for n, t in tensors.items() if n != name and isinstance(t, torch.Tensor) and tensors_meet(t, tensors[name])]
 
 
 def _reading_numbers(fn, numbers: tuple[str, ...]) -> Callable:
@@ -430,7 +435,7 @@ def _check_written_alone(fn, flat, written: tuple[str, ...]) -> None:
     is refused (the same tensor passed twice, or overlapping views of it)."""
     tensors = dict(flat)
     for name in written:
-        others = [n for n, t in flat if n != name and isinstance(t, torch.Tensor) and tensors_meet(t, tensors[name])]
+        others = _sharing_memory(tensors, name)
         if others:
             raise UnsupportedOpError(getattr(fn, "__name__", str(fn)), f"the function writes into input {name!r}, "
                                      f"which requires grad and shares memory with {others}; pass separate tensors "

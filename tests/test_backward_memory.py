@@ -85,10 +85,12 @@ def layer_args(layers, shape=(64, 40)):
     return x, weights, norm_weights, norm_biases
 
 
-def assert_layers_match_eager_in_a_slab_that_does_not_grow(layers_fn, shape=(64, 40)):
-    """Gradients of six layers against eager's; the backward slab of six against two."""
+def assert_layers_match_eager_in_a_slab_that_does_not_grow(layers_fn, shape=(64, 40), depths=(2, 6)):
+    """Gradients of the deeper stack against eager's; the backward slab of the two depths
+    (six layers against two, unless told)."""
+    shallow, deep = depths
     compiled = tjit.compile(layers_fn)
-    args = layer_args(6, shape)
+    args = layer_args(deep, shape)
     params = [p for group in args[1:] for p in group]
     compiled(*args).backward()
     got = [p.grad for p in params]
@@ -98,9 +100,9 @@ def assert_layers_match_eager_in_a_slab_that_does_not_grow(layers_fn, shape=(64,
     for g, p in zip(got, params):  # (sums over rows in another order than eager's)
         torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-4)
     rows = 64 * 40 * 4
-    two, six = backward_slab(compiled, layer_args(2, shape)), backward_slab(compiled, args)
+    few, many = backward_slab(compiled, layer_args(shallow, shape)), backward_slab(compiled, args)
     # held to the end, each layer's [64, 40] gradient rows would add 4 * rows at least
-    assert six - two < 2 * rows, (two, six)
+    assert many - few < 2 * rows, (few, many)
 
 
 def test_each_layers_norm_gradients_do_not_wait_for_the_last_layer():
@@ -214,3 +216,22 @@ def test_a_residual_streams_values_and_gradients_are_read_from_the_buffers_writt
     (or above): its slab then does not grow with the depth, as each layer's gradient rows
     and norm-weight gradients are done with at that layer."""
     assert_layers_match_eager_in_a_slab_that_does_not_grow(postnorm_layers, shape)
+
+
+def postnorm_layers_read_transposed(x, weights, norm_weights, norm_biases):
+    """Post-norm layers whose linear reads the stream as [t, b, d] (as nn.MultiheadAttention
+    with batch_first=True reads its [b, t, d] input)."""
+    for w, g, b in zip(weights, norm_weights, norm_biases):
+        x = F.layer_norm(x + F.linear(x.transpose(0, 1), w).transpose(0, 1), x.shape[-1:], g, b)
+    return x.sum()
+
+
+@pytest.mark.usefixtures("library_matmuls")  # (about the buffers written for library calls)
+@pytest.mark.spills_at_sm90("a forward norm kernel of the ten layers' stack spills 16 B at sm_90 (before this test too)")
+def test_a_layer_input_read_transposed_is_written_just_before_its_linear_reads_it():
+    """The backward writes each layer's input, transposed, for its linear's weight gradient.
+    Every one can be computed from the tape at the backward's start; each is computed in
+    the kernel that runs just before its linear (a norm backward's, over the same elements
+    in [b, t, d] order), so the slab stops growing after the first layers rather than
+    holding one input per layer from the start."""
+    assert_layers_match_eager_in_a_slab_that_does_not_grow(postnorm_layers_read_transposed, (4, 16, 40), (6, 10))

@@ -529,8 +529,11 @@ def _computes_non_pointwise(value: GraphNode) -> bool:
 def _sink_buffers(stores: list[Store], edges: dict[int, list], levels: dict[int, int]) -> dict[int, int]:
     """A buffer written early and read late holds its memory in between (a backward that
     recomputes forward values at its start for its last kernels): its store joins the
-    latest kernel of its domain that still runs before its first reader, if there is one
-    (so no kernel is added, and its own may go). A fill that reads no memory (the zeros an
+    latest kernel that still runs before its first reader, if there is one (so no kernel is
+    added, and its own may go): one of its domain, or, for a value that needs no reduction
+    of its own, one over its elements in another order or split (a layer's input read
+    transposed by a linear, as nn.MultiheadAttention's [t, b, d], computed in a norm
+    backward's [b, t, d] rows; _computed_in). A fill that reads no memory (the zeros an
     embedding's gradient is scattered into) may also join the latest level with a pointwise
     kernel, whose launch it then shares (horizontal.py): the table is allocated closer to the
     scatter, as eager allocates it, rather than at the backward's start."""
@@ -544,18 +547,33 @@ def _sink_buffers(stores: list[Store], edges: dict[int, list], levels: dict[int,
     pointwise = collections.Counter(levels[id(s)] for s in stores if plain(s.domain))
     buffers = [s for s in stores if isinstance(s.target, BufferTarget) and id(s) in readers]
     for store in sorted(buffers, key=lambda s: -levels[id(s)]):  # the last first: what it reads may follow it
-        level = levels[id(store)]
+        level, old = levels[id(store)], store.domain
         latest = min(levels[reader] - strict for reader, strict in readers[id(store)])
         fill = plain(store.domain) and all(buffer_of(leaf) is None for leaf in expression_leaves(store.value))
-        later = [k for k in range(latest, level, -1) if kernels[(k, store.domain)] or (fill and pointwise[k])]
-        if later:
-            kernels[(level, store.domain)] -= 1
-            kernels[(later[0], store.domain)] += 1
-            if plain(store.domain):
-                pointwise[level] -= 1
-                pointwise[later[0]] += 1
-            levels[id(store)] = later[0]
+        for k in range(latest, level, -1):
+            if kernels[(k, store.domain)] or (fill and pointwise[k]) or _joined_in_another_order(store, k, kernels):
+                kernels[(level, old)] -= 1
+                kernels[(k, store.domain)] += 1
+                pointwise[level] -= plain(old)
+                pointwise[k] += plain(store.domain)
+                levels[id(store)] = k
+                break
     return levels
+
+
+def _joined_in_another_order(store: Store, level: int, kernels: collections.Counter) -> bool:
+    """Whether the store, whose value needs no reduction, product or gather of its own, now
+    runs in a kernel of `level` over its elements in another order or axis split (its domain
+    and value changed to that kernel's: _computed_in)."""
+    if not _reshapeable(store) or _computes_non_pointwise(store.value):
+        return False
+    for (k, domain), count in kernels.items():
+        if k == level and count and not domain.dot and domain.squeezed_shape != () \
+                and math.prod(domain.shape) == math.prod(store.shape) and domain.shape != store.shape \
+                and _computed_in(store, domain.shape):
+            store.domain = domain
+            return True
+    return False
 
 
 def _join_reduction_kernels(stores: list[Store], levels: dict[int, int]) -> None:

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import tjit
-from tjit.errors import DataDependentError
+from tjit.errors import DataDependentError, GradientStateError
 from tjit.frontend.trace import trace
 from tjit.runtime import split
 from helpers import check_against_eager
@@ -254,3 +254,45 @@ def test_a_size_read_from_a_tensor_made_of_python_numbers():
     torch._dynamo.reset()
     x = torch.randn(300, 4)
     torch.testing.assert_close(torch.compile(f, backend="tjit")(x), f(x))
+
+
+
+def clip_gradients(params):
+    """What a training loop compiles around its optimizer: the gradients' norm, read from
+    and written back to each parameter's .grad."""
+    return torch.nn.utils.clip_grad_norm_(params, 1.0)
+
+
+def parameters_with(grads):
+    params = [torch.zeros_like(g, requires_grad=True) for g in grads]
+    for p, g in zip(params, grads):
+        p.grad = g.clone()
+    return params
+
+
+def test_a_function_that_reads_and_writes_gradients_runs_split_by_dynamo():
+    """A tensor's .grad is state the trace's copies of the inputs do not carry (traced, the
+    norm would be 0 and nothing clipped). Reading or writing it takes the Dynamo path, which
+    passes the gradients to the compiled graphs as inputs, read on every call."""
+    compiled = tjit.compile(clip_gradients)
+    for scale in (3.0, 0.01):  # (clipped, then not)
+        grads = [torch.randn(n) * scale for n in (7, 300, 33)]
+        params, expected_params = parameters_with(grads), parameters_with(grads)
+        torch.testing.assert_close(compiled(params), clip_gradients(expected_params))
+        for p, e in zip(params, expected_params):
+            torch.testing.assert_close(p.grad, e.grad)
+    assert "grad" in tjit.explain(clip_gradients, params).reason
+
+
+def test_trace_refuses_a_read_or_write_of_a_gradient():
+    def reads(x):
+        return x * 2 if x.grad is None else x.grad * 2
+
+    def writes(x):
+        x.grad = x * 2
+        return x + 1
+    x = torch.randn(5, requires_grad=True)
+    x.grad = torch.ones(5)
+    for fn in (reads, writes):
+        with pytest.raises(GradientStateError, match=r"\.grad"):
+            trace(fn, (x,), {})

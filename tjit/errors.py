@@ -46,6 +46,12 @@ class CustomFunctionError(SplitError):
     (runtime/split.py)."""
 
 
+class GradientStateError(SplitError):
+    """The function reads or writes a tensor's .grad (clip_grad_norm_, an optimizer step):
+    state the trace's copies of the inputs do not carry, so a trace would read None. Dynamo
+    passes the gradients to its graphs as inputs (runtime/split.py)."""
+
+
 class LayoutError(SplitError):
     """A sparse (or other non-strided) tensor: no strided memory for kernels or library calls
     to read. The graphs that hold one run eagerly."""

@@ -18,7 +18,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 
-from ..errors import CustomFunctionError, DataDependentError, EagerError, LayoutError, UnsupportedOpError
+from ..errors import (CustomFunctionError, DataDependentError, EagerError, GradientStateError, LayoutError,
+                      UnsupportedOpError)
 from .batch_norm import batch_norm_decompositions
 from .convert import Conversion, Converter
 from .foreach import foreach_decompositions
@@ -168,7 +169,9 @@ class GradModeWatch(TorchFunctionMode):
     existing tensor under no_grad cannot be shown that way (the written tensor may carry a
     gradient whose path eager cuts there), nor can a custom autograd.Function (eager runs its
     Python backward, not the derivative of its forward): `gradient_unknown` holds the error
-    to raise (its type and reason) for a function with grad inputs."""
+    to raise (its type and reason) for a function with grad inputs. A read or write of a
+    tensor's .grad raises GradientStateError at once, in any grad mode: the traced copies of
+    the inputs carry no gradients."""
 
     def __init__(self):
         super().__init__()
@@ -177,6 +180,9 @@ class GradModeWatch(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if getattr(func, "__self__", None) is torch.Tensor.grad:  # (its __get__, __set__ or __delete__)
+            raise GradientStateError("Tensor.grad", "the function reads or writes a tensor's gradient, which the "
+                                                    "traced copies of its inputs do not carry")
         if not self.grad_enabled or func is torch._C._set_grad_enabled:  # (tracing toggles grad mode too)
             return func(*args, **kwargs)
         if torch.is_grad_enabled():

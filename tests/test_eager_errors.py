@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import operator
+import re
 import threading
 import warnings
 
@@ -276,3 +277,30 @@ def test_threads_with_autograd():
     errors = in_threads(work)
     assert not errors, "\n".join(errors)
     assert tjit.memory.stats()["tape_bytes"] == 0
+
+
+def test_a_call_missing_an_argument_raises_eagers_type_error():
+    """Called with arguments that do not fit its signature, a compiled function raises a
+    TypeError as eager does (not a refusal): eager's own message for positional arguments,
+    inspect.signature's (which names the argument too) where keywords are given."""
+    def add(a, b):
+        return a + b
+    compiled = tjit.compile(add)
+    for args in ((torch.randn(3),), (torch.randn(3), torch.randn(3), torch.randn(3))):
+        with pytest.raises(TypeError) as raised:
+            add(*args)
+        with pytest.raises(TypeError, match=re.escape(str(raised.value))):
+            compiled(*args)
+    with pytest.raises(TypeError, match="'b'"):
+        compiled(torch.randn(3), c=torch.randn(3))
+    check_against_eager(add, torch.randn(3), torch.randn(3))
+
+
+def test_a_type_error_inside_the_function_stays_a_refusal():
+    """A TypeError raised by the function's own code (not by the call) is tjit's refusal to
+    trace it, as before: eager may well run it (here: a tensor method tjit's trace cannot
+    take with these arguments), so no eager error is claimed."""
+    def wrong(a):
+        return a.view("not a shape")
+    with pytest.raises(tjit.UnsupportedOpError, match="TypeError"):
+        tjit.compile(wrong)(torch.randn(3))

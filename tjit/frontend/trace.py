@@ -311,6 +311,8 @@ def trace(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozenset = fr
                 writes_grad_inputs = True  # the trace's inputs are leaves; the caller's need not be
                 returned.clear()
                 continue
+            if isinstance(e, TypeError) and not _fits_signature(fn, args, kwargs):
+                raise TypeError(str(e)) from None  # eager's: the call itself does not fit (a missing argument)
             error = DataDependentError if _needs_tensor_data(e) else UnsupportedOpError
             raise error(name, f"tracing failed: {type(e).__name__}: {str(e).strip()}") from e
     check_no_data_dependence(gm, name)
@@ -481,6 +483,17 @@ def locate_call(fn: Callable, tensors: list, target) -> str:
     except Exception:
         return ""
     return ""
+
+
+def _fits_signature(fn, args, kwargs) -> bool:
+    """Whether the arguments bind to fn's signature (True where it has none to check)."""
+    try:
+        inspect.signature(fn).bind(*args, **kwargs)
+    except TypeError:
+        return False
+    except ValueError:
+        return True
+    return True
 
 
 def _call_with(fn, args, kwargs, flat, values):

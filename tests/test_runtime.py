@@ -1,4 +1,5 @@
 """Caching, counters, torch.compile integration, insight and errors."""
+import contextlib
 import subprocess
 import sys
 
@@ -63,6 +64,32 @@ def test_layout_dtype_and_scalar_type_changes_retrace_and_stay_correct():
         else:
             check_against_eager(f.__wrapped__, *args, compiled=f)
         assert tjit.counters.traces == before + 1
+
+
+@pytest.mark.usefixtures("fresh_seed")
+def test_autocast_and_the_default_dtype_are_part_of_the_cache_key():
+    """The trace computes in the dtypes autocast and the default dtype choose: a call in
+    another autocast region, or after torch.set_default_dtype, is another entry, as eager's
+    results change with them (a reused entry would return float32 under autocast)."""
+    def f(a, b):
+        return a @ b + torch.ones(b.shape[-1])  # (in the default dtype)
+    compiled = tjit.compile(f)
+    a, b = torch.randn(8, 8), torch.randn(8, 8)
+    regions = [contextlib.nullcontext, lambda: torch.autocast("cpu", dtype=torch.bfloat16),
+               lambda: torch.autocast("cpu", dtype=torch.float16), contextlib.nullcontext]
+    for region in regions:
+        with region():
+            got, want = compiled(a, b), f(a, b)
+        assert got.dtype == want.dtype, (region, got.dtype, want.dtype)
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)  # (16-bit products, summed in another order)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        assert compiled(a, b).dtype == f(a, b).dtype == torch.float64
+        torch.testing.assert_close(compiled(a, b), f(a, b), rtol=1e-5, atol=1e-5)  # (a float32 product)
+    finally:
+        torch.set_default_dtype(previous)
+    assert compiled(a, b).dtype == torch.float32
 
 
 def test_keyword_arguments_and_decorator_forms():

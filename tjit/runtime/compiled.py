@@ -51,8 +51,10 @@ class CompiledEntry:
 
 def guard_key(flat: list[tuple[str, Any]], numbers: tuple[str, ...] = ()) -> tuple:
     """numbers: the float arguments passed as runtime numbers (their values are not part of it)."""
-    # (the float32 matmul precision: a generated float32 product uses tf32 where it allows)
-    key = [torch.is_grad_enabled(), numbers, torch.get_float32_matmul_precision()]
+    # (the float32 matmul precision: a generated float32 product uses tf32 where it allows;
+    # autocast and the default dtype decide the dtypes the trace computes in)
+    key = [torch.is_grad_enabled(), numbers, torch.get_float32_matmul_precision(), torch.get_default_dtype(),
+           _autocast_state() if torch._C._is_any_autocast_enabled() else None]
     storages: dict[int, tuple[int, int]] = {}  # which tensors share memory is traced in
     for k, (name, v) in enumerate(flat):
         if isinstance(v, torch.Tensor) and v.layout != torch.strided:  # (no storage: a sparse tensor)
@@ -70,6 +72,12 @@ def guard_key(flat: list[tuple[str, Any]], numbers: tuple[str, ...] = ()) -> tup
             except TypeError:
                 key.append((name, type(v), repr(v)))
     return tuple(key)
+
+
+def _autocast_state() -> tuple:
+    """Where autocast is on, and to which dtype (torch.autocast regions the call is made in)."""
+    return tuple((device, torch.get_autocast_dtype(device)) for device in ("cpu", "cuda")
+                 if torch.is_autocast_enabled(device))
 
 
 @dataclass

@@ -92,6 +92,97 @@ def test_autocast_and_the_default_dtype_are_part_of_the_cache_key():
     assert compiled(a, b).dtype == torch.float32
 
 
+class ScaledBlock(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear, self.norm = torch.nn.Linear(16, 16), torch.nn.BatchNorm1d(16)
+        self.dropout, self.scale = torch.nn.Dropout(0.5), 1.5
+
+    def forward(self, x):
+        return self.dropout(self.norm(self.linear(x))) * self.scale
+
+
+@pytest.mark.usefixtures("fresh_seed")
+def test_a_compiled_module_follows_its_state_as_eager_does():
+    """tjit.compile(module): the forward reads state its arguments do not show (training
+    mode, parameters, plain attributes). Dynamo guards that state and hands tjit its graphs,
+    so model.eval() after training, a parameter replaced and an attribute changed all give
+    eager's results (a trace would have kept dropout, batch statistics and the old values),
+    and the graphs run as tjit's kernels."""
+    model = ScaledBlock()
+    compiled = tjit.compile(model)
+    x = torch.randn(12, 16)
+    model.train()
+    torch.manual_seed(1)
+    got = compiled(x)
+    torch.manual_seed(1)
+    want = model(x)
+    assert got.shape == want.shape and torch.isfinite(got).all()  # (dropout: drawn apart from eager's)
+    launches = tjit.counters.launches
+    changes = [lambda: model.eval(), lambda: setattr(model, "scale", 4.0),
+               lambda: setattr(model.linear, "weight", torch.nn.Parameter(torch.randn(16, 16))),
+               lambda: model.norm.running_mean.add_(1.0)]
+    for change in changes:
+        change()
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+    assert tjit.counters.launches > launches
+    assert "nn.Module" in tjit.explain(model, x).reason
+
+
+SHIFT = 0.5
+
+
+def shifted(x):
+    return torch.tanh(x) + SHIFT
+
+
+@pytest.mark.usefixtures("fresh_seed")
+def test_globals_and_closed_over_variables_rebound_are_traced_anew():
+    """A trace bakes in what the function's globals and closed-over variables held (a
+    number, a tensor read as a constant): a name bound to another object since is a miss
+    and a new trace, as eager reads the new object; the same objects are a hit."""
+    global SHIFT
+    compiled, x = tjit.compile(shifted), torch.randn(300)
+    previous = SHIFT
+    try:
+        for value in (0.5, 2.0, -1.0):
+            SHIFT = value
+            torch.testing.assert_close(compiled(x), shifted(x))
+    finally:
+        SHIFT = previous
+    table = torch.randn(300)
+
+    def closes_over(x):
+        return x * table
+    compiled = tjit.compile(closes_over)
+    torch.testing.assert_close(compiled(x), closes_over(x))
+    table.mul_(2)  # (the same tensor, written in place: read as it is now, no new trace)
+    before = tjit.counters.traces
+    torch.testing.assert_close(compiled(x), closes_over(x))
+    assert tjit.counters.traces == before
+    table = torch.randn(300)  # (another tensor)
+    torch.testing.assert_close(compiled(x), closes_over(x))
+    assert tjit.counters.traces == before + 1
+
+
+def test_the_states_kept_per_function_are_bounded(monkeypatch):
+    """Each state of the globals keeps its objects alive (so no other object takes their
+    ids while an entry is cached under them); past MAX_OUTSIDE_STATES the oldest states'
+    entries go, and with them the objects."""
+    import tjit.runtime.guards as guards
+    monkeypatch.setattr(guards, "MAX_OUTSIDE_STATES", 2)
+    global SHIFT
+    compiled, x = tjit.compile(shifted), torch.randn(5)
+    previous = SHIFT
+    try:
+        for value in (1.0, 2.0, 3.0, 4.0):
+            SHIFT = value
+            torch.testing.assert_close(compiled(x), shifted(x))
+    finally:
+        SHIFT = previous
+    assert len(compiled._cache) == len(compiled._outside._kept) == 2
+
+
 def test_keyword_arguments_and_decorator_forms():
     @tjit.compile
     def plain(x, *, alpha=2.0):

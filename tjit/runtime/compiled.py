@@ -1,7 +1,10 @@
 """tjit.compile: a callable that traces on a cache miss and launches kernels on every call.
 
-The cache key is everything that changes the generated code: per tensor its shape,
-strides, dtype, device and requires_grad; per other argument its type and value. A Python
+The cache key is everything that changes the generated code (guards.py): per tensor its
+shape, strides, dtype, device and requires_grad; per other argument its type and value; the
+torch state the trace runs under (grad mode, autocast, the default dtype); and the objects
+the function's globals and closed-over variables hold. An nn.Module, whose forward reads
+state none of these show, runs through Dynamo, which guards it. A Python
 float is the exception: it is passed to the kernels as a 0-d float64 tensor (the trace reads
 it with `.item()`, which frontend/scalars.py keeps a runtime value), so a new learning rate
 reuses everything. A float the function branches on, or passes where an op needs a literal,
@@ -31,6 +34,7 @@ from ..memory.donation import DonatedTensor
 from ..pipeline import build_program, trace_and_convert
 from .counters import counters
 from .executor import Executable, alias_view
+from .guards import OutsideState, guard_key
 from .interpreter import check_device
 from .split import SplitFunction
 
@@ -47,37 +51,6 @@ class CompiledEntry:
     cpu_scalars: tuple[str, ...] = ()
     written_cpu_scalars: tuple[str, ...] = ()  # those the function writes in place: copied back
     cpu_outputs: tuple = ()  # (index, OutputSpec) of the flattened results eager makes on the CPU
-
-
-def guard_key(flat: list[tuple[str, Any]], numbers: tuple[str, ...] = ()) -> tuple:
-    """numbers: the float arguments passed as runtime numbers (their values are not part of it)."""
-    # (the float32 matmul precision: a generated float32 product uses tf32 where it allows;
-    # autocast and the default dtype decide the dtypes the trace computes in)
-    key = [torch.is_grad_enabled(), numbers, torch.get_float32_matmul_precision(), torch.get_default_dtype(),
-           _autocast_state() if torch._C._is_any_autocast_enabled() else None]
-    storages: dict[int, tuple[int, int]] = {}  # which tensors share memory is traced in
-    for k, (name, v) in enumerate(flat):
-        if isinstance(v, torch.Tensor) and v.layout != torch.strided:  # (no storage: a sparse tensor)
-            key.append((name, tuple(v.shape), v.layout, v.dtype, v.device, v.requires_grad))
-        elif isinstance(v, torch.Tensor):
-            first, offset = storages.setdefault(v.untyped_storage().data_ptr(), (k, v.storage_offset()))
-            alias = (first, v.storage_offset() - offset) if first != k else None
-            key.append((name, tuple(v.shape), v.stride(), v.dtype, v.device, v.requires_grad, alias))
-        elif name in numbers:
-            key.append((name, float))
-        else:
-            try:
-                hash(v)
-                key.append((name, type(v), v))
-            except TypeError:
-                key.append((name, type(v), repr(v)))
-    return tuple(key)
-
-
-def _autocast_state() -> tuple:
-    """Where autocast is on, and to which dtype (torch.autocast regions the call is made in)."""
-    return tuple((device, torch.get_autocast_dtype(device)) for device in ("cpu", "cuda")
-                 if torch.is_autocast_enabled(device))
 
 
 @dataclass
@@ -99,6 +72,12 @@ class CompiledFunction:
         # the graphs Dynamo itself hands over
         self.split_data_dependent = split_data_dependent
         self._split: Optional[SplitFunction] = None
+        # a module's forward reads state its arguments do not show (training mode, parameters,
+        # attributes), which a trace would bake in: Dynamo guards it and hands tjit its graphs
+        self._guarded_by_dynamo = isinstance(fn, torch.nn.Module) and split_data_dependent
+        # the globals and closed-over variables a trace bakes in (a Dynamo graph has none of its own)
+        outside = OutsideState(fn) if split_data_dependent else None
+        self._outside = outside if outside else None
         self.donate = tuple(donate)
         self.axis_strategies = dict(axis_strategies or {})
         self._cache: dict[tuple, CompiledEntry] = {}
@@ -136,7 +115,7 @@ class CompiledFunction:
         tensors = {name: v for name, v in flat if isinstance(v, torch.Tensor)}
         _check_not_donated(tensors)
         numbers = self._numbers(flat)
-        entry = self._cache.get(guard_key(flat, numbers))
+        entry = self._cache.get(self._key(flat, numbers))
         if entry is None:
             _check_call(self.fn, tensors)
             with self._lock:
@@ -168,6 +147,12 @@ class CompiledFunction:
         with self._lock:
             return self._entry(args, kwargs, flat, self._numbers(flat))
 
+    def _key(self, flat, numbers: tuple[str, ...] = ()) -> tuple:
+        """The cache key of a call: its arguments and torch state, and the objects the
+        function's globals and closed-over variables hold (guards.py)."""
+        key = guard_key(flat, numbers)
+        return key if self._outside is None else key + (self._outside.key(),)
+
     def _numbers(self, flat) -> tuple[str, ...]:
         """The float arguments (the function's own parameters) to pass as runtime numbers (none
         once one failed)."""
@@ -178,19 +163,25 @@ class CompiledFunction:
     def _entry(self, args, kwargs, flat, numbers) -> CompiledEntry:
         """The cached entry, or a new one: with the floats as runtime numbers where the trace
         allows it, else with them specialised."""
-        found = self._cache.get(guard_key(flat, numbers))
+        found = self._cache.get(self._key(flat, numbers))
         if found is not None:
             return found
+        if self._outside is not None:  # (entries of states long gone: their objects are let go)
+            gone = set(self._outside.evicted())
+            self._cache = {key: entry for key, entry in self._cache.items() if key[-1] not in gone}
         if numbers:
             try:
-                return self._compile(args, kwargs, guard_key(flat, numbers), numbers)
+                return self._compile(args, kwargs, self._key(flat, numbers), numbers)
             except SplitError as e:  # (the function needs a float's value: it branches on it, or an op bakes it in)
                 debug.log(1, f"{getattr(self.fn, '__name__', self.fn)}: float arguments {numbers} are specialised: {e}")
                 self.literal_numbers = str(e).split("\n")[0].split(" (unhinted")[0]
-        return self._cache.get(guard_key(flat)) or self._compile(args, kwargs, guard_key(flat))
+        return self._cache.get(self._key(flat)) or self._compile(args, kwargs, self._key(flat))
 
     def _compile(self, args, kwargs, key, numbers: tuple[str, ...] = ()) -> CompiledEntry:
         t0 = time.perf_counter()
+        if self._guarded_by_dynamo:
+            return self._split_entry(key, "an nn.Module: Dynamo guards its state (training mode, parameters, "
+                                          "attributes) and tjit compiles the graphs it captures", t0)
         flat = self._flatten(args, kwargs)
         grad_inputs = _grad_inputs(flat)
         device = _device_type(flat)
@@ -206,7 +197,7 @@ class CompiledFunction:
         except SplitError as e:
             if not self.split_data_dependent or self.donate or numbers:
                 raise
-            return self._split_entry(key, e, t0)
+            return self._split_entry(key, str(e), t0)
         t1 = time.perf_counter()
         if grad_inputs:
             eager = None
@@ -230,14 +221,14 @@ class CompiledFunction:
         _log_compile(self.fn, entry)
         return entry
 
-    def _split_entry(self, key, error: SplitError, t0: float) -> CompiledEntry:
-        """The entry of a function one trace cannot hold: Dynamo splits it (one SplitFunction
-        for every key: Dynamo keeps its own guards)."""
+    def _split_entry(self, key, reason: str, t0: float) -> CompiledEntry:
+        """The entry of a function one trace cannot hold, or a module: Dynamo runs it (one
+        SplitFunction for every key: Dynamo keeps its own guards)."""
         if self._split is None:
-            self._split = SplitFunction(self.fn, str(error))
+            self._split = SplitFunction(self.fn, reason)
         entry = CompiledEntry(self._split, time.perf_counter() - t0, 0.0, 0.0, 0)
         self._cache[key] = entry
-        debug.log(1, f"{getattr(self.fn, '__name__', self.fn)} runs split by Dynamo: {error}")
+        debug.log(1, f"{getattr(self.fn, '__name__', self.fn)} runs split by Dynamo: {reason}")
         return entry
 
     def _check_differentiable(self, conversion, flat, grad_inputs) -> None:

@@ -1,0 +1,104 @@
+"""What a compiled entry is guarded by: what its trace depends on, checked on every call.
+
+guard_key: the arguments (per tensor its shape, strides, dtype, device, requires_grad and
+which others share its memory; per other argument its type and value) and the torch state
+the trace computes under (grad mode, autocast, the default dtype, the float32 matmul
+precision). OutsideState: the globals the function's code names and the variables it closes
+over, by identity: a trace bakes in what they held (a Python number, a tensor it reads as a
+constant, a helper function), so a name bound to another object is a miss and a new trace,
+where eager would read the new object. State further away (attributes of objects the
+function reads, globals of the functions it calls, the contents of a list) is not guarded:
+as with jax.jit, it is read when the function is traced. A module's state is guarded by
+Dynamo (tjit.compile runs an nn.Module through it).
+"""
+from __future__ import annotations
+
+import operator
+import types
+from typing import Any, Callable
+
+import torch
+
+_UNBOUND = object()  # (a global name the code reads that is not bound, or an empty cell)
+MAX_OUTSIDE_STATES = 8  # per function: the states whose entries are kept (each keeps its objects alive)
+
+
+def guard_key(flat: list[tuple[str, Any]], numbers: tuple[str, ...] = ()) -> tuple:
+    """numbers: the float arguments passed as runtime numbers (their values are not part of it)."""
+    # (the float32 matmul precision: a generated float32 product uses tf32 where it allows;
+    # autocast and the default dtype decide the dtypes the trace computes in)
+    key = [torch.is_grad_enabled(), numbers, torch.get_float32_matmul_precision(), torch.get_default_dtype(),
+           _autocast_state() if torch._C._is_any_autocast_enabled() else None]
+    storages: dict[int, tuple[int, int]] = {}  # which tensors share memory is traced in
+    for k, (name, v) in enumerate(flat):
+        if isinstance(v, torch.Tensor) and v.layout != torch.strided:  # (no storage: a sparse tensor)
+            key.append((name, tuple(v.shape), v.layout, v.dtype, v.device, v.requires_grad))
+        elif isinstance(v, torch.Tensor):
+            first, offset = storages.setdefault(v.untyped_storage().data_ptr(), (k, v.storage_offset()))
+            alias = (first, v.storage_offset() - offset) if first != k else None
+            key.append((name, tuple(v.shape), v.stride(), v.dtype, v.device, v.requires_grad, alias))
+        elif name in numbers:
+            key.append((name, float))
+        else:
+            try:
+                hash(v)
+                key.append((name, type(v), v))
+            except TypeError:
+                key.append((name, type(v), repr(v)))
+    return tuple(key)
+
+
+def _autocast_state() -> tuple:
+    """Where autocast is on, and to which dtype (torch.autocast regions the call is made in)."""
+    return tuple((device, torch.get_autocast_dtype(device)) for device in ("cpu", "cuda")
+                 if torch.is_autocast_enabled(device))
+
+
+class OutsideState:
+    """The globals fn's code (nested code included: lambdas, comprehensions) names and the
+    cells it closes over. `key()` is their objects' ids, for the cache key; the objects of
+    the last MAX_OUTSIDE_STATES keys are kept alive, so that no other object takes one of
+    their ids while an entry is cached under it (`evicted` names the keys let go)."""
+
+    def __init__(self, fn: Callable):
+        code = getattr(fn, "__code__", None)
+        self.globals = getattr(fn, "__globals__", {})
+        names, stack = set(), [code] if isinstance(code, types.CodeType) else []
+        while stack:
+            c = stack.pop()
+            names.update(c.co_names)
+            stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+        self.names = tuple(sorted(n for n in names if n in self.globals))
+        self.cells = tuple(getattr(fn, "__closure__", None) or ())
+        # (one C call for the globals on every call; a name unbound since raises KeyError)
+        self._read_globals = operator.itemgetter(*self.names, *self.names[:1]) if self.names else lambda g: ()
+        self._kept: dict[tuple, tuple] = {}  # key -> the objects it names, oldest first
+
+    def __bool__(self) -> bool:
+        return bool(self.names or self.cells)
+
+    def key(self) -> tuple:
+        try:
+            found = self._read_globals(self.globals)
+        except KeyError:
+            found = tuple(self.globals.get(n, _UNBOUND) for n in self.names) + (None,)
+        if self.cells:
+            found += tuple(map(_contents, self.cells))
+        key = tuple(map(id, found))
+        if key not in self._kept:
+            self._kept[key] = tuple(found)
+        return key
+
+    def evicted(self) -> list[tuple]:
+        """The keys let go beyond the last MAX_OUTSIDE_STATES (their entries must go too)."""
+        gone = list(self._kept)[:-MAX_OUTSIDE_STATES]
+        for key in gone:
+            del self._kept[key]
+        return gone
+
+
+def _contents(cell) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # (a variable not assigned yet)
+        return _UNBOUND

@@ -160,6 +160,24 @@ def test_sparse_tensors_run_split_their_graphs_eagerly():
     torch.testing.assert_close(got.to_dense(), dense * 2)
 
 
+def test_a_lazily_negated_input_is_never_read_as_its_memory():
+    """x.conj().imag is a view with the negative bit set: its memory holds the values
+    unnegated, and make_fx's graph does not show the bit. Such an input is refused by the
+    trace (its graph runs eagerly, with a warning), and it is a cache key of its own, so a
+    call with it never reuses an entry traced for a plain tensor."""
+    def f(x):
+        return x * 2 + 1
+    z = torch.randn(300, dtype=torch.complex64)
+    negated = z.conj().imag
+    assert negated.is_neg()
+    compiled = tjit.compile(f)
+    close(compiled(negated.clone()), f(negated.clone()))  # (a plain tensor first: its entry is cached)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        close(compiled(negated), f(negated))
+        close(tjit.compile(f)(negated), f(negated))
+
+
 def test_a_number_read_from_a_closed_over_tensor_is_read_on_every_call():
     """make_fx reads a tensor the function closes over for real: a Python number taken from it
     would be a constant of the trace, which no guard checks. It is read on every call instead

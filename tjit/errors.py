@@ -54,7 +54,8 @@ class GradientStateError(SplitError):
 
 class LayoutError(SplitError):
     """A sparse (or other non-strided) tensor: no strided memory for kernels or library calls
-    to read. The graphs that hold one run eagerly."""
+    to read; or a lazily negated view, whose memory holds its values unnegated. The graphs
+    that hold one run eagerly."""
 
 
 class CompileArgumentError(TjitError, TypeError):

@@ -270,6 +270,9 @@ def trace(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozenset = fr
     for name, t in zip(tensor_names, tensors):
         if t.layout != torch.strided:
             raise LayoutError(f"input {name}", f"a tensor of layout {t.layout}: tjit compiles strided tensors only")
+        if t.is_neg():  # (make_fx's graph does not show the bit: kernels would read the values unnegated)
+            raise LayoutError(f"input {name}", "a lazily negated view (its negative bit is set, as x.conj().imag's "
+                                               "is): kernels read memory as it is")
     returned = []  # the pytree spec of what fn returns (make_fx's output loses named tuples)
     written_grad_inputs = []  # (with writes_grad_inputs) the inputs requiring grad that fn wrote
     returned_written = {}  # result position -> the written input it is (`return x.relu_()`)

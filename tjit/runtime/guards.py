@@ -1,7 +1,7 @@
 """What a compiled entry is guarded by: what its trace depends on, checked on every call.
 
-guard_key: the arguments (per tensor its shape, strides, dtype, device, requires_grad and
-which others share its memory; per other argument its type and value) and the torch state
+guard_key: the arguments (per tensor its shape, strides, dtype, device, requires_grad, its
+negative bit and which others share its memory; per other argument its type and value) and the torch state
 the trace computes under (grad mode, autocast, the default dtype, the float32 matmul
 precision). OutsideState: the globals the function's code names and the variables it closes
 over, by identity: a trace bakes in what they held (a Python number, a tensor it reads as a
@@ -36,7 +36,7 @@ def guard_key(flat: list[tuple[str, Any]], numbers: tuple[str, ...] = ()) -> tup
         elif isinstance(v, torch.Tensor):
             first, offset = storages.setdefault(v.untyped_storage().data_ptr(), (k, v.storage_offset()))
             alias = (first, v.storage_offset() - offset) if first != k else None
-            key.append((name, tuple(v.shape), v.stride(), v.dtype, v.device, v.requires_grad, alias))
+            key.append((name, tuple(v.shape), v.stride(), v.dtype, v.device, v.requires_grad, alias, v.is_neg()))
         elif name in numbers:
             key.append((name, float))
         else:

@@ -302,6 +302,27 @@ def test_a_function_that_reads_and_writes_gradients_runs_split_by_dynamo():
     assert "grad" in tjit.explain(clip_gradients, params).reason
 
 
+def test_gradient_hooks_registered_inside_run_as_eagers():
+    """A hook on an intermediate (register_hook) changes the gradients eager computes, and
+    retain_grad keeps one: tjit's own backward would do neither, so such a function runs
+    through Dynamo, which keeps them."""
+    def hooked(x):
+        y = x * 2
+        y.register_hook(lambda g: g * 0.5)
+        return (y * y).sum()
+
+    def retained(x):
+        y = torch.tanh(x)
+        y.retain_grad()
+        return (y * y).sum(), y
+    x = torch.randn(300, requires_grad=True)
+    expected = torch.autograd.grad(hooked(x), x)[0]
+    torch.testing.assert_close(torch.autograd.grad(tjit.compile(hooked)(x), x)[0], expected)
+    loss, y = tjit.compile(retained)(x)
+    loss.backward()
+    torch.testing.assert_close(y.grad, 2 * y.detach())
+
+
 def test_trace_refuses_a_read_or_write_of_a_gradient():
     def reads(x):
         return x * 2 if x.grad is None else x.grad * 2

@@ -48,8 +48,10 @@ class CustomFunctionError(SplitError):
 
 class GradientStateError(SplitError):
     """The function reads or writes a tensor's .grad (clip_grad_norm_, an optimizer step):
-    state the trace's copies of the inputs do not carry, so a trace would read None. Dynamo
-    passes the gradients to its graphs as inputs (runtime/split.py)."""
+    state the trace's copies of the inputs do not carry, so a trace would read None; or it
+    registers a gradient hook (register_hook, retain_grad), which tjit's backward would not
+    run. Dynamo passes the gradients to its graphs as inputs and keeps the hooks
+    (runtime/split.py)."""
 
 
 class LayoutError(SplitError):

@@ -161,6 +161,10 @@ def _is_real(value) -> bool:
     return isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor) and value.layout == torch.strided
 
 
+# what a function asks of autograd for its own tensors, which tjit's own backward does not do
+GRADIENT_HOOKS = (torch.Tensor.register_hook, torch.Tensor.retain_grad, torch.Tensor.register_post_accumulate_grad_hook)
+
+
 class GradModeWatch(TorchFunctionMode):
     """Follows what the aten graph does not show of autograd, in a function traced in grad mode.
 
@@ -170,8 +174,9 @@ class GradModeWatch(TorchFunctionMode):
     gradient whose path eager cuts there), nor can a custom autograd.Function (eager runs its
     Python backward, not the derivative of its forward): `gradient_unknown` holds the error
     to raise (its type and reason) for a function with grad inputs. A read or write of a
-    tensor's .grad raises GradientStateError at once, in any grad mode: the traced copies of
-    the inputs carry no gradients."""
+    tensor's .grad, or a gradient hook (register_hook, retain_grad), raises
+    GradientStateError at once, in any grad mode: the traced copies of the inputs carry no
+    gradients, and tjit's backward runs no hooks."""
 
     def __init__(self):
         super().__init__()
@@ -183,6 +188,9 @@ class GradModeWatch(TorchFunctionMode):
         if getattr(func, "__self__", None) is torch.Tensor.grad:  # (its __get__, __set__ or __delete__)
             raise GradientStateError("Tensor.grad", "the function reads or writes a tensor's gradient, which the "
                                                     "traced copies of its inputs do not carry")
+        if func in GRADIENT_HOOKS:
+            raise GradientStateError(f"Tensor.{func.__name__}", "tjit's backward would not run the hook or keep "
+                                                                "the gradient")
         if not self.grad_enabled or func is torch._C._set_grad_enabled:  # (tracing toggles grad mode too)
             return func(*args, **kwargs)
         if torch.is_grad_enabled():

@@ -542,7 +542,9 @@ def _sink_buffers(stores: list[Store], edges: dict[int, list], levels: dict[int,
         for dep, strict in deps:
             readers.setdefault(id(dep), []).append((item, strict))
     levels = dict(levels)
-    kernels = collections.Counter((levels[id(s)], s.domain) for s in stores)
+    kernels: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)  # level -> domains
+    for s in stores:
+        kernels[levels[id(s)]][s.domain] += 1
     plain = lambda domain: not domain.axes and not domain.dot  # noqa: E731  (a pointwise kernel's)
     pointwise = collections.Counter(levels[id(s)] for s in stores if plain(s.domain))
     buffers = [s for s in stores if isinstance(s.target, BufferTarget) and id(s) in readers]
@@ -550,10 +552,12 @@ def _sink_buffers(stores: list[Store], edges: dict[int, list], levels: dict[int,
         level, old = levels[id(store)], store.domain
         latest = min(levels[reader] - strict for reader, strict in readers[id(store)])
         fill = plain(store.domain) and all(buffer_of(leaf) is None for leaf in expression_leaves(store.value))
+        relaid = _reshapeable(store) and not _computes_non_pointwise(store.value)
         for k in range(latest, level, -1):
-            if kernels[(k, store.domain)] or (fill and pointwise[k]) or _joined_in_another_order(store, k, kernels):
-                kernels[(level, old)] -= 1
-                kernels[(k, store.domain)] += 1
+            if kernels[k][store.domain] or (fill and pointwise[k]) or \
+                    (relaid and _joined_in_another_order(store, kernels[k])):
+                kernels[level][old] -= 1
+                kernels[k][store.domain] += 1
                 pointwise[level] -= plain(old)
                 pointwise[k] += plain(store.domain)
                 levels[id(store)] = k
@@ -561,16 +565,13 @@ def _sink_buffers(stores: list[Store], edges: dict[int, list], levels: dict[int,
     return levels
 
 
-def _joined_in_another_order(store: Store, level: int, kernels: collections.Counter) -> bool:
+def _joined_in_another_order(store: Store, domains: collections.Counter) -> bool:
     """Whether the store, whose value needs no reduction, product or gather of its own, now
-    runs in a kernel of `level` over its elements in another order or axis split (its domain
-    and value changed to that kernel's: _computed_in)."""
-    if not _reshapeable(store) or _computes_non_pointwise(store.value):
-        return False
-    for (k, domain), count in kernels.items():
-        if k == level and count and not domain.dot and domain.squeezed_shape != () \
-                and math.prod(domain.shape) == math.prod(store.shape) and domain.shape != store.shape \
-                and _computed_in(store, domain.shape):
+    runs in a kernel of one of these domains over its elements in another order or axis
+    split (its domain and value changed to that kernel's: _computed_in)."""
+    for domain, count in domains.items():
+        if count and not domain.dot and domain.squeezed_shape != () and domain.shape != store.shape \
+                and math.prod(domain.shape) == math.prod(store.shape) and _computed_in(store, domain.shape):
             store.domain = domain
             return True
     return False

@@ -1,9 +1,9 @@
 """What a compiled entry is guarded by: what its trace depends on, checked on every call.
 
 guard_key: the arguments (per tensor its shape, strides, dtype, device, requires_grad, its
-negative bit and which others share its memory; per other argument its type and value) and the torch state
-the trace computes under (grad mode, autocast, the default dtype, the float32 matmul
-precision). OutsideState: the globals the function's code names and the variables it closes
+negative bit and which others share its memory; per other argument its type and value)
+and the torch state the trace computes under (grad mode, autocast, the default dtype, the
+float32 matmul precision). OutsideState: the globals the function's code names and the variables it closes
 over, by identity: a trace bakes in what they held (a Python number, a tensor it reads as a
 constant, a helper function), so a name bound to another object is a miss and a new trace,
 where eager would read the new object. State further away (attributes of objects the

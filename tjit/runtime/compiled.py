@@ -166,8 +166,8 @@ class CompiledFunction:
         found = self._cache.get(self._key(flat, numbers))
         if found is not None:
             return found
-        if self._outside is not None:  # (entries of states long gone: their objects are let go)
-            gone = set(self._outside.evicted())
+        gone = set(self._outside.evicted()) if self._outside is not None else ()
+        if gone:  # (entries of states long gone: their objects are let go)
             self._cache = {key: entry for key, entry in self._cache.items() if key[-1] not in gone}
         if numbers:
             try:

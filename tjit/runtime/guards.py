@@ -3,10 +3,10 @@
 guard_key: the arguments (per tensor its shape, strides, dtype, device, requires_grad, its
 negative bit and which others share its memory; per other argument its type and value)
 and the torch state the trace computes under (grad mode, autocast, the default dtype, the
-float32 matmul precision). OutsideState: the globals the function's code names and the variables it closes
-over, by identity: a trace bakes in what they held (a Python number, a tensor it reads as a
-constant, a helper function), so a name bound to another object is a miss and a new trace,
-where eager would read the new object. State further away (attributes of objects the
+float32 matmul precision). OutsideState: the globals the function's code names and the
+variables it closes over, by identity: a trace bakes in what they held (a Python number, a
+tensor it reads as a constant, a helper function), so a name bound to another object is a
+miss and a new trace, where eager would read the new object. State further away (attributes of objects the
 function reads, globals of the functions it calls, the contents of a list) is not guarded:
 as with jax.jit, it is read when the function is traced. A module's state is guarded by
 Dynamo (tjit.compile runs an nn.Module through it).
@@ -70,7 +70,8 @@ class OutsideState:
             stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
         self.names = tuple(sorted(n for n in names if n in self.globals))
         self.cells = tuple(getattr(fn, "__closure__", None) or ())
-        # (one C call for the globals on every call; a name unbound since raises KeyError)
+        # one C call reads the globals on every call (the first name twice, so that it returns a
+        # tuple even for one name); a name unbound since raises KeyError
         self._read_globals = operator.itemgetter(*self.names, *self.names[:1]) if self.names else lambda g: ()
         self._kept: dict[tuple, tuple] = {}  # key -> the objects it names, oldest first
 
@@ -80,13 +81,13 @@ class OutsideState:
     def key(self) -> tuple:
         try:
             found = self._read_globals(self.globals)
-        except KeyError:
-            found = tuple(self.globals.get(n, _UNBOUND) for n in self.names) + (None,)
+        except KeyError:  # (the same layout, an unbound name as _UNBOUND)
+            found = tuple(self.globals.get(n, _UNBOUND) for n in (*self.names, *self.names[:1]))
         if self.cells:
             found += tuple(map(_contents, self.cells))
         key = tuple(map(id, found))
         if key not in self._kept:
-            self._kept[key] = tuple(found)
+            self._kept[key] = found
         return key
 
     def evicted(self) -> list[tuple]:

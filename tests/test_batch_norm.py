@@ -64,9 +64,29 @@ def _compare(fn, args, what):
     ours = _run(tjit.compile(fn), args, cotangent)
     assert ours.keys() == eager.keys()
     tol = {torch.float16: 1e-3, torch.bfloat16: 8e-3}.get(args[0].dtype, 1e-5)
+    allowance = _rounding_allowance(exact, args, cotangent)
     for name, expected in eager.items():
-        assert_as_accurate_as_eager(ours[name], expected, exact[name], rtol=tol, atol=tol, msg=f"{what}: {name}")
+        assert_as_accurate_as_eager(ours[name], expected, exact[name], rtol=tol, atol=tol + allowance.get(name, 0),
+                                    msg=f"{what}: {name}")
     assert ours["output"].stride() == eager["output"].stride(), f"{what}: output layout"
+
+
+def _rounding_allowance(exact, args, cotangent) -> dict:
+    """The weight and bias gradients are per-channel sums of cotangent * xhat and of the
+    cotangent, thousands of terms of size ~3 that cancel to ~1: added in any order, their
+    rounding error is a fraction of the terms' sizes, not of the sum's (one seed in a few
+    hundred put tjit's blocked sum 4e-5 from the exact one and eager's 4e-6). Allowed per
+    channel: the type's eps times the sum of the terms' magnitudes (xhat is (y - bias) /
+    weight, from the float64 run). A term dropped or counted twice is still far outside."""
+    x, _, _, w, b = args
+    if w is None:
+        return {}
+    eps = torch.finfo(w.dtype).eps
+    channels = [-1 if d == 1 else 1 for d in range(x.dim())]
+    others = [d for d in range(x.dim()) if d != 1]
+    size = cotangent.double().abs()
+    xhat = (exact["output"] - b.double().view(channels)) / w.double().view(channels)
+    return {"weight grad": eps * (size * xhat.abs()).sum(others), "bias grad": eps * size.sum(others)}
 
 
 @pytest.mark.parametrize("case,training", [(case, training) for training in (True, False) for case in CASES

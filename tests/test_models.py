@@ -30,7 +30,12 @@ def _setup(name: str, train: bool):
     return model, torch.compile(model, backend="tjit"), eager, x
 
 
-@pytest.mark.parametrize("name", sorted(ZOO))
+# a norm over a linear's output (plus the residual) walks the product once per pass: three
+# tl.dot loops in one kernel, whose registers spill 16 B at sm_90 (known gap)
+_EVAL_SPILLS = {"bert": pytest.mark.spills_at_sm90("a norm kernel walks its linear's product once per pass (16 B)")}
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=_EVAL_SPILLS.get(name, ())) for name in sorted(ZOO)])
 def test_eval_forward(name):
     _, compiled, eager, x = _setup(name, train=False)
     with torch.no_grad():

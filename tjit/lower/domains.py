@@ -15,7 +15,7 @@ import dataclasses
 import itertools
 import math
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 from ..ir import (Const, Contiguous, Cumulative, Dot, Elementwise, Extern, Gather, GraphBuilder, GraphNode, Input, Iota, Reduce,
                   View, ViewOp, per_node, toposort)
@@ -336,15 +336,16 @@ def splits_into(shape: tuple[int, ...], finer: tuple[int, ...]) -> bool:
     return all(m == 1 for m in finer[k:])
 
 
-def reshaped_expression(value: GraphNode, shape: tuple[int, ...],
-                        dims: Optional[tuple[int, ...]] = None) -> Optional[GraphNode]:
+def reshaped_expression(value: GraphNode, shape: tuple[int, ...], dims: Optional[tuple[int, ...]] = None,
+                        copies: Optional[Copies] = None) -> Optional[GraphNode]:
     """The value's fused expression computed in `shape`, an axis split of its own (a norm's
     output read as [b*t, d] computed over the norm's [b, t, d]) or, with `dims`, its own axes
     in another order (value.permute(dims) has `shape`: a norm's output read as [t, b, d]):
     each read through the split or permuted view, elementwise work as it is, a product with
     only its batch axes split (attention's scores as [b*h, s, s] computed as [b, h, s, s]) as
     the product of its operands' batch axes split; None where a part has no such form (a
-    gather, a window, a scan over the value's shape)."""
+    gather, a window, a scan over the value's shape). copies notes each node it computes in
+    the new layout (Copies.relay)."""
     new: dict[int, GraphNode] = {}
     relaid = (lambda view: view.reshape(shape)) if dims is None else (lambda view: view.permute(dims))
 
@@ -369,6 +370,8 @@ def reshaped_expression(value: GraphNode, shape: tuple[int, ...],
                 found = GraphNode(node.op, node.dtype, tuple(src), View.contiguous(shape))
         elif isinstance(node.op, (ViewOp, Iota, Input, Const, Contiguous, Extern)):
             found = leaf(node, relaid(node.view))
+        if found is not None and copies is not None and isinstance(node.op, (Elementwise, Dot)):
+            copies.relay(found, node, relaid)
         new[id(node)] = found
         return found
 
@@ -398,11 +401,16 @@ def aligned_permutation(value: GraphNode, domain: Domain) -> Optional[tuple[int,
 class Copies:
     """The copies read_from_buffers makes during one lowering, hash-consed (a part two stores
     copy alike is one node, computed once in their kernel) and each mapped to the node it
-    copies: a copy computes its original's value, so the two share one buffer."""
+    copies: a copy computes its original's value, so the two share one buffer. Also the
+    nodes reshaped_expression makes, each the value of a node of the graph in another layout
+    (a norm backward's rows as [t, b, d] where the graph has [b, t, d]): such a node is read
+    from its source's buffer through that layout's view (relaid_from)."""
 
     def __init__(self):
         self._builder = GraphBuilder()
         self._origin: dict[int, GraphNode] = {}  # id of a copy -> the graph's node it copies
+        self._relaid: dict[int, tuple[GraphNode, Callable]] = {}  # id -> (source, its view -> this node's)
+        self._kept: list[GraphNode] = []  # (the relaid nodes, so no id above names another node)
 
     def original(self, node: GraphNode) -> GraphNode:
         return self._origin.get(id(node), node)
@@ -410,7 +418,34 @@ class Copies:
     def copy(self, node: GraphNode, src: tuple[GraphNode, ...]) -> GraphNode:
         made = self._builder.node(node.op, node.dtype, src, node.view)
         self._origin[id(made)] = self.original(node)  # (the builder keeps `made`: its id names no other)
+        if id(node) in self._relaid:
+            self._relaid[id(made)] = self._relaid[id(node)]
         return made
+
+    def relay(self, made: GraphNode, node: GraphNode, layout: Callable) -> None:
+        """Note that `made` computes node's value viewed by `layout` (a View -> View)."""
+        source, before = self.relaid_from(node) or (self.original(node), None)
+        self._relaid[id(made)] = (source, layout if before is None else lambda view: layout(before(view)))
+        self._kept.append(made)
+
+    def relaid_from(self, node: GraphNode) -> Optional[tuple[GraphNode, Callable]]:
+        """(the graph's node, the view of its value this node is) for a relaid node."""
+        return self._relaid.get(id(node))
+
+    def source(self, node: GraphNode) -> GraphNode:
+        """The graph's node whose value this node computes, in its layout or another."""
+        found = self._relaid.get(id(node))
+        return found[0] if found is not None else self.original(node)
+
+
+def _viewed(buffer: GraphNode, layout: Callable) -> Optional[GraphNode]:
+    """A read of a buffer (or of a view of one) through `layout` of its view; None where
+    no strided view expresses it."""
+    view = layout(buffer.view)
+    if view is None:
+        return None
+    return GraphNode(ViewOp(), buffer.dtype, buffer.src, view) if isinstance(buffer.op, ViewOp) else \
+        GraphNode(ViewOp(), buffer.dtype, (buffer,), view)
 
 
 def read_from_buffers(value: GraphNode, buffers: dict[int, GraphNode], copies: Optional[Copies] = None) -> GraphNode:
@@ -426,6 +461,12 @@ def read_from_buffers(value: GraphNode, buffers: dict[int, GraphNode], copies: O
         if key(node) in buffers and node is not value:
             new[id(node)] = buffers[key(node)]
             continue
+        relaid = copies.relaid_from(node) if copies is not None and node is not value else None
+        if relaid is not None and id(relaid[0]) in buffers:
+            read = _viewed(buffers[id(relaid[0])], relaid[1])
+            if read is not None:
+                new[id(node)] = read
+                continue
         if is_kernel_input(node):
             new[id(node)] = node
             continue

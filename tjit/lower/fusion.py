@@ -191,7 +191,7 @@ def place_in_domains(stores: list[Store], copies: Copies) -> list[Store]:
     pending, placed = list(stores), []
     while pending:
         store = pending.pop(0)
-        in_reduction_shape(store)
+        in_reduction_shape(store, copies)
         placement = store_domain(store.value)
         if isinstance(store.target, ScatterTarget) and (placement.domain.axes or placement.domain.dot):
             # a scatter writes from a plain pointwise kernel: what its values reduce or
@@ -219,7 +219,7 @@ def place_in_domains(stores: list[Store], copies: Copies) -> list[Store]:
     return sorted(placed, key=lambda s: order.get(id(s), len(order)))
 
 
-def in_reduction_shape(store: Store) -> None:
+def in_reduction_shape(store: Store, copies: Copies) -> None:
     """A store of a full-shape value of a reduction whose input has an axis split of the
     value's shape (layer_norm over [b, t, d] read by a matmul as [b*t, d]; softmax over
     [b, h, s, s] read as [b*h, s, s]) or the value's axes in another order (layer_norm's
@@ -234,7 +234,7 @@ def in_reduction_shape(store: Store) -> None:
         dims = aligned_permutation(store.value, domain)
         if dims is None:
             return
-    _express_in(store, domain.shape, dims)
+    _express_in(store, domain.shape, dims, copies)
 
 
 def _reshapeable(store: Store) -> bool:
@@ -243,11 +243,11 @@ def _reshapeable(store: Store) -> bool:
     return not isinstance(store.target, (InputTarget, ScatterTarget)) and store.target_shape is None
 
 
-def _express_in(store: Store, shape: tuple[int, ...], dims: Optional[tuple[int, ...]]) -> bool:
+def _express_in(store: Store, shape: tuple[int, ...], dims: Optional[tuple[int, ...]], copies: Copies) -> bool:
     """Compute the store's value in `shape` (an axis split of its own, or its axes permuted
     by dims), written through that view of its target; False (the store as it was) where
     its expression has no such form."""
-    value = reshaped_expression(store.value, shape, dims)
+    value = reshaped_expression(store.value, shape, dims, copies)
     if value is None:
         return False
     store.target_shape, store.target_dims, store.value = store.shape, dims, value
@@ -370,15 +370,15 @@ def group_kernels(graph: Graph, unstored: frozenset = frozenset()) -> list[Union
     # the passes below move stores between kernels; with a write into an input, kernel order
     # also protects the input from early overwrites: the stores then stay as placed
     if not any(written_input(s) for s in stores):
-        if _read_earlier_buffers(stores, levels, copies):  # (the levels still hold: each buffer read is of an earlier one)
+        if _read_earlier_buffers(stores, levels, copies, externs):  # (the levels still hold: each buffer read is of an earlier one)
             edges = _dependencies(stores, externs)
-        levels = _sink_buffers(stores, edges, levels)
+        levels = _sink_buffers(stores, edges, levels, copies)
         levels = _sink_outputs(stores, externs, levels)
-        _join_reduction_kernels(stores, levels)
+        _join_reduction_kernels(stores, levels, copies)
         shared = _store_shared_values(stores, levels)
         if shared:
             stores += shared
-            _read_earlier_buffers(stores, levels, copies)
+            _read_earlier_buffers(stores, levels, copies, externs)
     groups: dict[tuple, KernelGroup] = {}
     for store in stores:
         key = (levels[id(store)], store.domain, 0)
@@ -444,35 +444,94 @@ def _latest_other_reader(read_levels: list[int], own: int) -> int:
 RECOMPUTED_LOADS = 4  # a value computed from more loads than this is read from its buffer where one is written
 
 
-def _read_earlier_buffers(stores: list[Store], levels: dict[int, int], copies: Copies) -> bool:
+def _read_earlier_buffers(stores: list[Store], levels: dict[int, int], copies: Copies,
+                          externs: list[ExternStep]) -> bool:
     """A store whose expression computes a value that an earlier kernel writes to a buffer
     anyway (a matmul's operand) reads the buffer instead: an unrolled RNN's step computes
     its hidden state from the previous one, which the step's matmul read from memory, and
     recomputed, each step would compute every step before it. A product is never computed
     again where its value is in a buffer. A copy that placing made (reading a row statistic
     from a buffer where its kernel cannot compute it) computes its original's value, so it
-    reads its original's buffer too (`copies`). Whether any store changed."""
+    reads its original's buffer too, and a node computed in another layout reads it through
+    that layout's view (`copies`). Then a read that holds its buffer alive for this store
+    alone, while everything its value is computed from is read at that level or later
+    anyway, computes the value again instead: that costs no memory (_reads_to_give_up).
+    Whether any store changed."""
     original = lambda node: id(copies.original(node))  # noqa: E731
     filled = {original(s.target.node.src[0]): (s.target.node, levels[id(s)]) for s in stores
-              if isinstance(s.target, BufferTarget) and s.target.node.src[0] is s.value
+              if isinstance(s.target, BufferTarget)
               and (len(expression_leaves(s.value)) > RECOMPUTED_LOADS or dots_in(s.value))}
-    changed = False
+    reading: dict[int, tuple[Store, GraphNode, dict]] = {}  # id of a store -> (it, its value before, reads)
     for store in stores:
         # (a pointwise product kernel that computes a softmax along its k keeps computing it:
         # reading one of its row statistics from a buffer would break the online form,
         # lower/online_product.py)
         online = store.domain.dot and not store.domain.axes
-        earlier = {key: buffer for key, (buffer, level) in filled.items() if level < levels[id(store)]
+        earlier = {key: buffer for key, (buffer, lv) in filled.items() if lv < levels[id(store)]
                    and not (online and isinstance(buffer.src[0].op, Reduce))}
-        if earlier and any(original(n) in earlier and n is not store.value
-                           for n in toposort([store.value], stop=is_kernel_input)):
-            store.value = read_from_buffers(store.value, earlier, copies)
-            if store.totals:  # (the grid reductions of the new expression)
-                store.totals = tuple(totals_of(store.value))
-            if store.domain.dot and not dots_in(store.value):  # (its products are read instead)
-                store.domain = dataclasses.replace(store.domain, dot=False)
-            changed = True
-    return changed
+        found = _outermost_matches(store.value, earlier, copies) if earlier else {}
+        if found:
+            reading[id(store)] = (store, store.value, found)
+            _read(store, {key: buffer for key, (buffer, _) in found.items()}, copies)
+    readers = _readers([*stores, *externs], levels)
+    for store, before, found in reading.values():
+        given_up = _reads_to_give_up(store, found, readers, levels[id(store)])
+        if given_up:
+            _read(store, {key: buffer for key, (buffer, _) in found.items() if key not in given_up}, copies, before)
+    return bool(reading)
+
+
+def _read(store: Store, buffers: dict[int, GraphNode], copies: Copies, value: Optional[GraphNode] = None) -> None:
+    """The store computes `value` (its own by default) with these nodes read from buffers."""
+    store.value = read_from_buffers(value if value is not None else store.value, buffers, copies)
+    if store.totals:  # (the grid reductions of the new expression)
+        store.totals = tuple(totals_of(store.value))
+    if store.domain.dot and not dots_in(store.value):  # (its products are read instead)
+        store.domain = dataclasses.replace(store.domain, dot=False)
+
+
+def _outermost_matches(value: GraphNode, earlier: dict[int, GraphNode], copies: Copies
+                       ) -> dict[int, tuple[GraphNode, GraphNode]]:
+    """Key -> (buffer, node) for the nodes of value's expression (not value itself) that
+    `earlier` (a node's key -> its buffer) holds, outside any other such node."""
+    found: dict[int, tuple[GraphNode, GraphNode]] = {}
+    seen: set[int] = set()
+
+    def visit(node: GraphNode) -> None:
+        if id(node) in seen or is_kernel_input(node):
+            return
+        seen.add(id(node))
+        key = next((k for k in (id(copies.original(node)), id(copies.source(node))) if k in earlier), None)
+        if node is not value and key is not None:
+            found[key] = (earlier[key], node)
+            return
+        for src in node.src:
+            visit(src)
+
+    visit(value)
+    return found
+
+
+def _readers(items: list, levels: dict[int, int]) -> dict[object, list[tuple[int, int]]]:
+    """Memory -> (level, id) of each store or call that reads it."""
+    found: dict[object, list[tuple[int, int]]] = {}
+    for item in items:
+        for key in _memory_read(item):
+            found.setdefault(key, []).append((levels[id(item)], id(item)))
+    return found
+
+
+def _reads_to_give_up(store: Store, found: dict[int, tuple[GraphNode, GraphNode]],
+                      readers: dict[object, list[tuple[int, int]]], level: int) -> set[int]:
+    """The keys of `found` whose buffer no other store or call reads at the store's level or
+    later, while every load of the node it stands for is (a transformer's recomputed
+    residual stream, read by a backward's last kernel): computed again, the node holds
+    nothing that is not held anyway, where read, it holds its buffer. A product is kept."""
+    def latest_other(key) -> int:
+        return max((lv for lv, reader in readers.get(key, []) if reader != id(store)), default=-1)
+    return {key for key, (buffer, node) in found.items()
+            if not dots_in(node) and latest_other(id(buffer)) < level
+            and all(latest_other(k) >= level for k in _memory_of(expression_leaves(node)))}
 
 
 def _store_shared_values(stores: list[Store], levels: dict[int, int]) -> list[Store]:
@@ -526,7 +585,7 @@ def _computes_non_pointwise(value: GraphNode) -> bool:
     return any(isinstance(n.op, (Reduce, Cumulative, Gather, Dot)) for n in toposort([value], stop=is_kernel_input))
 
 
-def _sink_buffers(stores: list[Store], edges: dict[int, list], levels: dict[int, int]) -> dict[int, int]:
+def _sink_buffers(stores: list[Store], edges: dict[int, list], levels: dict[int, int], copies: Copies) -> dict[int, int]:
     """A buffer written early and read late holds its memory in between (a backward that
     recomputes forward values at its start for its last kernels): its store joins the
     latest kernel that still runs before its first reader, if there is one (so no kernel is
@@ -555,7 +614,7 @@ def _sink_buffers(stores: list[Store], edges: dict[int, list], levels: dict[int,
         relaid = _reshapeable(store) and not _computes_non_pointwise(store.value)
         for k in range(latest, level, -1):
             if kernels[k][store.domain] or (fill and pointwise[k]) or \
-                    (relaid and _joined_in_another_order(store, kernels[k])):
+                    (relaid and _joined_in_another_order(store, kernels[k], copies)):
                 kernels[level][old] -= 1
                 kernels[k][store.domain] += 1
                 pointwise[level] -= plain(old)
@@ -565,19 +624,19 @@ def _sink_buffers(stores: list[Store], edges: dict[int, list], levels: dict[int,
     return levels
 
 
-def _joined_in_another_order(store: Store, domains: collections.Counter) -> bool:
+def _joined_in_another_order(store: Store, domains: collections.Counter, copies: Copies) -> bool:
     """Whether the store, whose value needs no reduction, product or gather of its own, now
     runs in a kernel of one of these domains over its elements in another order or axis
     split (its domain and value changed to that kernel's: _computed_in)."""
     for domain, count in domains.items():
         if count and not domain.dot and domain.squeezed_shape != () and domain.shape != store.shape \
-                and math.prod(domain.shape) == math.prod(store.shape) and _computed_in(store, domain.shape):
+                and math.prod(domain.shape) == math.prod(store.shape) and _computed_in(store, domain.shape, copies):
             store.domain = domain
             return True
     return False
 
 
-def _join_reduction_kernels(stores: list[Store], levels: dict[int, int]) -> None:
+def _join_reduction_kernels(stores: list[Store], levels: dict[int, int], copies: Copies) -> None:
     """Stores that need no reduction of their own are computed by a reduction kernel whose
     rows they are: a value per row (a gathered value kept for a later kernel) once per row;
     a full-shape value over the same rows that reads an input the kernel reads (a sibling:
@@ -593,7 +652,7 @@ def _join_reduction_kernels(stores: list[Store], levels: dict[int, int]) -> None
         if store.totals or isinstance(store.target, ScatterTarget) or store.domain.dot:
             continue
         if not computed and not store.domain.axes:
-            host = _row_host(store, level, hosts)
+            host = _row_host(store, level, hosts, copies)
             if host is not None:
                 levels[id(store)], store.domain = host
             continue
@@ -605,7 +664,8 @@ def _join_reduction_kernels(stores: list[Store], levels: dict[int, int]) -> None
                 store.domain, store.totals = combining[0], tuple(totals)
 
 
-def _row_host(store: Store, level: int, hosts: dict[tuple, list[Store]]) -> Optional[tuple[int, Domain]]:
+def _row_host(store: Store, level: int, hosts: dict[tuple, list[Store]], copies: Copies
+              ) -> Optional[tuple[int, Domain]]:
     """(level, domain) of a row-reduction kernel that can compute this reduction-free store:
     one of its level whose rows or row values it is, or one over its full shape (or a split or
     permutation of it, at its level) that reads one of the same inputs (an output, which no
@@ -620,7 +680,7 @@ def _row_host(store: Store, level: int, hosts: dict[tuple, list[Store]]) -> Opti
             continue
         if not (any(reads & _memory_read(m).keys() for m in members) or (lv == level and _short_rows(d))):
             continue
-        if store.shape == d.shape or _computed_in(store, d.shape):
+        if store.shape == d.shape or _computed_in(store, d.shape, copies):
             return lv, d
     return None
 
@@ -634,7 +694,7 @@ def _short_rows(domain: Domain) -> bool:
     return math.prod(domain.shape[a] for a in domain.axes) <= SHORT_ROW
 
 
-def _computed_in(store: Store, shape: tuple[int, ...]) -> bool:
+def _computed_in(store: Store, shape: tuple[int, ...], copies: Copies) -> bool:
     """Make the store compute its value in `shape`, an axis split or a permutation of its own
     (the same rows in a norm's [b, t, d] as a matmul's [b*t, d], or as attention's [t, b, d]),
     written through the split or permuted view of its target. False (the store as it was)
@@ -646,13 +706,16 @@ def _computed_in(store: Store, shape: tuple[int, ...]) -> bool:
         if sorted(store.shape) != sorted(shape) or len(shape) > 6:
             return False
         dims = next(p for p in itertools.permutations(range(len(shape))) if tuple(store.shape[k] for k in p) == shape)
-    return _express_in(store, shape, dims)
+    return _express_in(store, shape, dims, copies)
 
 
 def _memory_read(item: Union[Store, ExternStep]) -> dict[object, int]:
-    """The inputs (by name and version) and buffers a store's expression or a call loads,
-    with the bytes of each (of the view an input is read through)."""
-    leaves = expression_leaves(item.value) if isinstance(item, Store) else item.operands
+    """The memory a store's expression or a call loads (_memory_of)."""
+    return _memory_of(expression_leaves(item.value) if isinstance(item, Store) else item.operands)
+
+
+def _memory_of(leaves) -> dict[object, int]:
+    """The inputs (by name and version) and buffers these leaves load, with the bytes of each."""
     found = {}
     for leaf in leaves:
         base = buffer_of(leaf)

@@ -52,6 +52,8 @@ class Program(HasSteps):
     buffers: list[GraphNode]  # materialised intermediates
     memory: MemoryPlan  # the slab: offsets of the buffers that live there
     slab_buffers: list[SlabBuffer]
+    # a buffer that lives in another's memory (an accumulated total's) -> that buffer's key
+    aliases: dict[tuple, tuple] = field(default_factory=dict)
     # donated input name -> (buffer, byte offset in its memory) for the buffers placed there
     donated: dict[str, list[tuple[SlabBuffer, int]]] = field(default_factory=dict)
     # outputs returned as the library call that computes them left them (name -> Extern node)
@@ -79,8 +81,8 @@ def build_program(graph: Graph, output_strides: dict[str, tuple[int, ...]], stra
     verify("codegen", verify_steps, graph, steps)
     verify("codegen", verify_bounds, graph, steps, output_strides)
     outside = torch_allocated(steps) | frozenset(id(node) for node in lowered.buffer_outputs.values())
-    memory, slab_buffers = plan_memory(steps, outside)
-    program = Program(graph, steps, lowered.groups, lowered.buffers, memory, slab_buffers,
+    memory, slab_buffers, aliases = plan_memory(steps, outside)
+    program = Program(graph, steps, lowered.groups, lowered.buffers, memory, slab_buffers, aliases=aliases,
                       call_outputs=lowered.call_outputs, buffer_outputs=lowered.buffer_outputs)
     if donated:
         place_donated(program, donated)
@@ -233,6 +235,7 @@ def verify_memory(program: Program) -> Optional[str]:
     except Exception as e:
         return f"slab plan: {e}"
     placed = {b.key for b in program.slab_buffers} | {b.key for v in program.donated.values() for b, _ in v}
+    placed |= program.aliases.keys()
     outside = torch_allocated(program.steps) | {id(node) for node in program.buffer_outputs.values()}
     for k, step in enumerate(program.steps):
         for access in step.accesses:

@@ -40,6 +40,11 @@ def total_gradient(alg: Algebra, contributions: list[GraphNode], dtype: DType,
     products = [matmul_operands(alg.vb, c) for c in contributions]
     matmuls = sorted((k for k, ab in enumerate(products) if ab is not None), key=lambda k: depth(contributions[k], depths))
     accumulated = matmuls[1:]  # (by position: one node may be a contribution twice)
+    if accumulated and isinstance(contributions[matmuls[0]].op, ViewOp):
+        # the first matmul in the total's layout (not transposed from mm's): the addmm calls
+        # then accumulate into its memory (tjit.memory.liveness.accumulated_in_place)
+        contributions = list(contributions)
+        contributions[matmuls[0]] = _mm(alg.vb, *products[matmuls[0]])
     added = _pieces_from_buffers(alg, [c for k, c in enumerate(contributions) if k not in accumulated])
     total = added[0]
     for c in added[1:]:
@@ -99,6 +104,13 @@ def depth(node: GraphNode, depths: dict[int, int]) -> int:
         stack.pop()
         depths[id(n)] = 1 + max((depths[id(s)] for s in n.src), default=0)
     return depths[id(node)]
+
+
+def _mm(vb, a: GraphNode, b: GraphNode) -> GraphNode:
+    """a @ b, by one library call."""
+    call = ExternCall(aten.mm.default, (Operand(0), Operand(1)), {})
+    call.results[0] = vb.b.node(Extern(call, 0), a.dtype, (a, b), View.contiguous((a.shape[0], b.shape[1])))
+    return call.results[0]
 
 
 def _addmm(vb, total: GraphNode, a: GraphNode, b: GraphNode) -> GraphNode:

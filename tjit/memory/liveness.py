@@ -41,10 +41,13 @@ class SlabBuffer:
         return padded, self.first, self.end
 
 
-def transient_buffers(plans, torch_allocated: frozenset[int] = frozenset()) -> list[SlabBuffer]:
+def transient_buffers(plans, torch_allocated: frozenset[int] = frozenset()
+                      ) -> tuple[list[SlabBuffer], dict[tuple, tuple]]:
     """The slab's buffers for the steps run in the order of `plans` (KernelPlans, and
-    LibraryPlans, which read and write buffers too). torch_allocated: ids of the library
-    calls' results that the slab does not hold (a call without an out= form allocates its own)."""
+    LibraryPlans, which read and write buffers too), and the buffers that live in another's
+    memory (key -> that buffer's key: accumulated_in_place). torch_allocated: ids of the
+    library calls' results that the slab does not hold (a call without an out= form
+    allocates its own)."""
     first: dict[tuple, int] = {}
     last: dict[tuple, int] = {}
     info: dict[tuple, tuple] = {}
@@ -63,13 +66,43 @@ def transient_buffers(plans, torch_allocated: frozenset[int] = frozenset()) -> l
             key = ("scratch", step, ref.name)
             info[key] = (f"{ref.name}@{plan.name[5:]}", (plan.grid[0],), ref.dtype)
             first[key], last[key] = step, step
-    return [SlabBuffer(key, *info[key], first.get(key, last[key]), last[key] + 1) for key in info]
+    aliases = accumulated_in_place(plans, info, last)
+    return [SlabBuffer(key, *info[key], first.get(key, last[key]), last[key] + 1)
+            for key in info if key not in aliases], aliases
 
 
-def plan_memory(plans, torch_allocated: frozenset[int] = frozenset()) -> tuple[MemoryPlan, list[SlabBuffer]]:
-    """Offsets of every transient buffer in one slab (see tjit.memory.plan_offsets)."""
-    buffers = transient_buffers(plans, torch_allocated)
-    return plan_slab(buffers), buffers
+ACCUMULATING = frozenset({"aten.addmm.default"})  # out = self + mat1 @ mat2, whose out may be self
+
+
+def accumulated_in_place(plans, info: dict[tuple, tuple], last: dict[tuple, int]) -> dict[tuple, tuple]:
+    """A running total that library calls accumulate (a recurrent weight's gradient: addmm
+    of each step's contribution into the total of the steps before) is written into the
+    memory of the total it reads, when that read is its last: one buffer for the chain,
+    rather than two overlapping ones per call (eager's autograd adds each contribution into
+    the gradient in place too). Result key -> the key of the buffer whose memory it takes
+    (the chain's first); `last` then extends that buffer to the chain's last reader."""
+    aliases: dict[tuple, tuple] = {}
+    for step, plan in enumerate(plans):
+        if getattr(plan, "call", None) is None or plan.call.name not in ACCUMULATING or not plan.in_slab:
+            continue
+        total, result = plan.operands[0], plan.in_slab[0]
+        key, into = ("buffer", id(result)), ("buffer", id(total))
+        read_again = any(a.buffer.node is total for a in plan.accesses[1:] if not a.store)
+        if into not in info or key not in info or last[into] != step or read_again \
+                or (total.shape, total.dtype, total.view) != (result.shape, result.dtype, result.view):
+            continue
+        root = aliases.get(into, into)
+        aliases[key] = root
+        last[root] = max(last[root], last[key])
+    return aliases
+
+
+def plan_memory(plans, torch_allocated: frozenset[int] = frozenset()
+                ) -> tuple[MemoryPlan, list[SlabBuffer], dict[tuple, tuple]]:
+    """Offsets of every transient buffer in one slab (see tjit.memory.plan_offsets), and the
+    buffers that live in another's memory (see transient_buffers)."""
+    buffers, aliases = transient_buffers(plans, torch_allocated)
+    return plan_slab(buffers), buffers, aliases
 
 
 def plan_slab(buffers: list[SlabBuffer]) -> MemoryPlan:

@@ -146,6 +146,8 @@ class Executable:
             memory.update(self._allocate(device, destinations or {}, slab))
             if self.donated:
                 memory.update(self._donated_views(tensors))
+            for key, home in self.program.aliases.items():  # (an accumulated total, in its chain's memory)
+                memory[key] = memory[home]
             memory.update(self._words_on(device))
             self._run_steps(memory, device, destinations or {}, self._consumed_after(tensors, consumable))
             for name, node in self.program.call_outputs.items():

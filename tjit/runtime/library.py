@@ -57,7 +57,7 @@ def results_into(plan: LibraryPlan, operands: list[torch.Tensor], memory: dict) 
     for k in range(len(plan.out_names)):
         node = plan.call.results[k]
         if id(node) in placed:
-            outs.append(memory[memory_key(node)].as_strided(node.shape, node.view.strides))
+            outs.append(_same_as_operand(memory[memory_key(node)].as_strided(node.shape, node.view.strides), operands))
         elif id(node) in read:
             outs.append(torch.empty_strided(node.shape, node.view.strides, dtype=node.dtype.torch, device=device))
         else:
@@ -68,6 +68,17 @@ def results_into(plan: LibraryPlan, operands: list[torch.Tensor], memory: dict) 
             raise TjitError(f"{plan.out_form} resized its result {node.op.index} to "
                             f"{list(outs[node.op.index].shape)}; tracing said {list(node.shape)}")
     return outs
+
+
+def _same_as_operand(out: torch.Tensor, operands: list[torch.Tensor]) -> torch.Tensor:
+    """A result placed in the memory of the operand it accumulates into (addmm's total:
+    tjit.memory.liveness.accumulated_in_place) is handed as that operand's own tensor, as the
+    op's in-place form (addmm_) hands it: the out= code then reads and writes it as one."""
+    for t in operands:
+        if t.data_ptr() == out.data_ptr() and t.shape == out.shape and t.stride() == out.stride() \
+                and t.dtype == out.dtype:
+            return t
+    return out
 
 
 @contextlib.contextmanager

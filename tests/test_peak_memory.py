@@ -291,7 +291,7 @@ def test_a_post_norm_encoders_saved_values_are_freed_layer_by_layer():
     written once, for the linears below it, and read from there by the norm backward of the
     layer below, rather than computed again, in the backward's last kernels, from the saved
     values of every layer above; those are freed as their layers' backward ends. The step's
-    peak (predicted, and measured) is then within 1.42x eager's (1.47x when they were kept
+    peak (predicted, and measured) is then within 1.42x eager's (1.49x when they were kept
     to the end), with tjit's slab included, which eager has no counterpart of."""
     from zoo import ZOO, WithLoss
     spec = ZOO["bert"]

@@ -104,6 +104,19 @@ def with_tape_donated(program: Program, tape: dict[str, int]) -> Program:
     return found
 
 
+def with_library_results_apart(program: Program) -> Optional[Program]:
+    """The program with every library call's results in memory torch allocates at the call
+    and frees after their last reader, as eager's are, rather than in the slab (which holds
+    its largest moment for the whole step: a pooling backward's result, live for two
+    steps, sizes a backward's slab); None if no result is in the slab."""
+    if not any(isinstance(step, LibraryPlan) and step.in_slab for step in program.steps):
+        return None
+    steps = [replace(step, in_slab=()) if isinstance(step, LibraryPlan) else step for step in program.steps]
+    outside = torch_allocated(steps) | frozenset(id(node) for node in program.buffer_outputs.values())
+    memory, slab_buffers, aliases = plan_memory(steps, outside)
+    return replace(program, steps=steps, memory=memory, slab_buffers=slab_buffers, aliases=aliases, donated={})
+
+
 def place_donated(program: Program, donated: dict[str, int], freed_when_read: bool = False) -> None:
     """Buffers born after the last read of a donated input live in its memory (see
     place_in_regions); the slab is planned again without them."""

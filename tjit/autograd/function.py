@@ -18,7 +18,7 @@ from .. import debug
 from ..errors import CompileArgumentError
 from ..frontend.convert import Conversion, OutputSpec
 from ..ir import contiguous_strides
-from ..pipeline import build_program, with_tape_donated
+from ..pipeline import build_program, with_library_results_apart, with_tape_donated
 from ..memory.peak import Allocation, PeakMemory, allocated_bytes, relabel, release
 from ..runtime.executor import Executable, tape_bytes
 from .backward import (AutogradPlan, GradLayout, backward_graph, incoming_grad_name, saved_layouts,
@@ -171,14 +171,17 @@ class GradExecutable:
         retained = Executable(conversion, program)
         # a backward that runs once may give the tape up as it goes: buffers born after a
         # saved value's last read can live in its tape block, so the slab need not hold them;
-        # but a block that hosts a buffer is held until that buffer dies, not freed when read:
-        # that plan is taken where it lowers the predicted peak of a training step
+        # but a block that hosts a buffer is held until that buffer dies, not freed when read.
+        # Its library calls' results may also live apart from the slab, allocated as eager's
+        # are. Each plan is taken where it lowers the predicted peak of a training step
         tape = {name: tape_bytes(saved) for name, saved in self.forward.tape if name in graph.input_names}
-        chosen = plain = _Backward(retained, retained, found.zeros)
-        hosting = with_tape_donated(program, tape)
-        if any(hosting.donated.values()):
-            donating = _Backward(Executable(conversion, hosting), retained, found.zeros)
-            chosen = min((plain, donating), key=lambda plan: self._step_memory(plan, self.device).peak)  # (a tie: plain)
+        plans = []
+        for form in filter(None, (program, with_library_results_apart(program))):
+            plans.append(_Backward(retained if form is program else Executable(conversion, form), retained, found.zeros))
+            hosting = with_tape_donated(form, tape)
+            if any(hosting.donated.values()):
+                plans.append(_Backward(Executable(conversion, hosting), retained, found.zeros))
+        chosen = min(plans, key=lambda plan: self._step_memory(plan, self.device).peak)  # (a tie: the first, plain)
         debug.log(1, f"compiled a backward: {len(program.kernels)} kernel(s)")
         debug.log_program(graph, chosen.program)
         self._backward[key] = chosen

@@ -412,10 +412,7 @@ def _sink_outputs(stores: list[Store], externs: list[ExternStep], levels: dict[i
     memory's last other reader on (each layer's gradient rows until the backward's end, were
     it the last kernel), while the output itself is allocated only when its kernel runs: so
     it joins the latest kernel for which what it keeps alive is no larger than itself."""
-    readers: dict[object, list[int]] = {}  # memory read -> the levels of its readers
-    for item in [*stores, *externs]:
-        for key in _memory_read(item):
-            readers.setdefault(key, []).append(levels[id(item)])
+    readers = _readers([*stores, *externs], levels)
     kernel_levels: dict[Domain, set[int]] = {}
     for s in stores:
         kernel_levels.setdefault(s.domain, set()).add(levels[id(s)])
@@ -424,7 +421,7 @@ def _sink_outputs(stores: list[Store], externs: list[ExternStep], levels: dict[i
         if not isinstance(s.target, OutputTarget):
             continue
         level, reads = levels[id(s)], _memory_read(s)
-        free_until = {key: _latest_other_reader(readers[key], level) for key in reads}
+        free_until = {key: max(level, _latest_reader_but(s, readers, key)) for key in reads}
         own_bytes = math.prod(s.target_shape or s.shape) * s.value.dtype.itemsize
 
         def kept_alive(k: int) -> int:
@@ -432,13 +429,6 @@ def _sink_outputs(stores: list[Store], externs: list[ExternStep], levels: dict[i
 
         sunk[id(s)] = max(k for k in kernel_levels[s.domain] if k == level or (k > level and kept_alive(k) <= own_bytes))
     return sunk
-
-
-def _latest_other_reader(read_levels: list[int], own: int) -> int:
-    """The latest level of a memory's readers other than one at `own` (own if none)."""
-    others = list(read_levels)
-    others.remove(own)
-    return max(others + [own])
 
 
 RECOMPUTED_LOADS = 4  # a value computed from more loads than this is read from its buffer where one is written
@@ -527,11 +517,14 @@ def _reads_to_give_up(store: Store, found: dict[int, tuple[GraphNode, GraphNode]
     later, while every load of the node it stands for is (a transformer's recomputed
     residual stream, read by a backward's last kernel): computed again, the node holds
     nothing that is not held anyway, where read, it holds its buffer. A product is kept."""
-    def latest_other(key) -> int:
-        return max((lv for lv, reader in readers.get(key, []) if reader != id(store)), default=-1)
     return {key for key, (buffer, node) in found.items()
-            if not dots_in(node) and latest_other(id(buffer)) < level
-            and all(latest_other(k) >= level for k in _memory_of(expression_leaves(node)))}
+            if not dots_in(node) and _latest_reader_but(store, readers, id(buffer)) < level
+            and all(_latest_reader_but(store, readers, k) >= level for k in _memory_of(expression_leaves(node)))}
+
+
+def _latest_reader_but(item, readers: dict[object, list[tuple[int, int]]], key) -> int:
+    """The latest level of a memory's readers (_readers) other than `item` (-1 if none)."""
+    return max((lv for lv, reader in readers.get(key, []) if reader != id(item)), default=-1)
 
 
 def _store_shared_values(stores: list[Store], levels: dict[int, int]) -> list[Store]:

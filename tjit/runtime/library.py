@@ -57,7 +57,7 @@ def results_into(plan: LibraryPlan, operands: list[torch.Tensor], memory: dict) 
     for k in range(len(plan.out_names)):
         node = plan.call.results[k]
         if id(node) in placed:
-            outs.append(_same_as_operand(memory[memory_key(node)].as_strided(node.shape, node.view.strides), operands))
+            outs.append(_in_layout(memory[memory_key(node)], node))
         elif id(node) in read:
             outs.append(torch.empty_strided(node.shape, node.view.strides, dtype=node.dtype.torch, device=device))
         else:
@@ -70,15 +70,14 @@ def results_into(plan: LibraryPlan, operands: list[torch.Tensor], memory: dict) 
     return outs
 
 
-def _same_as_operand(out: torch.Tensor, operands: list[torch.Tensor]) -> torch.Tensor:
-    """A result placed in the memory of the operand it accumulates into (addmm's total:
-    tjit.memory.liveness.accumulated_in_place) is handed as that operand's own tensor, as the
-    op's in-place form (addmm_) hands it: the out= code then reads and writes it as one."""
-    for t in operands:
-        if t.data_ptr() == out.data_ptr() and t.shape == out.shape and t.stride() == out.stride() \
-                and t.dtype == out.dtype:
-            return t
-    return out
+def _in_layout(t: torch.Tensor, node: GraphNode) -> torch.Tensor:
+    """A result's memory in its traced layout: the tensor itself where it has it. So a result
+    placed in the memory of the total it accumulates into (tjit.memory.liveness.accumulated_in_place:
+    the executor binds both keys to one tensor) is the very tensor the call reads as that
+    total, as the op's in-place form (addmm_) hands it: its out= code reads and writes it as one."""
+    if tuple(t.shape) == node.shape and tuple(t.stride()) == tuple(node.view.strides):
+        return t
+    return t.as_strided(node.shape, node.view.strides)
 
 
 @contextlib.contextmanager

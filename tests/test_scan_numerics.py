@@ -3,8 +3,8 @@ reductions on whole blocks.
 
 On CPU, eager accumulates float32 cumsum/cumprod/logcumsumexp in double; tjit's kernels for
 CPU tensors do too, forward and backward (reverse scans), so their largest error against a
-float64 reference stays within 2x of eager's on the same input (3x for the backward) (a float32 accumulation is
-7-18x off at these lengths). On CUDA, eager accumulates float32 scans in float32, and so do
+float64 reference stays within 2x of eager's on the same input, 3x for the backward (a
+float32 accumulation is 7-18x off at these lengths). On CUDA, eager accumulates float32 scans in float32, and so do
 the kernels tjit generates for CUDA tensors.
 
 `python tests/test_scan_numerics.py` prints the errors (tjit, eager) and the time per call of

@@ -6,9 +6,9 @@ and the torch state the trace computes under (grad mode, autocast, the default d
 float32 matmul precision). OutsideState: the globals the function's code names and the
 variables it closes over, by identity: a trace bakes in what they held (a Python number, a
 tensor it reads as a constant, a helper function), so a name bound to another object is a
-miss and a new trace, where eager would read the new object. State further away (attributes of objects the
-function reads, globals of the functions it calls, the contents of a list) is not guarded:
-as with jax.jit, it is read when the function is traced. A module's state is guarded by
+miss and a new trace, where eager would read the new object. State further away
+(attributes of objects the function reads, globals of the functions it calls, the
+contents of a list) is not guarded: as with jax.jit, it is read when the function is traced. A module's state is guarded by
 Dynamo (tjit.compile runs an nn.Module through it).
 """
 from __future__ import annotations

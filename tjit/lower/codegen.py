@@ -229,6 +229,7 @@ class _Emitter(GridReductionEmitter):
         self._window_bounds: dict[int, list] = {}
         self._gather_steps: dict[int, Optional[str]] = {}
         self._dot_steps: dict[str, int] = {}  # constexpr name -> the contraction step of one product
+        self._online_rows: dict[int, str] = {}  # a Reduce a product's k loop computes -> its value's name
         self.checks: list[Check] = []
         self._zero_div_code = 0  # the status code of this kernel's integer divisions (0: none yet)
         divides = any(_checked_division(n) or _checks_index(n)
@@ -247,7 +248,9 @@ class _Emitter(GridReductionEmitter):
                 self.params.append(ref.param)
 
     def _store_values(self) -> list[GraphNode]:
-        return [s.value for s in self.group.stores]
+        """What the kernel computes at its index (a row statistic a product's k loop computes
+        online is part of that product's work)."""
+        return [s.value for s in self.group.stores if s.online_of is None]
 
     def _reduction_input(self, strides) -> int:
         """The access whose memory order orders the reduced axes: the first that walks them."""
@@ -283,7 +286,7 @@ class _Emitter(GridReductionEmitter):
         self.coord_index: dict[tuple, int] = {}
         read_directly = {id(s.value) for s in self.group.stores}  # leaves loaded at the kernel's own index
         self.dot_access: dict[int, tuple[dict, dict]] = {}  # a Dot -> per operand, its leaves' accesses
-        for node in toposort([s.value for s in self.group.stores], stop=at_product):
+        for node in toposort(self._store_values(), stop=at_product):
             if isinstance(node.op, Dot) and id(node) not in self.dot_access:
                 self._collect_dot(node)
                 continue  # its operands are read in tiles along the contraction, not at the lane's index
@@ -325,7 +328,9 @@ class _Emitter(GridReductionEmitter):
             else:
                 m = t.mutation
                 ref, view = self._buffer("input", m.name, m.value.dtype), m.view
-            if store.target_dims is not None:
+            if store.online_of is not None:  # a row value: the same along the product's columns
+                view = View(self.shape, view.strides[:-1] + (0,), view.offset)
+            elif store.target_dims is not None:
                 view = view.permute(store.target_dims)
             elif store.target_shape is not None:
                 view = view.reshape(store.shape)  # (an axis split: always a strided view)
@@ -755,6 +760,8 @@ class _Emitter(GridReductionEmitter):
         an input in this kernel must see its old contents."""
         lines, names = [], {}
         pending = [(s, n) for s, n in zip(self.group.stores, self.store_access) if not s.totals]
+        statistics = [(s, n) for s, n in pending if s.online_of is not None]
+        pending = [p for p in pending if p not in statistics]
         for node in toposort(self._roots(), stop=at_product):
             if is_kernel_input(node) and buffer_of(node) is not None and id(node) not in self.leaf_access:
                 continue  # a table only a Gather reads, at its own addresses
@@ -774,6 +781,10 @@ class _Emitter(GridReductionEmitter):
             for s, n in ready:
                 lines += self._store(s, n, names)
             pending = [p for p in pending if p not in ready]
+            done = [(s, n) for s, n in statistics if s.online_of is node]
+            lines += [ln for s, n in done for ln in self._store_statistic(s, n)]
+            statistics = [p for p in statistics if p not in done]
+        assert not statistics, "a row statistic whose product this kernel does not compute"
         for s, n in pending:
             lines += self._store(s, n, names)
         return lines + self._grid_epilogue(lines, names)
@@ -1000,6 +1011,7 @@ class _Emitter(GridReductionEmitter):
             lines, rows[id(accumulator.node)] = accumulator.finalize(
                 [self._row_expression(n, rows, after) for n in accumulator.after])
             after += lines
+        self._online_rows.update(rows)
         scale, out = self._fresh(), self._fresh()
         after.append(f"{scale} = tl.exp({finite(m)} - {self._row_expression(online.shift, rows, after)})")
         if online.factor is not None:
@@ -1135,6 +1147,21 @@ class _Emitter(GridReductionEmitter):
         put = "tl.atomic_add" if op.accumulate else "tl.store"
         lines.append(f"{put}({ref.param} + tl.where({write}, {idx}, 0), {value}, mask={write})")
         return lines
+
+    def _store_statistic(self, store, n: int) -> list[str]:
+        """A row statistic the product's k loop computed (_online_tile), written by the
+        programs of the first column tile only: each row once."""
+        value = f"{self._online_rows[id(store.value)]}.to({tl_dtype(store.value.dtype)})"
+        rank = len(self.space.sizes)
+        dims = self.space.loop_dims
+        assert all(d.axes == (a,) for a, d in enumerate(dims)), "a product kernel's axes are one loop dim each"
+        row_shape = "[" + ", ".join([f"BLOCK_{a}" for a in range(rank - 1)] + ["1"]) + "]"
+        rows = [f"(lin{a} < size{a})" for a in range(rank - 1)]
+        if dims[-1].kind == "group":  # (a block: Triton's interpreter rejects a scalar term in a mask)
+            rows.append(f"(tl.zeros({row_shape}, tl.int32) + tile{rank - 1} == 0)")
+        mask = self._fresh()
+        return [f"{mask} = {' & '.join(rows)}",
+                f"tl.store({self._address(n)} + tl.zeros({row_shape}, tl.int32), {value}, mask={mask})"]
 
     def _store_var(self, store, n: int, value: str) -> str:
         dtype = self.accesses[n].buffer.dtype

@@ -23,6 +23,7 @@ from .domains import (Copies, Domain, Placement, aligned_permutation, domain_of_
                       nested_products, product_key, read_from_buffers, reduces_in, reshaped_expression, splits_into,
                       store_domain, totals_fit, totals_of)
 from .hazards import gather_tables, reads_apart, reads_older_version, same_program_access, stage
+from .online_product import online_product
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,9 @@ class Store:
     target_shape: Optional[tuple[int, ...]] = None
     target_dims: Optional[tuple[int, ...]] = None
     note: str = ""  # why the store is where it is, where explain should say (an in-place write's copies)
+    # a row statistic (value: a Reduce node) that this product's k loop computes online
+    # (lower/online_product.py): the product's kernel writes it (_host_online_statistics)
+    online_of: Optional[GraphNode] = None
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -379,16 +383,75 @@ def group_kernels(graph: Graph, unstored: frozenset = frozenset()) -> list[Union
         if shared:
             stores += shared
             _read_earlier_buffers(stores, levels, copies, externs)
+        hosts = _host_online_statistics(stores, externs, levels)
+    else:
+        hosts = {}
     groups: dict[tuple, KernelGroup] = {}
+    group_of: dict[int, KernelGroup] = {}  # id of a store -> its kernel
     for store in stores:
+        if id(store) in hosts:
+            continue
         key = (levels[id(store)], store.domain, 0)
         while key in groups and _computes_a_product_in_two_roles(groups[key].stores, store):
             key = (*key[:2], key[2] + 1)
-        groups.setdefault(key, KernelGroup(store.domain, level=key[0])).stores.append(store)
+        group_of[id(store)] = groups.setdefault(key, KernelGroup(store.domain, level=key[0]))
+        group_of[id(store)].stores.append(store)
+    for store in stores:
+        if id(store) in hosts:
+            group_of[id(hosts[id(store)])].stores.append(store)
     for step in externs:
         step.level = levels[id(step)]
     # at one level nothing depends on anything else; calls first, so their results die early
     return sorted([*externs, *groups.values()], key=lambda g: (g.level, isinstance(g, KernelGroup)))
+
+
+def _host_online_statistics(stores: list[Store], externs: list[ExternStep], levels: dict[int, int]
+                            ) -> dict[int, Store]:
+    """A row statistic that a product's kernel computes online anyway (attention's softmax
+    max and sum along the keys, saved for the backward) is written by that kernel, instead of
+    a kernel of its own that computes the scores once more: id of the statistic's store ->
+    the product's store, whose kernel then writes it (Store.online_of; `levels` updated).
+    The statistic's rows must be the product's rows, and its readers must run after it."""
+    readers = _readers([*stores, *externs], levels)
+    hosts: dict[int, Store] = {}
+    for s in stores:
+        if not _hostable_statistic(s):
+            continue
+        for host in stores:
+            product = _computing_online(host, s.value)
+            if product is None:
+                continue
+            level = levels[id(host)]
+            read_at = [lv for key in _memory_written(s) for lv, _ in readers.get(key, [])]
+            if all(lv > level for lv in read_at):
+                s.domain, s.online_of, levels[id(s)] = host.domain, product, level
+                hosts[id(s)] = host
+                break
+    return hosts
+
+
+def _hostable_statistic(store: Store) -> bool:
+    """A plain store of a reduction's value: a whole output or buffer, not a grid reduction."""
+    return isinstance(store.value.op, Reduce) and isinstance(store.target, (OutputTarget, BufferTarget)) \
+        and store.target_shape is None and not store.totals and not store.value.op.axis_strategies
+
+
+def _computing_online(host: Store, statistic: GraphNode) -> Optional[GraphNode]:
+    """The product of `host`'s kernel whose k loop computes `statistic` online, with the
+    statistic's rows the kernel's rows (its shape the product's, last axis 1); else None."""
+    if not host.domain.dot or host.domain.axes or host.online_of is not None:
+        return None
+    for product in dots_in(host.value):
+        form = online_product(product)
+        if form is not None and product.shape == host.domain.shape \
+                and statistic.shape == product.shape[:-1] + (1,) and any(r is statistic for r in form.reductions):
+            return product
+    return None
+
+
+def _memory_written(store: Store) -> list:
+    """The keys (_memory_of's) under which stores and calls read what the store writes."""
+    return [id(store.target.node)] if isinstance(store.target, BufferTarget) else []
 
 
 def _computes_a_product_in_two_roles(group: list[Store], store: Store) -> bool:

@@ -61,7 +61,8 @@ class GridReductionEmitter:
     def _roots(self) -> list[GraphNode]:
         """What every program computes: the stores' values, but for a store of grid
         reductions only their inputs (the last program combines them)."""
-        return [s.value for s in self.group.stores if not s.totals] + [t.src[0] for t in self.totals]
+        return [s.value for s in self.group.stores if not s.totals and s.online_of is None] + \
+            [t.src[0] for t in self.totals]
 
     def _grid_epilogue(self, lines: list[str], memo: dict, partials: Optional[dict] = None) -> list[str]:
         """Each program writes its partial of every grid reduction; the last program to

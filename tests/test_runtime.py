@@ -338,6 +338,32 @@ def test_the_backend_works_by_its_name_in_a_process_that_imported_only_torch():
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on CUDA, kernels compile: no interpreter")
+def test_a_launch_patches_the_language_once_for_all_its_helper_calls():
+    """Triton's interpreter patches the language for a launch and for each call of a helper
+    (tl.max, tl.sum: functions of triton.language.standard, which name triton.language.core),
+    restoring it after each: a softmax's launch patched it 13 times. tjit's launch patches
+    both language modules, so the helpers find them patched and patch nothing; after the
+    launch both are as they were (a later compile for a GPU needs them unpatched)."""
+    from triton.runtime import interpreter as ti
+    softmax = tjit.compile(lambda x: torch.softmax(x, -1))
+    x = torch.randn(64, 100)
+    softmax(x)
+    patches, patch = [], ti._patch_lang
+
+    def counted(fn):
+        patches.append(fn)
+        return patch(fn)
+    ti._patch_lang = counted
+    try:
+        torch.testing.assert_close(softmax(x), torch.softmax(x, -1))
+    finally:
+        ti._patch_lang = patch
+    assert tjit.counters.snapshot()["launches"] and len(patches) == 1, len(patches)
+    assert ti.tl.static_assert.__name__ != "_new_static_assert"
+    assert ti.tl.core.static_assert.__name__ != "_new_static_assert"
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU beside the CPU")
 def test_zero_dim_cpu_tensors_beside_gpu_tensors_run_as_in_eager():
     """An optimizer's step count lives on the CPU as a 0-d tensor beside GPU parameters, and

@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import os
 import sys
+import types
 
 import numpy as np
 import torch
@@ -36,6 +37,26 @@ def _import_triton_again() -> None:
             del sys.modules[name]
     import triton  # noqa: F401
     import triton.language  # noqa: F401
+
+
+def patch_both_language_modules() -> None:
+    """A launch patches the language modules its kernel's globals name (triton.language), a
+    helper call the ones its own globals name and restores them when it returns: Triton's
+    own helpers (tl.max, tl.sum, tl.where's callers in triton.language.standard) name
+    triton.language.core, which no kernel names, so every call of one patched it anew and
+    restored it (a third of the time of a softmax kernel's launch). A launch patches both
+    modules, restored together when it ends, so those helpers find them patched."""
+    from triton.runtime import interpreter as ti
+    if getattr(ti._patch_lang, "_tjit_both", False):
+        return
+    patch = ti._patch_lang
+    both = types.SimpleNamespace(__globals__={"tl": ti.tl, "core": ti.tl.core})
+
+    def patch_lang(fn):
+        return patch(both)
+
+    patch_lang._tjit_both = True
+    ti._patch_lang = patch_lang
 
 
 def restore_patches_after_device_calls() -> None:
@@ -74,6 +95,7 @@ def _patched(lang) -> bool:
 def install_patches() -> None:
     """Everything tjit changes in Triton's interpreter (once per process, when interpreting)."""
     restore_patches_after_device_calls()
+    patch_both_language_modules()
     pass_cpu_tensors_as_they_are()
     vectorise_custom_reductions_and_scans()
     round_float32_math_from_float64()

@@ -345,6 +345,47 @@ def test_attention_training_never_writes_its_probabilities(name, dtype):
         assert extra < probabilities / 8, alive
 
 
+def _heads_joined(q, k, v):
+    """BERT's and GPT-2's attention: the output [b, h, s, d] made [b, s, h * d]."""
+    out = torch.softmax(q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5, -1) @ v
+    return out.permute(0, 2, 1, 3).reshape(q.shape[0], q.shape[2], -1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("grad", [False, True], ids=["eval", "training"])
+def test_attention_writes_its_output_with_the_heads_joined(dtype, grad):
+    """The attention's output permuted to [b, s, h, d] for its heads to be joined is written by
+    the product's kernel through that permutation of the output: one forward kernel, with or
+    without gradients, and no buffer of the product in [b, h, s, d] (it was written there,
+    then copied by a kernel of its own). Queries span several row tiles and the value's
+    width several column tiles (the output's permuted store and the row statistics' first
+    column tile); gradients match eager's."""
+    q, k, v = torch.randn(2, 3, 70, 16), torch.randn(2, 3, 150, 16), torch.randn(2, 3, 150, 80)
+    args = [t.to(dtype) for t in (q, k, v)]
+    compiled = tjit.compile(_heads_joined)
+    explanation = tjit.explain(compiled, *[a.clone().requires_grad_(grad) for a in args])
+    assert len(explanation.kernels) == 1 and not explanation.library_calls
+    assert explanation.memory is None or explanation.memory.slab_size == 0
+    if not grad:
+        check(_heads_joined, *args)
+        return
+    incoming = torch.randn(2, 70, 3 * 80).to(dtype)
+    got, eager = _gradients(compiled, args, 3, incoming), _gradients(_heads_joined, args, 3, incoming)
+    _assert_gradients_match(got, eager, _gradients(_heads_joined, args, 3, incoming, torch.float64))
+
+
+def test_a_product_read_in_its_own_layout_too_keeps_its_buffer():
+    """The product returned as it is and with its heads joined: its kernel writes both, the
+    permuted output and the product's own (nothing is dropped that a result needs)."""
+    def both(q, k, v):
+        out = torch.softmax(q @ k.transpose(-1, -2) * 0.25, -1) @ v
+        return out, out.permute(0, 2, 1, 3).reshape(q.shape[0], q.shape[2], -1), out.sum(-1)
+    args = (torch.randn(2, 3, 70, 16), torch.randn(2, 3, 150, 16), torch.randn(2, 3, 150, 80))
+    compiled = tjit.compile(both)
+    for got, expected in zip(compiled(*args), both(*args)):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+
+
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(data=st.data())
 def test_random_attention_shapes(data):

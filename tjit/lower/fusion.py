@@ -17,8 +17,8 @@ from typing import Optional, Union
 
 from ..analysis.addresses import disjoint
 from ..errors import TjitError
-from ..ir import (Contiguous, Cumulative, Dot, Extern, ExternCall, Gather, Graph, GraphNode, Input, Mutation, Reduce, Scatter,
-                  View, ViewOp, per_node, toposort)
+from ..ir import (Contiguous, Cumulative, Dot, Elementwise, Extern, ExternCall, Gather, Graph, GraphNode, Input, Mutation,
+                  Reduce, Scatter, View, ViewOp, per_node, toposort)
 from .domains import (Copies, Domain, Placement, aligned_permutation, domain_of_reduce, dots_in, is_kernel_input,
                       nested_products, product_key, read_from_buffers, reduces_in, reshaped_expression, splits_into,
                       store_domain, totals_fit, totals_of)
@@ -223,6 +223,28 @@ def place_in_domains(stores: list[Store], copies: Copies) -> list[Store]:
     return sorted(placed, key=lambda s: order.get(id(s), len(order)))
 
 
+def in_product_layouts(stores: list[Store], externs: list[ExternStep], graph: Graph,
+                       unstored: frozenset) -> list[Store]:
+    """in_product_layout for every store; a buffer a store stopped reading is not written
+    where nothing else reads it."""
+    bypassed = [b for s in stores if (b := in_product_layout(s)) is not None]
+    return _without_unread_buffers(stores, externs, graph, unstored, bypassed) if bypassed else stores
+
+
+def _without_unread_buffers(stores: list[Store], externs: list[ExternStep], graph: Graph, unstored: frozenset,
+                            candidates: list[GraphNode]) -> list[Store]:
+    """The stores without those of the candidate buffers that no store, call or output reads
+    (an output no store writes is memory the graph holds: a buffer, a view of one, or the
+    value a buffer holds, whose buffer lives in the output's memory: lower.returned_buffers)."""
+    read = {id(buffer_of(leaf)) for s in stores for leaf in expression_leaves(s.value)}
+    read |= {id(buffer_of(o)) for step in externs for o in step.operands}
+    held = [graph.outputs[name] for name in unstored]
+    read |= {id(buffer_of(node)) for node in held}
+    values_held = {id(node) for node in held}
+    unread = {id(b) for b in candidates if id(b) not in read and id(b.src[0]) not in values_held}
+    return [s for s in stores if not (isinstance(s.target, BufferTarget) and id(s.target.node) in unread)]
+
+
 def in_reduction_shape(store: Store, copies: Copies) -> None:
     """A store of a full-shape value of a reduction whose input has an axis split of the
     value's shape (layer_norm over [b, t, d] read by a matmul as [b*t, d]; softmax over
@@ -239,6 +261,48 @@ def in_reduction_shape(store: Store, copies: Copies) -> None:
         if dims is None:
             return
     _express_in(store, domain.shape, dims, copies)
+
+
+def in_product_layout(store: Store) -> Optional[GraphNode]:
+    """A store of a product's result with its axes in another order (attention's output
+    [b, h, s, d] returned as [b, s, h, d], for the heads to be joined) writes the product's
+    tiles through that order of its target, in the product's kernel, instead of a kernel of
+    its own copying the product's buffer into the target's layout. Returns the buffer the
+    store no longer reads, if it read one (group_kernels drops its store if nothing else
+    reads it)."""
+    value = store.value
+    if not (_reshapeable(store) and isinstance(value.op, ViewOp)):
+        return None
+    buffer = value.src[0] if isinstance(value.src[0].op, Contiguous) else None
+    product = buffer.src[0] if buffer is not None else value.src[0]
+    if not _of_a_product(product):
+        return None
+    order = _axis_order(value.view, product.view)
+    if order is None or order == tuple(range(len(order))):
+        return None
+    inverse = tuple(sorted(range(len(order)), key=order.__getitem__))  # (value.permute(inverse) is the product)
+    store.target_shape, store.target_dims, store.value = store.shape, inverse, product
+    return buffer
+
+
+def _of_a_product(value: GraphNode) -> bool:
+    """A product, or one-input elementwise work on it (a cast to the operands' type)."""
+    while isinstance(value.op, Elementwise) and len(value.src) == 1 and value.src[0].shape == value.shape:
+        value = value.src[0]
+    return isinstance(value.op, Dot)
+
+
+def _axis_order(view: View, of: View) -> Optional[tuple[int, ...]]:
+    """The order p of `of`'s axes that `view` is (view == of.permute(p) on every axis of more
+    than one element), or None."""
+    if view.offset != of.offset or sorted(view.shape) != sorted(of.shape) or len(view.shape) > 6:
+        return None
+    for order in itertools.permutations(range(len(of.shape))):
+        permuted = of.permute(order)
+        if permuted.shape == view.shape and all(n == 1 or a == b for n, a, b in
+                                                zip(view.shape, view.strides, permuted.strides)):
+            return order
+    return None
 
 
 def _reshapeable(store: Store) -> bool:
@@ -362,7 +426,8 @@ def group_kernels(graph: Graph, unstored: frozenset = frozenset()) -> list[Union
     kernels, in level order. unstored: outputs no kernel writes (see collect_stores)."""
     externs = collect_externs(graph)
     copies = Copies()  # (so a later pass knows the copies placing makes for their originals)
-    stores = stage_hazardous_reads(place_in_domains(collect_stores(graph, unstored), copies))
+    stores = in_product_layouts(collect_stores(graph, unstored), externs, graph, unstored)
+    stores = stage_hazardous_reads(place_in_domains(stores, copies))
     stores = without_overwritten_writes(stores, externs)
     edges = _dependencies(stores, externs)
     try:

@@ -366,6 +366,9 @@ def test_attention_writes_its_output_with_the_heads_joined(dtype, grad):
     explanation = tjit.explain(compiled, *[a.clone().requires_grad_(grad) for a in args])
     assert len(explanation.kernels) == 1 and not explanation.library_calls
     assert explanation.memory is None or explanation.memory.slab_size == 0
+    notes = explanation.kernels[0].notes  # (explain says why the kernel writes what it writes)
+    assert any("through its axes in the order [0, 2, 1, 3]" in note for note in notes), notes
+    assert sum("computes online" in note for note in notes) == (2 if grad else 0), notes
     if not grad:
         check(_heads_joined, *args)
         return

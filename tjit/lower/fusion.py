@@ -282,7 +282,16 @@ def in_product_layout(store: Store) -> Optional[GraphNode]:
         return None
     inverse = tuple(sorted(range(len(order)), key=order.__getitem__))  # (value.permute(inverse) is the product)
     store.target_shape, store.target_dims, store.value = store.shape, inverse, product
+    store.note = (f"writes {_target_name(store.target)} from the product's tiles through its axes in the order "
+                  f"{list(order)}: no copy of the product's result")
     return buffer
+
+
+REDUCTION_NAMES = {"add": "sum", "mul": "product"}  # (what explain calls a reduction by its op)
+
+
+def _target_name(target: Target) -> str:
+    return f"output {target.name}" if isinstance(target, OutputTarget) else "a buffer"
 
 
 def _of_a_product(value: GraphNode) -> bool:
@@ -490,6 +499,9 @@ def _host_online_statistics(stores: list[Store], externs: list[ExternStep], leve
             read_at = [lv for key in _memory_written(s) for lv, _ in readers.get(key, [])]
             if all(lv > level for lv in read_at):
                 s.domain, s.online_of, levels[id(s)] = host.domain, product, level
+                op = s.value.op.op
+                s.note = (f"writes {_target_name(s.target)}, the rows' {REDUCTION_NAMES.get(op, op)} its product's k "
+                          "loop computes online: no kernel of its own computes the scores again")
                 hosts[id(s)] = host
                 break
     return hosts

@@ -277,7 +277,7 @@ def in_product_layout(store: Store) -> Optional[GraphNode]:
     product = buffer.src[0] if buffer is not None else value.src[0]
     if not _of_a_product(product):
         return None
-    order = _axis_order(value.view, product.view)
+    order = _axis_order(value.view, value.src[0].view)
     if order is None or order == tuple(range(len(order))):
         return None
     inverse = tuple(sorted(range(len(order)), key=order.__getitem__))  # (value.permute(inverse) is the product)
@@ -486,24 +486,21 @@ def _host_online_statistics(stores: list[Store], externs: list[ExternStep], leve
     a kernel of its own that computes the scores once more: id of the statistic's store ->
     the product's store, whose kernel then writes it (Store.online_of; `levels` updated).
     The statistic's rows must be the product's rows, and its readers must run after it."""
+    computed = _computed_online(stores)
     readers = _readers([*stores, *externs], levels)
     hosts: dict[int, Store] = {}
     for s in stores:
-        if not _hostable_statistic(s):
+        if not _hostable_statistic(s) or id(s.value) not in computed:
             continue
-        for host in stores:
-            product = _computing_online(host, s.value)
-            if product is None:
-                continue
-            level = levels[id(host)]
-            read_at = [lv for key in _memory_written(s) for lv, _ in readers.get(key, [])]
-            if all(lv > level for lv in read_at):
-                s.domain, s.online_of, levels[id(s)] = host.domain, product, level
-                op = s.value.op.op
-                s.note = (f"writes {_target_name(s.target)}, the rows' {REDUCTION_NAMES.get(op, op)} its product's k "
-                          "loop computes online: no kernel of its own computes the scores again")
-                hosts[id(s)] = host
-                break
+        host, product = computed[id(s.value)]
+        level = levels[id(host)]
+        if s.value.shape == product.shape[:-1] + (1,) and \
+                all(lv > level for key in _memory_written(s) for lv, _ in readers.get(key, [])):
+            s.domain, s.online_of, levels[id(s)] = host.domain, product, level
+            op = s.value.op.op
+            s.note = (f"writes {_target_name(s.target)}, the rows' {REDUCTION_NAMES.get(op, op)} its product's k "
+                      "loop computes online: no kernel of its own computes the scores again")
+            hosts[id(s)] = host
     return hosts
 
 
@@ -513,17 +510,18 @@ def _hostable_statistic(store: Store) -> bool:
         and store.target_shape is None and not store.totals and not store.value.op.axis_strategies
 
 
-def _computing_online(host: Store, statistic: GraphNode) -> Optional[GraphNode]:
-    """The product of `host`'s kernel whose k loop computes `statistic` online, with the
-    statistic's rows the kernel's rows (its shape the product's, last axis 1); else None."""
-    if not host.domain.dot or host.domain.axes or host.online_of is not None:
-        return None
-    for product in dots_in(host.value):
-        form = online_product(product)
-        if form is not None and product.shape == host.domain.shape \
-                and statistic.shape == product.shape[:-1] + (1,) and any(r is statistic for r in form.reductions):
-            return product
-    return None
+def _computed_online(stores: list[Store]) -> dict[int, tuple[Store, GraphNode]]:
+    """id of each reduction that a product kernel's k loop computes online -> (the store of
+    the product, computed on the kernel's own tiles, the product)."""
+    found: dict[int, tuple[Store, GraphNode]] = {}
+    for host in stores:
+        if not host.domain.dot or host.domain.axes:
+            continue
+        for product in dots_in(host.value):
+            form = online_product(product) if product.shape == host.domain.shape else None
+            for reduction in form.reductions if form is not None else ():
+                found.setdefault(id(reduction), (host, product))
+    return found
 
 
 def _memory_written(store: Store) -> list:

@@ -236,10 +236,8 @@ def _without_unread_buffers(stores: list[Store], externs: list[ExternStep], grap
     """The stores without those of the candidate buffers that no store, call or output reads
     (an output no store writes is memory the graph holds: a buffer, a view of one, or the
     value a buffer holds, whose buffer lives in the output's memory: lower.returned_buffers)."""
-    read = {id(buffer_of(leaf)) for s in stores for leaf in expression_leaves(s.value)}
-    read |= {id(buffer_of(o)) for step in externs for o in step.operands}
     held = [graph.outputs[name] for name in unstored]
-    read |= {id(buffer_of(node)) for node in held}
+    read = set().union(*map(_memory_read, [*stores, *externs]), _memory_of(held))
     values_held = {id(node) for node in held}
     unread = {id(b) for b in candidates if id(b) not in read and id(b.src[0]) not in values_held}
     return [s for s in stores if not (isinstance(s.target, BufferTarget) and id(s.target.node) in unread)]

@@ -779,17 +779,51 @@ def test_linear_cross_entropy_training_never_writes_the_logits(dtype):
     assert "its gradients recompute it" in str(explanation)
 
 
-def test_linear_cross_entropy_training_over_wide_rows_writes_the_logits_gradient_once():
-    """With more hidden columns than a product computing others on its tiles may have
-    (NESTED_COLUMNS), the backward writes the logits' gradient once, recomputing the logits
-    in that kernel, and both gradient products read it (it was written twice, once per
-    product, the second transposed); the forward still saves no logits."""
-    h, w, target = torch.randn(300, 160), torch.randn(1200, 160) / 13, torch.randint(0, 1200, (300,))
+def test_linear_cross_entropy_training_over_a_wide_hidden_size_never_writes_the_logits():
+    """With more hidden columns than one tile holds (NESTED_COLUMNS; an LM head's 768-4096),
+    each gradient product accumulates in the gradient's own memory, a chunk of columns per
+    step of k, its operand recomputing the logits once per row tile and step
+    (frontend/dot.py's accumulates_in_memory): forward 1 kernel, backward 2, no library
+    call, nothing of the logits or their gradient written. The hidden size spans 3 chunks
+    (the last partial), the vocabulary several steps, the rows several programs; the
+    batched input shares one weight, and some targets are ignored."""
+    h, w = torch.randn(2, 150, 160), torch.randn(1200, 160) / 13
+    target = torch.randint(0, 1200, (2, 150))
+    target[1, ::5] = -100
     compiled = tjit.compile(linear_cross_entropy)
-    _assert_gradients_match(_gradients(compiled, [h, w, target], 2, torch.tensor(1.0)),
-                            _gradients(linear_cross_entropy, [h, w, target], 2, torch.tensor(1.0)))
-    explanation = tjit.explain(compiled, h.clone().requires_grad_(), w.clone().requires_grad_(), target)
+    args, incoming = [h, w, target], torch.tensor(1.0)
+    calls = tjit.counters.library_calls
+    got = _gradients(compiled, args, 2, incoming)
+    assert tjit.counters.library_calls == calls
+    _assert_gradients_match(got, _gradients(linear_cross_entropy, args, 2, incoming),
+                            _gradients(linear_cross_entropy, args, 2, incoming, torch.float64))
+    leaves = [h.clone().requires_grad_(), w.clone().requires_grad_()]
+    explanation = tjit.explain(compiled, *leaves, target)
     logits = 300 * 1200 * 4
+    assert len(explanation.kernels) == 1 and len(explanation.backward.kernels) == 2
+    assert all("accumulated in memory" in k.source for k in explanation.backward.kernels)
+    assert all(any(n.startswith("accumulates the product in ") for n in k.notes) for k in explanation.backward.kernels)
+    gradients = sum(leaf.numel() * leaf.element_size() for leaf in leaves)
+    written = sum(k.bytes_written for k in explanation.kernels + explanation.backward.kernels)
+    assert written - gradients < logits / 8
+    assert explanation.backward.memory.slab_size < logits / 8
+
+
+def test_linear_cross_entropy_training_over_a_wide_hidden_size_in_bfloat16_writes_the_logits_gradient_once():
+    """16-bit gradients over a wide hidden size keep the other form (vjp.py's
+    _accumulates_in_memory: float32 buffers to accumulate them in would cost about what
+    this does): the backward writes the logits' gradient once, recomputing the logits in
+    that kernel, and both gradient products read it (it was written twice, once per
+    product, the second transposed); the forward saves no logits."""
+    h, w = torch.randn(300, 160).bfloat16(), (torch.randn(1200, 160) / 13).bfloat16()
+    target = torch.randint(0, 1200, (300,))
+    compiled = tjit.compile(linear_cross_entropy)
+    args, incoming = [h, w, target], torch.tensor(1.0).bfloat16()
+    _assert_gradients_match(_gradients(compiled, args, 2, incoming),
+                            _gradients(linear_cross_entropy, args, 2, incoming),
+                            _gradients(linear_cross_entropy, args, 2, incoming, torch.float64))
+    explanation = tjit.explain(compiled, h.clone().requires_grad_(), w.clone().requires_grad_(), target)
+    logits = 300 * 1200 * 2
     assert sum(k.bytes_written for k in explanation.kernels) < logits / 8
     assert explanation.backward.memory.slab_size == logits
 

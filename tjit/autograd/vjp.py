@@ -56,8 +56,9 @@ def _dot(alg: Algebra, node: GraphNode, grad: GraphNode, value: ValueOf) -> Grad
     g = alg.cast(grad, a.dtype)
     # (where the gradients' operands cannot compute the products on their tiles, too many
     # columns or reads, g is written once and both products read it, as below)
-    nested = _computes_products(g) and nests_products(a.shape[-1]) and is_prologue(g, nests=True) or \
-        _computes_products(a) and nests_products(g.shape[-1]) and is_prologue(a, nests=True)
+    wide = _accumulates_in_memory(a, b)
+    nested = _computes_products(g) and (wide or nests_products(a.shape[-1])) and is_prologue(g, nests=True) or \
+        _computes_products(a) and (wide or nests_products(g.shape[-1])) and is_prologue(a, nests=True)
     if nested and tileable(a.shape) and tileable(b.shape):
         return _generated_gradients(alg, g, a, b, last_two)
     # both products read g: in memory once, then through views (a transposed view of an
@@ -84,15 +85,26 @@ def _generated_gradients(alg: Algebra, g: GraphNode, a: GraphNode, b: GraphNode,
     can compute on its tiles too (attention's dP = dO @ V.T, read by the scores' gradient);
     b's is a.T @ g, or (g.T @ a).T where g computes the products (over all of a's rows where
     one b serves every batch index), the transposed operand computing them transposed
-    (frontend/dot.py)."""
+    (frontend/dot.py); over more columns than a tile holds, see _accumulates_in_memory."""
     vb = alg.vb
-    grad_a = dot(vb, g, last_two(b))
+    wide = _accumulates_in_memory(a, b)
+    grad_a = dot(vb, g, last_two(b), accumulates=wide)
     if len(b.shape) == 2 < len(a.shape):
         a, g = (vb.view(x, ("reshape", (math.prod(x.shape[:-1]), x.shape[-1]))) for x in (a, g))
     # (cast before the transposing view: the product is written once, in b's type)
-    grad_b = last_two(alg.cast(dot(vb, last_two(g), a), b.dtype)) if _computes_products(g) else \
-        alg.cast(dot(vb, last_two(a), g), b.dtype)
+    grad_b = last_two(alg.cast(dot(vb, last_two(g), a, accumulates=wide), b.dtype)) if _computes_products(g) else \
+        alg.cast(dot(vb, last_two(a), g, accumulates=wide), b.dtype)
     return [alg.cast(grad_a, a.dtype), grad_b]
+
+
+def _accumulates_in_memory(a: GraphNode, b: GraphNode) -> bool:
+    """Whether the gradients of a @ b may be products over more columns than a tile holds
+    (an LM head's hidden size) whose operand computes products on its tiles: float32
+    gradients, which such a product accumulates in their own memory
+    (dot.accumulates_in_memory). 16-bit ones would need float32 buffers of their size to
+    accumulate in: at an LM head's sizes, [tokens + vocabulary, hidden] in float32 is about
+    the 16-bit logits' size, what writing g once costs, so they keep that form."""
+    return a.dtype is DType.float32 and b.dtype is DType.float32
 
 
 def _computes_products(x: GraphNode) -> bool:

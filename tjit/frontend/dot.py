@@ -27,15 +27,16 @@ def tileable(shape: tuple) -> bool:
 
 
 def dot(vb, a: GraphNode, b: GraphNode, nests: bool = True, recomputed: bool = False,
-        nests_recomputed_only: bool = False) -> GraphNode:
+        nests_recomputed_only: bool = False, accumulates: bool = False) -> GraphNode:
     """a @ b over the last two axes, batched over the others (broadcast to one batch shape),
     as an IR Dot: float32, its operands read from memory or computed on their tiles (a's
-    computing products too where `nests` and b's columns are few: `nests_products`; only
-    products the backward recomputes, with `nests_recomputed_only`: a differentiated
-    product's, whose operand's other products the forward writes for the backward anyway);
-    `recomputed`: see Dot."""
+    computing products too where `nests` and b's columns are few: `nests_products`, or any
+    number of them with `accumulates`, the product then written to memory of its own by a
+    kernel that accumulates it there: `accumulates_in_memory`; only products the backward
+    recomputes, with `nests_recomputed_only`: a differentiated product's, whose operand's
+    other products the forward writes for the backward anyway); `recomputed`: see Dot."""
     batch = tuple(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
-    a = _operand(vb, a, nests and nests_products(b.shape[-1]), nests_recomputed_only)
+    a = _operand(vb, a, nests and (accumulates or nests_products(b.shape[-1])), nests_recomputed_only)
     a = vb.expand_to(a, batch + a.shape[-2:])
     b = _operand(vb, b, nests=False)
     if all(n == 1 or st == 0 for n, st in zip(b.shape[:-2], b.view.strides[:-2])):
@@ -45,7 +46,9 @@ def dot(vb, a: GraphNode, b: GraphNode, nests: bool = True, recomputed: bool = F
         b = vb.expand_to(b, batch + b.shape[-2:])
     shape = batch + (a.shape[-2], b.shape[-1])
     assert a.shape[-1] == b.shape[-2] and tileable(shape), (a.shape, b.shape)
-    return vb.b.node(Dot(recomputed), DType.float32, (a, b), View.contiguous(shape))
+    product = vb.b.node(Dot(recomputed), DType.float32, (a, b), View.contiguous(shape))
+    # (what reads it reads its memory: its kernel computes it alone)
+    return vb.materialize(product) if accumulates_in_memory(product) else product
 
 
 PROLOGUE_LOADS = 6  # the most memory reads an operand computed on its tiles makes
@@ -60,6 +63,19 @@ NESTED_COLUMNS = 128
 def nests_products(columns: int) -> bool:
     """Whether a product of `columns` columns may compute products in its a's prologue."""
     return columns <= NESTED_COLUMNS
+
+
+def accumulates_in_memory(product: GraphNode) -> bool:
+    """Whether a product's kernel accumulates it in the memory it writes, a chunk of columns
+    at a time (lower/codegen.py): its a computes products on its tiles and its columns are
+    more than one tile holds (NESTED_COLUMNS). Its kernel then computes the nested products
+    once per row tile and step of k, as with few columns, rather than once per column tile:
+    the gradients of linear + cross-entropy over an LM head's hidden size (768-4096), which
+    never write the logits (Cut Cross-Entropy's form, without its atomics: each program
+    owns its rows). The cost is the accumulator's trips through memory, [rows, n] float32
+    read and written once per step of k."""
+    return isinstance(product.op, Dot) and not nests_products(product.shape[-1]) and \
+        any(isinstance(n.op, Dot) for n in toposort([product.src[0]], stop=_prologue_leaf)[:-1])
 
 
 def _operand(vb, x: GraphNode, nests: bool, recomputed_only: bool = False) -> GraphNode:

@@ -19,7 +19,8 @@ from ..ir import (AxisStrategy, Const, Cumulative, Dot, DType, Elementwise, Exte
                   ViewOp, Window, toposort)
 from ..errors import UnsupportedOpError
 from ..ir.ops import op_def
-from .domains import at_product, is_value_ref, leaf_view
+from ..frontend.dot import accumulates_in_memory
+from .domains import at_product, dots_in, is_value_ref, leaf_view
 from .elementwise import _cast, literal, render, tl_dtype
 from .fusion import (BufferTarget, InputTarget, KernelGroup, OutputTarget, PutAt, ScatterTarget, buffer_of,
                      expression_leaves, is_kernel_input)
@@ -27,8 +28,8 @@ from .grid_reduction import GridReductionEmitter
 from .online_product import OnlineProduct, online_product, row_value
 from .reduction import (NEG_INF, LoopContext, OnlineExpSum, accumulator_for, block_reduce, finite, identity,
                         scan_carry_init, scan_identity, scan_lines, scan_work_dtype, work_dtype)
-from .schedule import (AUTO_WARPS, DotTiles, IterationSpace, LoopDim, dot_row_tiles, dot_schedule, dot_step, dot_tiles,
-                       lanes_per_thread, nested_dot_tiles, schedule)
+from .schedule import (ACCUMULATED_COLUMNS, AUTO_WARPS, DotTiles, IterationSpace, LoopDim, dot_row_tiles, dot_schedule,
+                       dot_step, dot_tiles, lanes_per_thread, nested_dot_tiles, schedule)
 
 INT32_LIMIT = 2**31 - 1
 
@@ -117,6 +118,7 @@ class KernelPlan:
     num_stages: int = 3  # software-pipeline depth of the kernel's loops (Triton's default)
     dot_tiles: Optional[DotTiles] = None  # a kernel that computes matrix products: its tiles
     notes: tuple[str, ...] = ()  # what explain says of its stores (in-place writes and their copies)
+    reads_back: tuple[int, ...] = ()  # stores whose memory it reads too (a product accumulated there)
 
     @property
     def numel(self) -> int:
@@ -137,7 +139,8 @@ class KernelPlan:
     def bytes_read(self) -> int:
         """Bytes of distinct elements loaded: an element read through two views (x and
         x.flip(0)) or broadcast over many lanes counts once, as it comes from cache."""
-        loads = [(a, self.load_passes.get(n, 1)) for n, a in enumerate(self.accesses) if not a.store]
+        loads = [(a, self.load_passes.get(n, 1)) for n, a in enumerate(self.accesses)
+                 if not a.store or n in self.reads_back]
         direct = [(a, p) for a, p in loads if not a.gather]
         gathered = sum(a.gather[2] * a.buffer.dtype.itemsize * p for a, p in loads if a.gather)
         return _distinct_bytes([a for a, _ in direct], [p for _, p in direct]) + gathered + self._scratch_bytes
@@ -203,11 +206,12 @@ class _Emitter(GridReductionEmitter):
             raise UnsupportedOpError(f"dtype {library_only.torch}", "a kernel would load or store it: tjit "
                                      "computes this type in library calls only")
         self.widest = max(n.dtype.itemsize for s in group.stores for n in toposort([s.value], stop=is_kernel_input))
+        self.accumulated = self._accumulated_product() if group.domain.dot else None
         strides = [a.view.strides for a in self.accesses]
         self.tiles = self._dot_tiles() if group.domain.dot else None
         if self.tiles is not None:
             self.space = dot_schedule(self.shape, strides + [c.strides for c in self.coords], self.tiles,
-                                      reduces_rows=bool(self.domain.axes))
+                                      reduces_rows=bool(self.domain.axes), accumulates=self.accumulated is not None)
         else:
             # the coordinates take part in the schedule like accesses: axes merge only where
             # every access and every coordinate walks them as one
@@ -375,6 +379,19 @@ class _Emitter(GridReductionEmitter):
                                             reads=view))
         self.dot_access[id(node)] = tuple(found)
 
+    def _accumulated_product(self) -> Optional[GraphNode]:
+        """The product this kernel accumulates in the memory it writes (frontend/dot.py's
+        accumulates_in_memory), which fusion gives a kernel of its own: its one store writes
+        it, as it is, to float32 memory."""
+        dots = [d for s in self.group.stores for d in dots_in(s.value) if accumulates_in_memory(d)]
+        if not dots:
+            return None
+        (store,) = self.group.stores
+        written = self.accesses[self.store_access[0]].buffer.dtype
+        assert store.value is dots[0] and written is DType.float32 and not self.domain.axes \
+            and online_product(store.value) is None, "a product accumulated in memory"
+        return store.value
+
     def _dot_tiles(self) -> DotTiles:
         dots = [n for n in toposort(self._store_values(), stop=is_kernel_input) if isinstance(n.op, Dot)]
         *_, m, n = self.shape
@@ -396,6 +413,8 @@ class _Emitter(GridReductionEmitter):
             return tiles
         # (loads beside the products' operands: an attention mask read in a's prologue)
         extra_loads = sum(not a.store for a in self.accesses) - (2 * len(dots) - computed)
+        if self.accumulated is not None:  # (a chunk of the columns at a time)
+            n = min(n, ACCUMULATED_COLUMNS)
         return nested_dot_tiles(tiles, m, n, tensor_cores, nested, extra_loads)
 
     def _coordinate(self, view: View) -> int:
@@ -458,7 +477,8 @@ class _Emitter(GridReductionEmitter):
         return KernelPlan(name, source, list(self.buffers.values()), self.scalar_args, constexprs, (grid,),
                           self.shape, self.space, self.accesses, self.params, warps,
                           self.load_passes, self.checks, self.scratch, self.domain.axes,
-                          num_stages=self.tiles.stages if self.tiles else 3, dot_tiles=self.tiles)
+                          num_stages=self.tiles.stages if self.tiles else 3, dot_tiles=self.tiles,
+                          reads_back=(self.store_access[0],) if self.accumulated is not None else ())
 
     def _scalar(self, name: str, value: int) -> str:
         """A kernel argument, declared once however often it is used (a checked gather read
@@ -479,6 +499,8 @@ class _Emitter(GridReductionEmitter):
         lines += self._grid_decomposition(sizes)
         if self.red_dims:
             return lines + self._reduction_body(sizes)
+        if self.accumulated is not None:
+            return lines + self._accumulated_body(sizes)
         loops, indent = [], ""
         for k, d in enumerate(self.space.loop_dims):
             if d.kind == "loop":
@@ -489,6 +511,18 @@ class _Emitter(GridReductionEmitter):
         inner = self._indices(sizes)
         inner += self._values()
         return lines + [indent + ln for ln in inner]
+
+    def _accumulated_body(self, sizes) -> list[str]:
+        """A product accumulated in the memory it writes: its rows' indices, then the product
+        (_dot), whose k loop adds each step's chunks of columns to that memory."""
+        dims = self.space.loop_dims
+        lines = []
+        masks = [self._dim_indices(k, sizes, lines) for k in range(len(dims) - 1)]
+        lines.append("row_mask = " + " & ".join(masks))
+        chunk = []  # the indices of a chunk of columns
+        chunk.append(f"mask = row_mask & {self._dim_indices(len(dims) - 1, sizes, chunk)}")
+        self._dot(self.accumulated, lines, into=(chunk, self.store_access[0]))
+        return lines
 
     def _extent(self, d: LoopDim, sizes) -> str:
         return " * ".join(sizes[a] for a in d.axes)
@@ -925,12 +959,16 @@ class _Emitter(GridReductionEmitter):
             return self._elementwise(node, [names[id(s)] for s in node.src], lines, "mask")
         raise NotImplementedError(f"cannot fuse {node.op} into a pointwise kernel")
 
-    def _dot(self, node: GraphNode, lines: list[str], columns: Optional["TileAxis"] = None) -> str:
+    def _dot(self, node: GraphNode, lines: list[str], columns: Optional["TileAxis"] = None,
+             into: Optional[tuple[list[str], int]] = None) -> str:
         """The product's tile [.., rows, columns] of this program, accumulated in float32
         over steps of the contraction: each step loads a [rows, step] tile of a (masked past
         m and k) and a [step, columns] tile of b, as 2-d blocks for tl.dot. The columns are
         the kernel's, or for a product an outer product's operand computes (`columns`), the
-        outer contraction's step: this product's loop runs inside the outer one's."""
+        outer contraction's step: this product's loop runs inside the outer one's.
+
+        `into` (the lines that index a chunk of columns, and the access of the memory the
+        product is written to): accumulated there instead (_accumulate_chunks)."""
         rank = len(self.space.sizes)
         rows, cols = rank - 2, rank - 1
         row_axis = TileAxis(f"i{rows}", f"size{rows}", f"BLOCK_{rows}")
@@ -946,18 +984,24 @@ class _Emitter(GridReductionEmitter):
                             stepped=True)
         body = [f"{rk} = {k0} + tl.arange(0, {step})" + (".to(tl.int64)" if self.int64 else "")]
         tiles, before, after = [], [], []
-        online = online_product(node) if not columns.stepped and not self.domain.axes else None
+        b_lines = body if into is None else []  # (accumulated: b's tiles are loaded per chunk of columns)
+        online = online_product(node) if not columns.stepped and not self.domain.axes and into is None else None
         for operand, accesses, axes, k_at in zip(node.src, self.dot_access[id(node)],
                                                  ((row_axis, k_axis(cols)), (k_axis(rows), columns)), (1, 0)):
+            loads, ahead = (body, before) if k_at == 1 or into is None else (b_lines, b_lines)
             if online is not None and k_at == 1:
                 tile, result = self._online_tile(online, operand, accesses, axes, acc, body, before, after)
             else:
-                tile = self._operand_tile(operand, accesses, axes, k_at, body, before)
+                tile = self._operand_tile(operand, accesses, axes, k_at, loads, ahead)
             if rank > 2:
-                body.append(f"{tile} = tl.reshape({tile}, ({axes[0].width}, {axes[1].width}))")
+                loads.append(f"{tile} = tl.reshape({tile}, ({axes[0].width}, {axes[1].width}))")
             tiles.append(tile)
         precision = f', input_precision="{float32_dot_precision(self.device)}"' \
             if node.src[0].dtype is DType.float32 else ""
+        if into is not None:
+            lines += self._accumulate_chunks(tiles, precision, b_lines, body, before, into)
+            lines += [f"for {k0} in range(0, {size}, {step}):"] + ["    " + ln for ln in body]
+            return ""
         body.append(f"{acc} = tl.dot({tiles[0]}, {tiles[1]}, {acc}{precision})")
         lines += before
         lines.append(f"{acc} = tl.zeros((BLOCK_{rows}, {columns.width}), tl.float32)")
@@ -970,6 +1014,31 @@ class _Emitter(GridReductionEmitter):
             return result
         shape = ", ".join("1" for _ in range(rank - 2))
         return f"tl.reshape({result}, ({shape}, BLOCK_{rows}, {columns.width}))"
+
+    def _accumulate_chunks(self, tiles: list[str], precision: str, b_lines: list[str], body: list[str],
+                           before: list[str], into: tuple[list[str], int]) -> list[str]:
+        """A product accumulated in the memory it is written to, chunk by chunk of its
+        columns: that memory zeroed first; each step of k computes a's tile once (its nested
+        products included) and, for each chunk, loads b's tile and adds their product to
+        the chunk. Each program owns its rows, so no atomics; a barrier after each pass
+        orders one thread's stores before another's loads of the same addresses on a GPU
+        (the interpreter runs a program's lanes in step). Appends the k loop's body to
+        `body`; returns the lines ahead of the loop."""
+        chunk, n = into
+        rank = len(self.space.sizes)
+        address, part = self._address(n), self._fresh()
+        block = ", ".join(f"BLOCK_{d}" for d in range(rank))
+        walk = f"for step{rank - 1} in range(0, tl.cdiv(size{rank - 1}, BLOCK_{rank - 1})):"
+        add = [f"{part} = tl.dot({tiles[0]}, {tiles[1]}{precision})"]
+        if rank > 2:
+            add.append(f"{part} = tl.reshape({part}, ({block}))")
+        add.append(f"tl.store({address}, tl.load({address}, mask=mask, other=0.0) + {part}, mask=mask)")
+        body += [walk] + ["    " + ln for ln in chunk + b_lines + add]
+        body.append("tl.debug_barrier()")
+        zero = [f"tl.store({address}, tl.zeros(({block},), tl.float32), mask=mask)"]
+        zero = [walk] + ["    " + ln for ln in chunk + zero]
+        return ["# the product accumulated in the memory it is written to, a chunk of its columns at a time"] + \
+            zero + ["tl.debug_barrier()"] + before
 
     def _online_tile(self, online: OnlineProduct, operand: GraphNode, accesses: dict[int, int],
                      axes: tuple["TileAxis", "TileAxis"], acc: str, body: list[str], before: list[str],

@@ -19,6 +19,7 @@ from ..analysis.addresses import disjoint
 from ..errors import TjitError
 from ..ir import (Contiguous, Cumulative, Dot, Elementwise, Extern, ExternCall, Gather, Graph, GraphNode, Input, Mutation,
                   Reduce, Scatter, View, ViewOp, per_node, toposort)
+from ..frontend.dot import accumulates_in_memory
 from .domains import (Copies, Domain, Placement, aligned_permutation, domain_of_reduce, dots_in, is_kernel_input,
                       nested_products, product_key, read_from_buffers, reduces_in, reshaped_expression, splits_into,
                       store_domain, totals_fit, totals_of)
@@ -463,8 +464,11 @@ def group_kernels(graph: Graph, unstored: frozenset = frozenset()) -> list[Union
     for store in stores:
         if id(store) in hosts:
             continue
+        if _accumulates(store):
+            _note_accumulation(store)
         key = (levels[id(store)], store.domain, 0)
-        while key in groups and _computes_a_product_in_two_roles(groups[key].stores, store):
+        while key in groups and (_computes_a_product_in_two_roles(groups[key].stores, store)
+                                 or _accumulates(store) or any(_accumulates(s) for s in groups[key].stores)):
             key = (*key[:2], key[2] + 1)
         group_of[id(store)] = groups.setdefault(key, KernelGroup(store.domain, level=key[0]))
         group_of[id(store)].stores.append(store)
@@ -538,6 +542,18 @@ def _computes_a_product_in_two_roles(group: list[Store], store: Store) -> bool:
     outer = lambda stores: {id(d) for s in stores for d in dots_in(s.value)}  # noqa: E731
     nested = lambda stores: {id(n) for s in stores for n in nested_products(dots_in(s.value))}  # noqa: E731
     return bool(outer(group) & nested([store]) or nested(group) & outer([store]))
+
+
+def _accumulates(store: Store) -> bool:
+    """Whether the store writes a product its kernel accumulates in that memory (codegen's
+    accumulating form computes that one product and nothing else)."""
+    return store.domain.dot and any(accumulates_in_memory(d) for d in dots_in(store.value))
+
+
+def _note_accumulation(store: Store) -> None:
+    store.note = "; ".join(filter(None, [
+        store.note, f"accumulates the product in {_target_name(store.target)}, a chunk of its columns per step of k: "
+                    "the products its operand computes are computed once per row tile and step, not once per column tile"]))
 
 
 def _sink_outputs(stores: list[Store], externs: list[ExternStep], levels: dict[int, int]) -> dict[int, int]:

@@ -828,6 +828,41 @@ def test_linear_cross_entropy_training_over_a_wide_hidden_size_in_bfloat16_write
     assert explanation.backward.memory.slab_size == logits
 
 
+def lm_head_after_its_norm(x, weight, w, target):
+    h = F.layer_norm(x, (x.shape[-1],), weight)
+    return F.cross_entropy((h @ w.T).flatten(0, -2), target.flatten())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_lm_head_after_its_final_norm_never_writes_the_logits(dtype):
+    """cross_entropy(layer_norm(x) @ w.T), a decoder's last steps: the norm's output is
+    written once ([tokens, hidden], saved for the weight's gradient), so the product's
+    operands are memory and the logits are recomputed rather than saved; the norm's
+    backward reads its output's gradient, dlogits @ w, from a product kernel of its own
+    that computes the logits on its tiles (a reduction that computed the product would
+    have to read the logits from memory). No library call; neither pass writes the logits
+    or their gradient, and the tape holds no logits."""
+    x, weight = torch.randn(2, 75, 40).to(dtype), (1 + torch.randn(40) / 4).to(dtype)
+    w, target = (torch.randn(600, 40) / 6).to(dtype), torch.randint(0, 600, (2, 75))
+    compiled = tjit.compile(lm_head_after_its_norm)
+    args, incoming = [x, weight, w, target], torch.tensor(1.0).to(dtype)
+    calls = tjit.counters.library_calls
+    got = _gradients(compiled, args, 3, incoming)
+    assert tjit.counters.library_calls == calls
+    _assert_gradients_match(got, _gradients(lm_head_after_its_norm, args, 3, incoming),
+                            _gradients(lm_head_after_its_norm, args, 3, incoming, torch.float64))
+    leaves = [a.clone().requires_grad_() for a in args[:3]]
+    explanation = tjit.explain(compiled, *leaves, target)
+    logits = 150 * 600 * x.element_size()
+    written = sum(k.bytes_written for k in explanation.kernels + explanation.backward.kernels)
+    gradients = sum(leaf.numel() * leaf.element_size() for leaf in leaves)
+    # (the norm's output, written once, and its gradient, once, in float32)
+    normalised, its_gradient = x.numel() * x.element_size(), x.numel() * 4
+    assert written - gradients - normalised - its_gradient < logits / 8
+    assert explanation.backward.memory.slab_size <= its_gradient
+    assert explanation.peak_memory.alive_at_peak.get("tape", 0) < logits / 8
+
+
 def test_a_target_out_of_range_raises_as_in_eager():
     h, w, target = torch.randn(2, 75, 40), torch.randn(300, 40), torch.randint(0, 300, (2, 75))
     target[1, 40] = 300

@@ -17,7 +17,8 @@ it otherwise.
   flows through, whose backward is library products: on the zoo's training steps,
   generated forwards gave more kernels and a higher peak (Llama: the product saved under
   two shapes, each differentiated). The exceptions: a product a reduction of its rows
-  reads, larger than its operands, which are memory (`recomputed`): it is not saved, and
+  reads, larger than its operands, which are memory (`recomputed`; a computed operand, an
+  LM head's input from its final norm, is written first, once): it is not saved, and
   its gradients are generated products that compute it again on their tiles (linear +
   cross-entropy's backward never writes the logits either); and a product whose operand
   computes such products (attention's P @ V, P from the scores), so that its forward
@@ -40,7 +41,7 @@ import torch.fx as fx
 from ..ir import DType, GraphNode
 from .aten_ops import in_type, out_dtype, register
 from .dot import dot, is_prologue, larger_than_operands, nests_products, recomputed_by_backward
-from .library import library_call
+from .library import in_memory, library_call, reads_memory
 
 aten = torch.ops.aten
 
@@ -117,11 +118,9 @@ def choose(node: fx.Node, a: GraphNode, b: GraphNode, with_bias: bool, different
 def recomputed(a: GraphNode, b: GraphNode, reduces_rows: bool) -> bool:
     """Whether the product a @ b, differentiated, is computed again by the backward rather
     than saved (Dot.recomputed): a reduction of its rows reads it (so no forward kernel
-    writes it), its operands are memory, and it is larger than they are. (Operands that are
-    prologues, an LM head's input from its final norm, were tried: the backward then wrote
-    the recomputed logits under two shapes, [tokens, vocab] and [b, t, vocab], 2x the
-    logits in its slab against 1x saved before; not understood yet.)"""
-    return reduces_rows and a.is_leaf and b.is_leaf and larger_than_operands(a.shape, b.shape)
+    writes it), its operands are memory, and it is larger than they are. (_product writes
+    computed operands first: an LM head's input from its final norm.)"""
+    return reduces_rows and reads_memory(a) and reads_memory(b) and larger_than_operands(a.shape, b.shape)
 
 
 def float32_by_fma_on_gpu(node: fx.Node) -> bool:
@@ -171,6 +170,10 @@ def _reduces_rows(user: fx.Node) -> bool:
 def _product(cv, node: fx.Node, args: tuple, kwargs: dict, a: GraphNode, b: GraphNode, bias=None, beta=1,
              alpha=1) -> GraphNode:
     differentiated = cv.reads_grad_inputs(a, b)
+    if differentiated and _fusing_reader(node)[1] and larger_than_operands(a.shape, b.shape):
+        # (an LM head after its final norm: the norm's output is written once, [tokens, hidden],
+        # so that the logits, [tokens, vocabulary], need not be: `recomputed`)
+        a, b = in_memory(cv, a), in_memory(cv, b)
     generated, why = choose(node, a, b, bias is not None and beta != 0, differentiated, cv.is_gradient_formula)
     cv.matmul_choices.append(MatmulChoice(str(node.target), a.shape, b.shape, generated, why))
     if not generated:

@@ -202,8 +202,13 @@ def store_domain(value: GraphNode) -> Placement:
         return Placement(Domain(value.shape, dot=True), [r for r in reduces if id(r) not in online])
     if dots and reduces:
         nested = nested_products(dots)
-        if nested:  # (each pass over a row's column tiles would compute them again: written once instead)
-            return Placement(Domain(value.shape), nested)
+        if nested:
+            # (each pass over a row's column tiles would compute them again: written once
+            # instead, or where they are no smaller, the products themselves, by a kernel of
+            # their own that computes the nested ones on its tiles: an LM head's final norm's
+            # backward reads the gradient of its output, dlogits @ w, not the logits)
+            size = lambda nodes: sum(math.prod(n.shape) for n in nodes)  # noqa: E731
+            return Placement(Domain(value.shape), dots if size(dots) <= size(nested) else nested)
         placement = _reduction_placement(value, reduces)
         # (a norm's statistics in a product's prologue are read from buffers in the k loop,
         # even where this domain could compute them: layer_norm(h + linear(h)) with h itself

@@ -294,6 +294,18 @@ def _assert_gradients_match(got: list, eager: list, exact: list = ()) -> None:
             assert _largest((g.double() - x).abs()) <= 2 * _largest((e.double() - x).abs()) + 1e-3
 
 
+def _trained_without_library_calls(fn, args: list, grad_inputs: int, incoming) -> "tjit.Explanation":
+    """fn compiled: the gradients of its first `grad_inputs` arguments match eager's
+    (_assert_gradients_match) and no library call ran; returns its explanation."""
+    compiled = tjit.compile(fn)
+    calls = tjit.counters.library_calls
+    got = _gradients(compiled, args, grad_inputs, incoming)
+    assert tjit.counters.library_calls == calls
+    _assert_gradients_match(got, _gradients(fn, args, grad_inputs, incoming),
+                            _gradients(fn, args, grad_inputs, incoming, torch.float64))
+    return tjit.explain(compiled, *[a.clone().requires_grad_(n < grad_inputs) for n, a in enumerate(args)])
+
+
 # (function, forward kernels, backward kernels): with fewer value columns the forward saves
 # v's slice by a kernel of its own, and the backward places dV into v's gradient by a kernel
 # of its own (a product's store into a slice of a wider buffer is not built), and dV, narrower
@@ -321,16 +333,7 @@ def test_attention_training_never_writes_its_probabilities(name, dtype):
     fn, forward_kernels, kernels = ATTENTION_TRAINING[name]
     q, k, v = torch.randn(1, 2, 64, 32), torch.randn(1, 2, 96, 32), torch.randn(1, 2, 96, 32)
     args = [t.to(dtype) for t in (q, k, v, *[torch.randn(64, 96) for _ in ATTENTION[name][1]])]
-    incoming = torch.randn(fn(*args).shape).to(dtype)
-    compiled = tjit.compile(fn)
-    calls = tjit.counters.library_calls
-    got = _gradients(compiled, args, 3, incoming)
-    assert tjit.counters.library_calls == calls
-    eager = _gradients(fn, args, 3, incoming)
-    exact = _gradients(fn, args, 3, incoming, torch.float64)
-    _assert_gradients_match(got, eager, exact)
-    leaves = [a.clone().requires_grad_(n < 3) for n, a in enumerate(args)]
-    explanation = tjit.explain(compiled, *leaves)
+    explanation = _trained_without_library_calls(fn, args, 3, torch.randn(fn(*args).shape).to(dtype))
     probabilities = 2 * 64 * 96 * args[0].element_size()
     assert len(explanation.kernels) == forward_kernels
     assert len(explanation.backward.kernels) == kernels
@@ -758,25 +761,46 @@ def test_linear_cross_entropy_training_never_writes_the_logits(dtype):
     h, w = torch.randn(2, 75, 40).to(dtype), (torch.randn(300, 40) / 6).to(dtype)
     target = torch.randint(0, 300, (2, 75))
     target[0, ::7] = -100
-    compiled = tjit.compile(linear_cross_entropy)
-    args, incoming = [h, w, target], torch.tensor(1.0).to(dtype)
-    calls = tjit.counters.library_calls
-    got = _gradients(compiled, args, 2, incoming)
-    assert tjit.counters.library_calls == calls
-    _assert_gradients_match(got, _gradients(linear_cross_entropy, args, 2, incoming),
-                            _gradients(linear_cross_entropy, args, 2, incoming, torch.float64))
-    leaves = [h.clone().requires_grad_(), w.clone().requires_grad_()]
-    explanation = tjit.explain(compiled, *leaves, target)
+    explanation = _trained_without_library_calls(linear_cross_entropy, [h, w, target], 2, torch.tensor(1.0).to(dtype))
     logits = 150 * 300 * h.element_size()
     assert len(explanation.kernels) == 1 and len(explanation.backward.kernels) == 2
     assert all("tl.dot(" in k.source for k in explanation.backward.kernels)
-    gradients = sum(leaf.numel() * leaf.element_size() for leaf in leaves)
+    gradients = (h.numel() + w.numel()) * h.element_size()
     written = sum(k.bytes_written for k in explanation.kernels + explanation.backward.kernels)
     assert written - gradients < logits / 8
     alive = explanation.peak_memory.alive_at_peak
     extra = explanation.peak_memory.peak - sum(alive.get(kind, 0) for kind in ("gradient", "output", "incoming gradient"))
     assert extra < logits / 8, alive
     assert "its gradients recompute it" in str(explanation)
+
+
+def _rotary(x):
+    """Rotary position embeddings (Llama's), computed in the function."""
+    half = x.shape[-1] // 2
+    angles = torch.outer(torch.arange(x.shape[-2]).float(), 1.0 / 10000 ** (torch.arange(half).float() / half))
+    angles = torch.cat((angles, angles), -1)
+    first, second = x.chunk(2, -1)
+    return x * angles.cos().to(x.dtype) + torch.cat((-second, first), -1) * angles.sin().to(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_attention_training_never_writes_its_probabilities(dtype):
+    """Attention over rotary-embedded queries and keys (computed operands): they are written
+    once, so the scores' operands are memory and the scores are recomputed, not saved, as
+    for plain q and k (before, the products were library calls and the probabilities were
+    saved, [queries x keys] in the tape). No library call, nothing of the probabilities
+    written or held; gradients match eager."""
+    fn = lambda q, k, v: _scaled_attention(_rotary(q), _rotary(k), v)  # noqa: E731
+    args = [t.to(dtype) for t in (torch.randn(1, 2, 64, 32), torch.randn(1, 2, 96, 32), torch.randn(1, 2, 96, 32))]
+    explanation = _trained_without_library_calls(fn, args, 3, torch.randn(1, 2, 64, 32).to(dtype))
+    probabilities = 2 * 64 * 96 * args[0].element_size()
+    over_scores = [k for kernel in (explanation.kernels, explanation.backward.kernels) for k in kernel
+                   if k.shape[-2:] == (64, 96)]
+    assert sum(k.bytes_written for k in over_scores) < probabilities / 8
+    alive = explanation.peak_memory.alive_at_peak
+    extra = explanation.peak_memory.peak - sum(alive.get(kind, 0) for kind in ("gradient", "output", "incoming gradient"))
+    rotated = 2 * (64 + 96) * 32  # (elements of q and k rotated: saved, and their gradients, in float32)
+    assert extra < rotated * (args[0].element_size() + 4) + probabilities / 8, alive
 
 
 def test_linear_cross_entropy_training_over_a_wide_hidden_size_never_writes_the_logits():
@@ -790,20 +814,12 @@ def test_linear_cross_entropy_training_over_a_wide_hidden_size_never_writes_the_
     h, w = torch.randn(2, 150, 160), torch.randn(1200, 160) / 13
     target = torch.randint(0, 1200, (2, 150))
     target[1, ::5] = -100
-    compiled = tjit.compile(linear_cross_entropy)
-    args, incoming = [h, w, target], torch.tensor(1.0)
-    calls = tjit.counters.library_calls
-    got = _gradients(compiled, args, 2, incoming)
-    assert tjit.counters.library_calls == calls
-    _assert_gradients_match(got, _gradients(linear_cross_entropy, args, 2, incoming),
-                            _gradients(linear_cross_entropy, args, 2, incoming, torch.float64))
-    leaves = [h.clone().requires_grad_(), w.clone().requires_grad_()]
-    explanation = tjit.explain(compiled, *leaves, target)
+    explanation = _trained_without_library_calls(linear_cross_entropy, [h, w, target], 2, torch.tensor(1.0))
     logits = 300 * 1200 * 4
     assert len(explanation.kernels) == 1 and len(explanation.backward.kernels) == 2
     assert all("accumulated in memory" in k.source for k in explanation.backward.kernels)
     assert all(any(n.startswith("accumulates the product in ") for n in k.notes) for k in explanation.backward.kernels)
-    gradients = sum(leaf.numel() * leaf.element_size() for leaf in leaves)
+    gradients = (h.numel() + w.numel()) * 4
     written = sum(k.bytes_written for k in explanation.kernels + explanation.backward.kernels)
     assert written - gradients < logits / 8
     assert explanation.backward.memory.slab_size < logits / 8
@@ -844,18 +860,11 @@ def test_an_lm_head_after_its_final_norm_never_writes_the_logits(dtype):
     or their gradient, and the tape holds no logits."""
     x, weight = torch.randn(2, 75, 40).to(dtype), (1 + torch.randn(40) / 4).to(dtype)
     w, target = (torch.randn(600, 40) / 6).to(dtype), torch.randint(0, 600, (2, 75))
-    compiled = tjit.compile(lm_head_after_its_norm)
-    args, incoming = [x, weight, w, target], torch.tensor(1.0).to(dtype)
-    calls = tjit.counters.library_calls
-    got = _gradients(compiled, args, 3, incoming)
-    assert tjit.counters.library_calls == calls
-    _assert_gradients_match(got, _gradients(lm_head_after_its_norm, args, 3, incoming),
-                            _gradients(lm_head_after_its_norm, args, 3, incoming, torch.float64))
-    leaves = [a.clone().requires_grad_() for a in args[:3]]
-    explanation = tjit.explain(compiled, *leaves, target)
+    explanation = _trained_without_library_calls(lm_head_after_its_norm, [x, weight, w, target], 3,
+                                                 torch.tensor(1.0).to(dtype))
     logits = 150 * 600 * x.element_size()
     written = sum(k.bytes_written for k in explanation.kernels + explanation.backward.kernels)
-    gradients = sum(leaf.numel() * leaf.element_size() for leaf in leaves)
+    gradients = (x.numel() + weight.numel() + w.numel()) * x.element_size()
     # (the norm's output, written once, and its gradient, once, in float32)
     normalised, its_gradient = x.numel() * x.element_size(), x.numel() * 4
     assert written - gradients - normalised - its_gradient < logits / 8

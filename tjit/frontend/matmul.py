@@ -115,6 +115,18 @@ def choose(node: fx.Node, a: GraphNode, b: GraphNode, with_bias: bool, different
     return False, "nothing to fuse (no pointwise op or row reduction reads the result, no operand is computed)"
 
 
+def _written_once(cv, x: GraphNode) -> GraphNode:
+    """x in memory: a view of a computed value (attention's k.T, of rotary-embedded keys)
+    as that view of the value written in its own layout, which its product then reads as
+    it reads an input's view (written in the view's layout instead, the transposed keys'
+    tiles loaded along the keys spilled registers at sm_90)."""
+    found = cv.view_sources.get(id(x))
+    if found is not None and not reads_memory(x):
+        source, desc = found
+        return cv.view(_written_once(cv, source), desc)
+    return in_memory(cv, x)
+
+
 def recomputed(a: GraphNode, b: GraphNode, reduces_rows: bool) -> bool:
     """Whether the product a @ b, differentiated, is computed again by the backward rather
     than saved (Dot.recomputed): a reduction of its rows reads it (so no forward kernel
@@ -173,7 +185,7 @@ def _product(cv, node: fx.Node, args: tuple, kwargs: dict, a: GraphNode, b: Grap
     if differentiated and _fusing_reader(node)[1] and larger_than_operands(a.shape, b.shape):
         # (an LM head after its final norm: the norm's output is written once, [tokens, hidden],
         # so that the logits, [tokens, vocabulary], need not be: `recomputed`)
-        a, b = in_memory(cv, a), in_memory(cv, b)
+        a, b = _written_once(cv, a), _written_once(cv, b)
     generated, why = choose(node, a, b, bias is not None and beta != 0, differentiated, cv.is_gradient_formula)
     cv.matmul_choices.append(MatmulChoice(str(node.target), a.shape, b.shape, generated, why))
     if not generated:

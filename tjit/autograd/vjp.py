@@ -60,7 +60,7 @@ def _dot(alg: Algebra, node: GraphNode, grad: GraphNode, value: ValueOf) -> Grad
     nested = _computes_products(g) and (wide or nests_products(a.shape[-1])) and is_prologue(g, nests=True) or \
         _computes_products(a) and (wide or nests_products(g.shape[-1])) and is_prologue(a, nests=True)
     if nested and tileable(a.shape) and tileable(b.shape):
-        return _generated_gradients(alg, g, a, b, last_two)
+        return _generated_gradients(alg, g, a, b, last_two, wide)
     # both products read g: in memory once, then through views (a transposed view of an
     # expression would be written again, transposed)
     g = in_memory(vb, g)
@@ -77,7 +77,7 @@ def _dot(alg: Algebra, node: GraphNode, grad: GraphNode, value: ValueOf) -> Grad
     return [grad_a, grad_b]
 
 
-def _generated_gradients(alg: Algebra, g: GraphNode, a: GraphNode, b: GraphNode, last_two) -> Grads:
+def _generated_gradients(alg: Algebra, g: GraphNode, a: GraphNode, b: GraphNode, last_two, wide: bool) -> Grads:
     """A product's gradients where g or a computes a product itself (a product of the
     forward recomputed rather than saved: cross-entropy's logits, attention's scores under
     its probabilities): generated products whose a operand computes it on its tiles, so
@@ -85,9 +85,9 @@ def _generated_gradients(alg: Algebra, g: GraphNode, a: GraphNode, b: GraphNode,
     can compute on its tiles too (attention's dP = dO @ V.T, read by the scores' gradient);
     b's is a.T @ g, or (g.T @ a).T where g computes the products (over all of a's rows where
     one b serves every batch index), the transposed operand computing them transposed
-    (frontend/dot.py); over more columns than a tile holds, see _accumulates_in_memory."""
+    (frontend/dot.py); `wide`: over more columns than a tile holds, they accumulate in memory
+    (_accumulates_in_memory)."""
     vb = alg.vb
-    wide = _accumulates_in_memory(a, b)
     grad_a = dot(vb, g, last_two(b), accumulates=wide)
     if len(b.shape) == 2 < len(a.shape):
         a, g = (vb.view(x, ("reshape", (math.prod(x.shape[:-1]), x.shape[-1]))) for x in (a, g))

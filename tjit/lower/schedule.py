@@ -341,8 +341,8 @@ def dot_row_tiles(m: int, n: int, k: int, itemsize: int, products: float = 1, ac
         rows = max(16, tiles.rows // 2)
         # (32x128 stepping 64 with 8 warps: bfloat16 cross_entropy(h @ w.T) over 1200 columns
         # spilled 68 bytes at sm_90 at 128 registers; stepping 32, 123 and none; 64x128 did not)
-        step = 32 if wide and rows == 32 and columns == 2 * tiles.columns else tiles.step
-        return dataclasses.replace(tiles, rows=rows, columns=columns, step=min(step, tiles.step))
+        step = min(32, tiles.step) if wide and rows == 32 and columns == 2 * tiles.columns else tiles.step
+        return dataclasses.replace(tiles, rows=rows, columns=columns, step=step)
     return dataclasses.replace(tiles, rows=max(16, min(tiles.rows, budget // whole)), columns=whole)
 
 

@@ -330,35 +330,39 @@ def demo_autograd() -> None:
           f"{tjit.counters.launches - before} launch(es) forward and backward")
 
 
-def linear_cross_entropy(h, w, target):
-    """an LM head's loss: the (tokens x vocab) logits only reduced"""
+def lm_head_loss(x, w, target):
+    """an LM head's loss after its final norm: the (tokens x vocab) logits only reduced"""
+    h = torch.nn.functional.layer_norm(x, (x.shape[-1],))
     return torch.nn.functional.cross_entropy(h @ w.t(), target)
 
 
 def demo_fused_training() -> None:
-    header("training without the logits: cross_entropy(h @ w.T, target).backward(), h and w requiring grad")
-    tokens, vocab, width = 256, 1000, 64
+    header("training without the logits: cross_entropy(layer_norm(x) @ w.T, target).backward(), x and w "
+           "requiring grad")
+    tokens, vocab, width = 256, 1000, 160  # (wider than a tile holds: the gradients accumulate in memory)
     args = (rand(tokens, width), 0.1 * rand(vocab, width), torch.randint(0, vocab, (tokens,), device=DEVICE))
     leaves_ = lambda: [a.clone().requires_grad_(a.is_floating_point()) for a in args]  # noqa: E731
-    compiled = tjit.compile(linear_cross_entropy)
+    compiled = tjit.compile(lm_head_loss)
     mine, theirs = leaves_(), leaves_()
     before = tjit.counters.snapshot()
     loss = compiled(*mine)
     tape = tjit.memory.stats()["tape_bytes"]
     loss.backward()
-    linear_cross_entropy(*theirs).backward()
-    for name, a, b in zip("hw", mine, theirs):
+    lm_head_loss(*theirs).backward()
+    for name, a, b in zip("xw", mine, theirs):
         torch.testing.assert_close(a.grad, b.grad, msg=lambda m: f"grad of {name}: {m}")
     ex = tjit.explain(compiled, *leaves_())
-    logits = tokens * vocab * 4
+    logits, normalised = tokens * vocab * 4, tokens * width * 4
     written = sum(k.bytes_written for k in ex.kernels + ex.backward.kernels)
     print("\n".join(ex.matmuls))
-    print("matches eager:   yes (the loss and the gradients of h and w)")
+    print("matches eager:   yes (the loss and the gradients of x and w)")
     print(f"kernels:         forward {len(ex.kernels)}, backward {len(ex.backward.kernels)}, library calls "
-          f"{tjit.counters.library_calls - before['library_calls']} (each backward kernel computes the logits again "
-          "on its tiles: dlogits @ w, and dlogits.T @ h with the logits computed transposed)")
+          f"{tjit.counters.library_calls - before['library_calls']} (the backward's product kernels compute the "
+          "logits again on their tiles: dlogits @ w, and dlogits.T @ h with the logits computed transposed, "
+          f"each accumulating its {width} columns in memory, 64 at a time)")
     print(f"memory:          the logits are {logits:,} B; the kernels wrote {written:,} B in all (the gradients "
-          f"{(tokens + vocab) * width * 4:,} B of it); the tape held {tape:,} B between forward and backward")
+          f"{(tokens + vocab) * width * 4:,} B of it, the normalised x and its gradient {2 * normalised:,} B); "
+          f"the tape held {tape:,} B between forward and backward")
 
 
 def _eager_saved_bytes(fn, args) -> int:

@@ -182,7 +182,8 @@ def _reduces_rows(user: fx.Node) -> bool:
 def _product(cv, node: fx.Node, args: tuple, kwargs: dict, a: GraphNode, b: GraphNode, bias=None, beta=1,
              alpha=1) -> GraphNode:
     differentiated = cv.reads_grad_inputs(a, b)
-    if differentiated and _fusing_reader(node)[1] and larger_than_operands(a.shape, b.shape):
+    reduces_rows = _fusing_reader(node)[1]
+    if differentiated and reduces_rows and larger_than_operands(a.shape, b.shape):
         # (an LM head after its final norm: the norm's output is written once, [tokens, hidden],
         # so that the logits, [tokens, vocabulary], need not be: `recomputed`)
         a, b = _written_once(cv, a), _written_once(cv, b)
@@ -194,7 +195,6 @@ def _product(cv, node: fx.Node, args: tuple, kwargs: dict, a: GraphNode, b: Grap
     # unless the backward computes it again too (nests_recomputed_only); and where a
     # reduction of the rows reads the product, each pass over its column tiles would compute
     # the nested products again)
-    reduces_rows = _fusing_reader(node)[1]
     value = dot(cv, a, b, nests=not reduces_rows, recomputed=differentiated and recomputed(a, b, reduces_rows),
                 nests_recomputed_only=differentiated)
     if alpha != 1:

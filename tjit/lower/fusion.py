@@ -464,11 +464,11 @@ def group_kernels(graph: Graph, unstored: frozenset = frozenset()) -> list[Union
     for store in stores:
         if id(store) in hosts:
             continue
-        if _accumulates(store):
+        alone = _accumulates(store)  # (a kernel of its own: no other store's key is this one)
+        if alone:
             _note_accumulation(store)
-        key = (levels[id(store)], store.domain, 0)
-        while key in groups and (_computes_a_product_in_two_roles(groups[key].stores, store)
-                                 or _accumulates(store) or any(_accumulates(s) for s in groups[key].stores)):
+        key = (levels[id(store)], store.domain, ("accumulates", id(store)) if alone else 0)
+        while key in groups and _computes_a_product_in_two_roles(groups[key].stores, store):
             key = (*key[:2], key[2] + 1)
         group_of[id(store)] = groups.setdefault(key, KernelGroup(store.domain, level=key[0]))
         group_of[id(store)].stores.append(store)

@@ -270,3 +270,28 @@ def test_a_reshape_of_a_reshape_back_into_a_library_call():
         return (a.reshape(32, 16) @ w).sin() + a.sum()
 
     check(f, torch.randn(32, 16), torch.randn(16, 300), atol=1e-4, rtol=1e-4)
+
+
+def test_a_library_result_returned_reshaped_can_be_written_in_place_as_eagers():
+    """wav2vec2 masks time steps of a linear's output in place (`h[mask] = embedding`) after a
+    graph break: the mm's [78, 32] result returned as [2, 39, 32] must not be a view of it,
+    which autograd forbids writing into (a view a Function returns); eager's linear returns
+    an _unsafe_view, which it allows."""
+    torch.manual_seed(0)
+
+    def project(x, w):
+        return F.linear(F.layer_norm(x.transpose(1, 2), (8,)), w)
+
+    x, w, embedding = torch.randn(2, 8, 39), torch.randn(32, 8), torch.randn(32)
+    mask = torch.rand(2, 39) < 0.3
+    cotangent = torch.randn(2, 39, 32)
+    results = []
+    for fn in (project, tjit.compile(project)):
+        leaves = [t.clone().requires_grad_() for t in (x, w, embedding)]
+        h = fn(*leaves[:2])
+        assert not h._is_view()
+        h[mask] = leaves[2]
+        h.backward(cotangent)
+        results.append([h.detach()] + [leaf.grad for leaf in leaves])
+    for got, expected in zip(*results):
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1.3e-6)

@@ -164,11 +164,15 @@ class Executable:
         return memory
 
     def _as_output(self, name: str, result: torch.Tensor) -> torch.Tensor:
-        """A library call's result as the output it is: itself, or reshaped (a view)."""
+        """A library call's result as the output it is: itself, or reshaped. Not a view of
+        the result (eager's linear returns an _unsafe_view too): autograd forbids writing in
+        place into a view that a Function returns, and the caller may write into the output."""
         out = self.graph.outputs[name]
-        if tuple(result.shape) == out.shape:
+        if tuple(result.shape) == out.shape and not result._is_view():
             return result
-        return result.as_strided(out.shape, out.view.strides, result.storage_offset())
+        shape, strides = (out.shape, out.view.strides) if tuple(result.shape) != out.shape else (result.shape, result.stride())
+        return torch.empty(0, dtype=result.dtype, device=result.device).set_(
+            result.untyped_storage(), result.storage_offset(), shape, strides)
 
     def _run_steps(self, memory: dict, device, destinations: dict, consumed_after: dict) -> None:
         poison = debug.poisoning()

@@ -43,10 +43,12 @@ def gradients(fn, args):
 
 def backward_slab(compiled, args) -> int:
     """The backward slab of a fresh compile of compiled's function, in the plan that keeps
-    its library calls' results in the slab (the compiler may take another by predicted
-    peak: GradExecutable._compile_backward), so that compiles compare like with like."""
+    its library calls' results and its buffers in the slab (the compiler may take another
+    by predicted peak: GradExecutable._compile_backward), so that compiles compare like
+    with like."""
     import tjit.autograd.function as function
-    with unittest.mock.patch.object(function, "with_library_results_apart", lambda program: None):
+    with unittest.mock.patch.object(function, "with_library_results_apart", lambda program: None), \
+            unittest.mock.patch.object(function, "with_buffers_apart", lambda program: None):
         return tjit.explain(tjit.compile(compiled.fn), *args).backward.memory.slab_size
 
 
@@ -166,7 +168,8 @@ def test_a_backward_that_runs_once_keeps_buffers_in_the_tape_blocks_it_has_read(
         torch.testing.assert_close(g, want, rtol=1e-4, atol=1e-5)
     tjit.memory.release()
     monkeypatch.setattr(function, "with_tape_donated", lambda program, tape: program)
-    monkeypatch.setattr(function, "with_library_results_apart", lambda program: None)  # (the slab holds every buffer)
+    for form in ("with_library_results_apart", "with_buffers_apart"):  # (the slab holds every buffer)
+        monkeypatch.setattr(function, form, lambda program: None)
     plain = tjit.compile(residual_layers)
     assert not tjit.explain(plain, *args).backward.hosted
     assert hosted <= step_peak(plain, args) - 100 * 64 * 4, "the step should peak at least one [100, 64] buffer lower"

@@ -75,6 +75,9 @@ class Explanation:
     hosted: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
     # how each matrix product of the traced function is computed, and why (frontend/matmul.py)
     matmuls: list[str] = field(default_factory=list)
+    # the buffers of `memory` each in memory of its own, allocated and freed around the steps
+    # that use it, rather than in a slab (pipeline.with_buffers_apart)
+    buffers_apart: bool = False
 
     @property
     def bytes_moved(self) -> int:
@@ -98,6 +101,9 @@ class Explanation:
         lines += [f"matrix product {how}" for how in self.matmuls]
         if self.memory is not None and self.memory.intervals:
             lines += ["", "memory plan (steps are kernel launches and library calls, in order):", self.memory.format()]
+            if self.buffers_apart:
+                lines.append("its buffers live apart, not in a slab: each is allocated right before the step that "
+                             "writes it and freed after its last read (this lowers the training step's peak)")
         for name, buffers in self.hosted.items():
             lines.append(f"in {name}'s memory after its last read: " + ", ".join(f"{b} ({n} B)" for b, n in buffers))
         if self.peak_memory is not None:
@@ -143,14 +149,16 @@ def explain(fn, *args, **kwargs) -> Explanation:
     entry = compiled.entry_for(*args, **kwargs)
     if isinstance(entry.executable, SplitFunction):
         return _explain_split(entry.executable, args, kwargs)
+    plan = getattr(entry.executable, "plan", None)  # a GradExecutable: inputs require grad
+    # (compiling the backward chooses how the forward's buffers are held too)
+    backward = entry.executable.backward_executable(entry.executable.dense_layouts()) if plan is not None else None
     explanation = _explain(entry.executable, entry.eager_ops)
     explanation.numbers = _numbers(compiled, entry, args, kwargs)
     forward = getattr(entry.executable, "forward", entry.executable)  # (a GradExecutable's forward)
     explanation.matmuls = [c.describe() for c in forward.conversion.matmul_choices]
-    plan = getattr(entry.executable, "plan", None)  # a GradExecutable: inputs require grad
     device_type = _device_type(args, kwargs)
     if plan is not None:
-        explanation.backward = _explain(entry.executable.backward_executable(entry.executable.dense_layouts()), 0)
+        explanation.backward = _explain(backward, 0)
         explanation.saved = plan.saved_inputs + plan.saved_outputs + tuple(plan.saved)
         explanation.peak_memory = entry.executable.training_step_memory(device_type)
     else:
@@ -205,4 +213,5 @@ def _explain(executable, eager_ops: int) -> Explanation:
                        executable.memory_plan,
                        library_calls=[s for s in steps if isinstance(s, LibraryCallReport)], steps=steps,
                        hosted={name: [(b.name, b.nbytes) for b, _ in placed]
-                               for name, placed in executable.program.donated.items() if placed})
+                               for name, placed in executable.program.donated.items() if placed},
+                       buffers_apart=executable.program.buffers_apart)

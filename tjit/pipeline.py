@@ -58,6 +58,10 @@ class Program(HasSteps):
     donated: dict[str, list[tuple[SlabBuffer, int]]] = field(default_factory=dict)
     # outputs returned as the library call that computes them left them (name -> Extern node)
     call_outputs: dict[str, GraphNode] = field(default_factory=dict)
+    # the slab's buffers each in memory of its own instead, allocated right before the step
+    # that writes it and freed after its last reader, as eager's intermediates are
+    # (with_buffers_apart); `memory` is then the plan they would have in a slab
+    buffers_apart: bool = False
     # outputs whose memory is a buffer the kernels write and read (name -> Contiguous node)
     buffer_outputs: dict[str, GraphNode] = field(default_factory=dict)
 
@@ -115,6 +119,18 @@ def with_library_results_apart(program: Program) -> Optional[Program]:
     outside = torch_allocated(steps) | frozenset(id(node) for node in program.buffer_outputs.values())
     memory, slab_buffers, aliases = plan_memory(steps, outside)
     return replace(program, steps=steps, memory=memory, slab_buffers=slab_buffers, aliases=aliases, donated={})
+
+
+def with_buffers_apart(program: Program) -> Optional[Program]:
+    """The program with no slab: every buffer in memory of its own, allocated at the step
+    that writes it and freed after its last reader (library results included, which the
+    calls write through out= there). A training step holds the slabs of its forward and
+    backward from start to end, though most of them is idle at the step's peak (a
+    backward's largest buffers live for a few steps); allocated this way, each buffer counts
+    only while it lives. None if the slab holds nothing."""
+    if not program.slab_buffers or program.donated:
+        return None
+    return replace(program, buffers_apart=True)
 
 
 def place_donated(program: Program, donated: dict[str, int], freed_when_read: bool = False) -> None:

@@ -18,7 +18,7 @@ from .. import debug
 from ..errors import CompileArgumentError
 from ..frontend.convert import Conversion, OutputSpec
 from ..ir import contiguous_strides
-from ..pipeline import build_program, with_library_results_apart, with_tape_donated
+from ..pipeline import build_program, with_buffers_apart, with_library_results_apart, with_tape_donated
 from ..memory.peak import Allocation, PeakMemory, allocated_bytes, relabel, release
 from ..runtime.executor import Executable, tape_bytes
 from .backward import (AutogradPlan, GradLayout, backward_graph, incoming_grad_name, saved_layouts,
@@ -47,7 +47,10 @@ class GradExecutable:
         strides.update(kept)
         forward = Conversion(graph, conversion.outputs, conversion.output_tree, conversion.constants,
                              conversion.eager_ops, matmul_choices=conversion.matmul_choices)
-        self.forward = Executable(forward, build_program(graph, strides, strategies, device), tape=kept)
+        self._kept = kept
+        self.forward = self._plain_forward = Executable(forward, build_program(graph, strides, strategies, device),
+                                                        tape=kept)
+        self._apart_forward: Optional[Executable] = None  # (made when a backward is compiled: _forward_forms)
         self.output_names = [s.name for s in conversion.outputs if s.kind == "computed"] + list(self.written)
         self._returned_written = conversion.returned_written  # (eager returns the input itself, rebased)
         self._backward: dict[tuple, object] = {}
@@ -106,9 +109,11 @@ class GradExecutable:
         allocates and has not released yet; inputs and parameters are not counted."""
         return self._step_memory(self.backward_executable(self.dense_layouts()), device_type)
 
-    def _step_memory(self, backward: "_Backward", device_type: str) -> PeakMemory:
-        """training_step_memory with this backward."""
-        forward = self.forward.allocations(device_type, "forward")
+    def _step_memory(self, backward: "_Backward", device_type: str, forward_run: Optional[Executable] = None
+                     ) -> PeakMemory:
+        """training_step_memory with this backward (and this forward, if not the one chosen)."""
+        forward_run = forward_run or self.forward
+        forward = forward_run.allocations(device_type, "forward")
         saved = [a for name, a in forward.outputs.items() if name in self.plan.saved]
         # the backward frees each saved intermediate once it has read it (_Compiled.backward):
         # the library results saved as they are and the tape's blocks, one by one
@@ -137,7 +142,7 @@ class GradExecutable:
         # the gradients are the caller's (as eager's are), whether a kernel or a call wrote them
         events = relabel(events, {a.key for a in grads.values()}, "gradient")
         events = relabel(events, {a.key for a in saved}, "saved library result")
-        forward_held, backward_held = self.forward.held_bytes(device_type), backward.executable.held_bytes(device_type)
+        forward_held, backward_held = forward_run.held_bytes(device_type), backward.executable.held_bytes(device_type)
         if device_type == "cpu":  # autograd runs a CPU backward on the calling thread: one arena for both
             held = {"slab": max(forward_held["slab"], backward_held["slab"])}
         else:  # a device's backward runs on autograd's thread for that device: an arena there too
@@ -173,7 +178,8 @@ class GradExecutable:
         # saved value's last read can live in its tape block, so the slab need not hold them;
         # but a block that hosts a buffer is held until that buffer dies, not freed when read.
         # Its library calls' results may also live apart from the slab, allocated as eager's
-        # are. Each plan is taken where it lowers the predicted peak of a training step
+        # are, or all its buffers (no slab), and the forward's too. Each plan is taken, with a
+        # form of the forward, where that lowers the predicted peak of a training step
         tape = {name: tape_bytes(saved) for name, saved in self.forward.tape if name in graph.input_names}
         plans = []
         for form in filter(None, (program, with_library_results_apart(program))):
@@ -181,11 +187,27 @@ class GradExecutable:
             hosting = with_tape_donated(form, tape)
             if any(hosting.donated.values()):
                 plans.append(_Backward(Executable(conversion, hosting), retained, found.zeros))
-        chosen = min(plans, key=lambda plan: self._step_memory(plan, self.device).peak)  # (a tie: the first, plain)
+        apart = with_buffers_apart(program)
+        if apart is not None:
+            plans.append(_Backward(Executable(conversion, apart), retained, found.zeros))
+        pairs = [(forward, plan) for forward in self._forward_forms() for plan in plans]
+        # (a tie: the first, plain)
+        self.forward, chosen = min(pairs, key=lambda pair: self._step_memory(pair[1], self.device, pair[0]).peak)
         debug.log(1, f"compiled a backward: {len(program.kernels)} kernel(s)")
         debug.log_program(graph, chosen.program)
         self._backward[key] = chosen
         return chosen
+
+    def _forward_forms(self) -> list[Executable]:
+        """The forward with its slab, and with its buffers apart (pipeline.with_buffers_apart):
+        the same kernels and tape; a backward's compile chooses between them."""
+        if self._apart_forward is None:
+            apart = with_buffers_apart(self._plain_forward.program)
+            if apart is None:
+                return [self._plain_forward]
+            plain = self._plain_forward
+            self._apart_forward = Executable(plain.conversion, apart, tape=self._kept)
+        return [self._plain_forward, self._apart_forward]
 
 
 class _Backward:

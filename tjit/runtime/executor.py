@@ -107,6 +107,17 @@ class Executable:
         self._counters: dict[torch.device, torch.Tensor] = {}
         self._words: dict[tuple, dict] = {}  # (device, thread) -> each launch's status and counter views
         self._dead_after = _dead_library_results(program)
+        # buffers in memory of their own (Program.buffers_apart): allocated right before the
+        # step that writes them, with the buffers that accumulate in their memory (aliases), and
+        # let go of after their last reader
+        self._apart_before: list[list] = [[] for _ in self.launches]
+        self._apart_dead_after: list[list] = [[] for _ in self.launches]
+        for buffer in program.slab_buffers if program.buffers_apart else ():
+            self._apart_before[buffer.first].append(buffer)
+            self._apart_dead_after[buffer.end - 1].append(buffer)
+        self._aliases_of: dict[tuple, list] = {}
+        for key, home in program.aliases.items():
+            self._aliases_of.setdefault(home, []).append(key)
         # each computed output is allocated right before the first step that touches it (a
         # backward's gradients as they are computed, not all before the first kernel)
         self._outputs_before: list[list[int]] = [[] for _ in self.launches]
@@ -147,7 +158,8 @@ class Executable:
             if self.donated:
                 memory.update(self._donated_views(tensors))
             for key, home in self.program.aliases.items():  # (an accumulated total, in its chain's memory)
-                memory[key] = memory[home]
+                if home in memory:  # (a buffer apart binds its aliases when it is allocated)
+                    memory[key] = memory[home]
             memory.update(self._words_on(device))
             self._run_steps(memory, device, destinations or {}, self._consumed_after(tensors, consumable))
             for name, node in self.program.call_outputs.items():
@@ -183,12 +195,17 @@ class Executable:
                 for index in self._outputs_before[k]:
                     self._bind_output(memory, self.conversion.outputs[index].name,
                                       self._output_memory(index, device, destinations, poison))
+                for buffer in self._apart_before[k]:
+                    self._bind_apart(memory, buffer, device, poison)
                 if isinstance(step, LibraryPlan):
                     run_library_call(step, memory)
                 else:
                     self._launch(step, memory)
                 for key in self._dead_after[k]:  # a library result in memory of its own, read for the last time
                     del memory[key]
+                for buffer in self._apart_dead_after[k]:  # a buffer apart, read for the last time
+                    for key in [buffer.key] + self._aliases_of.get(buffer.key, []):
+                        del memory[key]
                 for storage in consumed_after.get(k, ()):  # a value saved for backward, read for the last time
                     storage.resize_(0)
         except BaseException:
@@ -202,7 +219,8 @@ class Executable:
 
     @property
     def slab_buffers(self):
-        return self.program.slab_buffers
+        """The buffers that live in the slab (none when they are apart: Program.buffers_apart)."""
+        return [] if self.program.buffers_apart else self.program.slab_buffers
 
     @property
     def donated(self) -> dict:
@@ -215,7 +233,7 @@ class Executable:
         this large), and one int32 per launch of status words (with checks) and grid-reduction
         counters."""
         words = allocated_bytes(4 * len(self.launches), device_type)
-        return {"slab": allocated_bytes(self.memory_plan.slab_size, device_type),
+        return {"slab": allocated_bytes(self.slab_size, device_type),
                 "status words": words * (1 + self._checked)}
 
     def allocations(self, device_type: str, phase: str = "call", consumable: Optional[dict] = None) -> "RunAllocations":
@@ -248,15 +266,21 @@ class Executable:
         for step, allocation in last.values():
             consumed.setdefault(step, []).append(allocation)
         results = {}  # memory key -> the library result in memory of its own
+        apart = {}  # (phase, buffer key) -> the allocation of a buffer apart (Program.buffers_apart)
         for k, step in enumerate(self.launches):
             where = f"{phase} step {k} ({step.call.name if isinstance(step, LibraryPlan) else step.plan.name})"
             found.during += [saved(name, value, where) for name, value in self._tape_before[k]]
             found.during += [output(index, where) for index in self._outputs_before[k]]
+            allocated = [Allocation((phase, b.key), allocated_bytes(b.nbytes, device_type), "buffer", f"buffer {b.name}",
+                                    where) for b in self._apart_before[k]]
+            found.during += [a for a in allocated if a.bytes]
+            apart.update((a.key, a) for a in allocated)
             if isinstance(step, LibraryPlan):
                 during, kept = call_allocations(step, device_type, where)
                 found.during += during
                 results.update({memory_key(node): kept[node.op.index] for node in step.results if node.op.index in kept})
             found.during += release([results.pop(key) for key in self._dead_after[k] if key in results], where)
+            found.during += release([apart.pop((phase, b.key)) for b in self._apart_dead_after[k]], where)
             found.during += release(consumed.get(k, []), where)
         for name, node in self.program.call_outputs.items():  # returned as the call left them
             result = results.pop(memory_key(node), None)  # (None: a view of an operand, nothing allocated)
@@ -283,25 +307,30 @@ class Executable:
             views.update(_typed_views(raw, placed))
         return views
 
+    @property
+    def slab_size(self) -> int:
+        """Bytes of the slab a run binds (0 when the buffers are apart: Program.buffers_apart)."""
+        return 0 if self.program.buffers_apart else self.memory_plan.slab_size
+
     def _slab_for(self, device) -> Slab:
         """This run's slab on this device: the start of its thread's arena (tjit/memory/slab.py),
         held until the run ends; the typed views are made on the first run (and again after the
         arena grew), then reused."""
         plan = self.memory_plan
         key = (torch.device(device), threading.get_ident())
-        if not plan.slab_size:  # (zero-size buffers only: views of nothing, made once)
+        if not self.slab_size:  # (no buffers, zero-size ones, or buffers apart: views of nothing, made once)
             slab = self._slabs.get(key)
             if slab is None:
                 memory = torch.empty(0, dtype=torch.uint8, device=device)
                 slab = self._slabs[key] = Slab(memory, _typed_views(memory, zip(self.slab_buffers, plan.offsets)))
             return slab
-        arena = POOL.acquire(plan.slab_size, device, self)
+        arena = POOL.acquire(self.slab_size, device, self)
         if arena is None:  # a run on this thread holds the arena: a slab of its own for this run
-            memory = torch.empty(plan.slab_size, dtype=torch.uint8, device=device)
+            memory = torch.empty(self.slab_size, dtype=torch.uint8, device=device)
             return Slab(memory, _typed_views(memory, zip(self.slab_buffers, plan.offsets)))
         slab = self._slabs.get(key)
         if slab is None or slab.arena is not arena:
-            memory = arena.memory[:plan.slab_size]
+            memory = arena.memory[:self.slab_size]
             slab = self._slabs[key] = Slab(memory, _typed_views(memory, zip(self.slab_buffers, plan.offsets)), arena)
         return slab
 
@@ -469,6 +498,14 @@ class Executable:
         node = self.program.buffer_outputs.get(name)
         if node is not None:
             memory[("buffer", id(node))] = tensor.as_strided(node.shape, node.view.strides, tensor.storage_offset())
+
+    def _bind_apart(self, memory: dict, buffer, device, poison: bool) -> None:
+        """A buffer apart's memory, which the buffers accumulated in it share."""
+        found = torch.empty(buffer.shape, dtype=buffer.dtype.torch, device=device)
+        if poison:
+            debug.poison(found)
+        for key in [buffer.key] + self._aliases_of.get(buffer.key, []):
+            memory[key] = found
 
     def _output_memory(self, index: int, device, destinations: dict, poison: bool) -> torch.Tensor:
         """Computed output `index`: the caller's out= tensor for it, or new memory."""

@@ -20,6 +20,7 @@ from ..frontend.convert import Conversion, OutputSpec
 from ..ir import contiguous_strides
 from ..pipeline import build_program, with_buffers_apart, with_library_results_apart, with_tape_donated
 from ..memory.peak import Allocation, PeakMemory, allocated_bytes, relabel, release
+from ..memory.slab import POOL
 from ..runtime.executor import Executable, tape_bytes
 from .backward import (AutogradPlan, GradLayout, backward_graph, incoming_grad_name, saved_layouts,
                        written_output_name)
@@ -192,7 +193,10 @@ class GradExecutable:
             plans.append(_Backward(Executable(conversion, apart), retained, found.zeros))
         pairs = [(forward, plan) for forward in self._forward_forms() for plan in plans]
         # (a tie: the first, plain)
-        self.forward, chosen = min(pairs, key=lambda pair: self._step_memory(pair[1], self.device, pair[0]).peak)
+        forward, chosen = min(pairs, key=lambda pair: self._step_memory(pair[1], self.device, pair[0]).peak)
+        if forward is not self.forward:  # the form that ran so far holds an arena no run needs now
+            POOL.withdraw(self.forward)
+            self.forward = forward
         debug.log(1, f"compiled a backward: {len(program.kernels)} kernel(s)")
         debug.log_program(graph, chosen.program)
         self._backward[key] = chosen

@@ -88,6 +88,16 @@ class SlabPool:
     def done(arena: Arena) -> None:
         arena.busy = False
 
+    def withdraw(self, owner) -> None:
+        """An owner that stops running (a form of a graph that another form replaced): it
+        needs no slab now, so an arena larger than the other owners need is let go of (a
+        later run of it acquires one again)."""
+        with self._lock:
+            keys = [key for key, needs in self._needs.items() if needs.pop(owner, None) is not None]
+        owner.forget_slab(None)
+        for key in keys:
+            self._shrink(key)
+
     def _shrink(self, key) -> None:
         """A graph that ran on this thread is gone: let go of the arena if it is larger than
         the graphs left need (the next run allocates what they need)."""

@@ -180,11 +180,14 @@ class Executable:
         the result (eager's linear returns an _unsafe_view too): autograd forbids writing in
         place into a view that a Function returns, and the caller may write into the output."""
         out = self.graph.outputs[name]
-        if tuple(result.shape) == out.shape and not result._is_view():
-            return result
-        shape, strides = (out.shape, out.view.strides) if tuple(result.shape) != out.shape else (result.shape, result.stride())
+        if tuple(result.shape) == out.shape:
+            if not result._is_view():
+                return result
+            strides = result.stride()
+        else:
+            strides = out.view.strides
         return torch.empty(0, dtype=result.dtype, device=result.device).set_(
-            result.untyped_storage(), result.storage_offset(), shape, strides)
+            result.untyped_storage(), result.storage_offset(), out.shape, strides)
 
     def _run_steps(self, memory: dict, device, destinations: dict, consumed_after: dict) -> None:
         poison = debug.poisoning()
@@ -271,8 +274,8 @@ class Executable:
             where = f"{phase} step {k} ({step.call.name if isinstance(step, LibraryPlan) else step.plan.name})"
             found.during += [saved(name, value, where) for name, value in self._tape_before[k]]
             found.during += [output(index, where) for index in self._outputs_before[k]]
-            allocated = [Allocation((phase, b.key), allocated_bytes(b.nbytes, device_type), "buffer", f"buffer {b.name}",
-                                    where) for b in self._apart_before[k]]
+            allocated = [Allocation((phase, b.key), allocated_bytes(b.nbytes, device_type), "buffer",
+                                    f"buffer {b.name}", where) for b in self._apart_before[k]]
             found.during += [a for a in allocated if a.bytes]
             apart.update((a.key, a) for a in allocated)
             if isinstance(step, LibraryPlan):

@@ -104,6 +104,66 @@ def test_a_training_step_peaks_where_explain_says(case):
     assert_within_1_percent(predicted, got)
 
 
+def recurrent_loss(x, w, v):
+    """A tanh RNN whose backward accumulates each weight's gradient by addmm calls into one
+    buffer (liveness.accumulated_in_place: buffers that live in another's memory)."""
+    h = torch.tanh(x[0] @ w)
+    for t in range(1, x.shape[0]):
+        h = torch.tanh(x[t] @ w + h @ v)
+    return h.square().mean()
+
+
+def grid_cross_entropy(x, w, target):
+    """Cross-entropy's mean over 300 rows: a grid total, whose partials are scratch buffers."""
+    return F.cross_entropy(torch.tanh(x @ w), target)
+
+
+APART_CASES = {
+    **CASES,
+    "recurrent": (recurrent_loss, lambda: (torch.randn(6, 3, 20), (torch.randn(20, 48) / 5).requires_grad_(),
+                                           (torch.randn(48, 48) / 8).requires_grad_())),
+    "grid_cross_entropy": (grid_cross_entropy, lambda: (torch.randn(300, 16), torch.randn(16, 70, requires_grad=True),
+                                                        torch.randint(0, 70, (300,)))),
+}
+
+
+@pytest.fixture
+def buffers_apart_preferred(monkeypatch):
+    """Training steps take the forms with buffers apart wherever they have buffers (whatever
+    the predicted peak says), so that each case runs that way: until undo(), after which the
+    predictions are the plain ones again (the forms chosen stay)."""
+    import tjit.autograd.function as function
+    predicted = function.GradExecutable._step_memory
+
+    def preferring_apart(self, backward, device_type, forward_run=None):
+        found = predicted(self, backward, device_type, forward_run)
+        found.peak -= 10**12 * sum(form.program.buffers_apart for form in (backward.executable, forward_run or self.forward))
+        return found
+    monkeypatch.setattr(function.GradExecutable, "_step_memory", preferring_apart)
+    return monkeypatch
+
+
+@pytest.mark.parametrize("case", sorted(APART_CASES))
+def test_a_training_step_with_its_buffers_apart_matches_eager_and_its_prediction(case, buffers_apart_preferred):
+    """Each buffer allocated at the step that writes it and freed after its last read (the
+    accumulated gradients of the RNN sharing one, a grid reduction's scratch included):
+    gradients as eager's, and the step's peak where explain says."""
+    fn, make = APART_CASES[case]
+    args = make()
+    compiled = tjit.compile(fn)
+    explained = tjit.explain(compiled, *args)  # (compiles the backward, choosing the forms)
+    buffers_apart_preferred.undo()
+    assert explained.backward.buffers_apart or not explained.backward.memory.intervals
+    assert "its buffers live apart" in str(explained) or not explained.memory.intervals
+    got = measured(training_step(compiled, args), compiled, args)
+    assert_within_1_percent(tjit.explain(compiled, *args).peak_memory, got)
+    leaves = [a.detach().clone().requires_grad_() if a.requires_grad else a for a in args]
+    fn(*leaves).backward()
+    for a, leaf in zip(args, leaves):
+        if a.requires_grad:
+            torch.testing.assert_close(a.grad, leaf.grad, rtol=1e-4, atol=1e-5)
+
+
 def library_results(x, a, b):
     """frexp: one result into the slab, the other in memory of its own until the call ends;
     a matmul returned as the call left it; one into the slab."""

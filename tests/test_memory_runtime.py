@@ -480,3 +480,26 @@ def test_donated_regions_are_never_handed_out_early_or_twice(case):
                     key=lambda b: (b.first, -b.nbytes))
         if first is not None and first.interval[0] <= capacity and len(regions) == 1:
             assert first.key in placed.get(region, {})
+
+
+def test_after_release_an_arena_is_sized_by_the_graphs_that_run_since():
+    """tjit.memory.release() forgets what the graphs that ran before needed: a training
+    step whose forward then takes its buffers-apart form (its first run, with a slab, made
+    an arena) lets that arena go, though a graph alive from before needed a larger one
+    (it states its need again when it runs)."""
+    before = tjit.compile(lambda x: x.softmax(0).t().contiguous().cumsum(0).sum(1))
+    x = torch.randn(64, 64)
+    before(x)
+    assert tjit.explain(before, x).memory.slab_size > 4096
+    tjit.memory.release()
+
+    def rms_norm_loss(x, w):
+        return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w).square().mean()
+    args = (torch.randn(24, 40, requires_grad=True), torch.randn(40, requires_grad=True))
+    compiled = tjit.compile(rms_norm_loss)
+    for _ in range(2):
+        compiled(*args).backward()
+    assert tjit.explain(compiled, *args).buffers_apart  # (else this tests nothing)
+    assert tjit.memory.stats()["in_use_bytes"] == 0
+    before(x)  # the graph from before runs as it did
+    assert tjit.memory.stats()["in_use_bytes"] == tjit.explain(before, x).memory.slab_size

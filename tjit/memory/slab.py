@@ -147,6 +147,9 @@ class SlabPool:
                 owner.forget_slab(None)
             self._arenas.clear()
             self._reserved.clear()
+            # the graphs that ran need nothing now: each states its need again when it runs (an
+            # arena a later run makes is then sized, and let go of, by the graphs running since)
+            self._needs.clear()
 
 
 def _inside(t: torch.Tensor, reservation: torch.Tensor) -> bool:

@@ -43,7 +43,10 @@ def fresh_pool():
 
 
 def measured(run, compiled, args) -> int:
-    """held_by + the allocator's peak over one more run() (after two that warm up)."""
+    """held_by + the allocator's peak over one more run() (after two that warm up). The pool
+    is released first, so the arenas held_by counts are those these runs make (not an
+    earlier test's, which a test module without fresh_pool may leave)."""
+    tjit.memory.release()
     for _ in range(3):
         gc.collect()
         with measure_peak() as meter:

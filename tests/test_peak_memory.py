@@ -140,7 +140,8 @@ def buffers_apart_preferred(monkeypatch):
 
     def preferring_apart(self, backward, device_type, forward_run=None):
         found = predicted(self, backward, device_type, forward_run)
-        found.peak -= 10**12 * sum(form.program.buffers_apart for form in (backward.executable, forward_run or self.forward))
+        forms = (backward.executable, forward_run or self.forward)
+        found.peak -= 10**12 * sum(form.program.buffers_apart for form in forms)
         return found
     monkeypatch.setattr(function.GradExecutable, "_step_memory", preferring_apart)
     return monkeypatch

@@ -125,9 +125,10 @@ def with_buffers_apart(program: Program) -> Optional[Program]:
     """The program with no slab: every buffer in memory of its own, allocated at the step
     that writes it and freed after its last reader (library results included, which the
     calls write through out= there). A training step holds the slabs of its forward and
-    backward from start to end, though most of them is idle at the step's peak (a
-    backward's largest buffers live for a few steps); allocated this way, each buffer counts
-    only while it lives. None if the slab holds nothing."""
+    backward from its start to its end, though most of their bytes are idle at the step's
+    peak (a backward's largest buffers live for a few steps); allocated this way, each
+    buffer counts only while it lives. None if the slab holds nothing (or a donated input
+    hosts some of it)."""
     if not program.slab_buffers or program.donated:
         return None
     return replace(program, buffers_apart=True)

@@ -168,6 +168,59 @@ def test_a_training_step_with_its_buffers_apart_matches_eager_and_its_prediction
             torch.testing.assert_close(a.grad, leaf.grad, rtol=1e-4, atol=1e-5)
 
 
+def residual_tower(cls, patches, pos, w, norm_w):
+    """A ViT-like residual stream: a class token joined to the patches, then pre-norm layers
+    that each add a two-linear block (the stream's gradient is an operand of each block's
+    last linear, so the backward writes it once per layer)."""
+    x = torch.cat([cls.expand(patches.shape[0], 1, -1), patches], 1) + pos
+    for i in range(w.shape[0]):
+        x = x + torch.tanh(F.layer_norm(x, x.shape[-1:], norm_w[i]) @ w[i]) @ w[i].T
+    return x.square().mean()
+
+
+def tower_args(layers: int, dim: int = 64) -> list:
+    return [t.requires_grad_() for t in (torch.randn(1, 1, dim), torch.randn(4, 33, dim), torch.randn(1, 34, dim),
+                                         torch.randn(layers, dim, dim) / dim ** 0.5, torch.randn(layers, dim))]
+
+
+def bytes_read_by_the_kernels_writing(compiled, args, gradients) -> dict[str, int]:
+    kernels = tjit.explain(compiled, *args).backward.kernels
+    return {g: sum(k.bytes_read for k in kernels if f"grad_{g}_ptr" in k.source.split(")")[0]) for g in gradients}
+
+
+def test_the_bottom_of_a_residual_stream_reads_its_gradient_where_the_layer_above_wrote_it(monkeypatch):
+    """The class token's, the positions' and the patches' gradients are sums and slices of the
+    stream's gradient at its bottom, which no linear reads whole, so no buffer holds it: a
+    slice of the sum of every layer's terms is built as the sum of their slices (views are
+    pushed into expressions), and their kernels computed it from every layer's terms,
+    holding those to the backward's end. They read the gradient the layer above wrote for
+    its linear, through the slice (Graph.view_chains): what they read does not grow with
+    depth, gradients are eager's, and the step peaks lower, where explain says."""
+    bottom = ("cls", "pos", "patches")
+    reads = {}
+    for layers in (2, 6):
+        args = tower_args(layers)
+        compiled = tjit.compile(residual_tower)
+        training_step(compiled, args)()
+        leaves = [a.detach().clone().requires_grad_() for a in args]
+        residual_tower(*leaves).backward()
+        for a, leaf in zip(args, leaves):
+            torch.testing.assert_close(a.grad, leaf.grad, rtol=1e-4, atol=1e-5)
+        reads[layers] = bytes_read_by_the_kernels_writing(compiled, args, bottom)
+    assert reads[2] == reads[6] and all(reads[2].values()), reads
+
+    args = tower_args(4)
+    compiled = tjit.compile(residual_tower)
+    got = measured(training_step(compiled, args), compiled, args)
+    assert_within_1_percent(tjit.explain(compiled, *args).peak_memory, got)
+    import tjit.lower.fusion as fusion
+    monkeypatch.setattr(fusion, "_viewed_buffer", lambda *a: None)
+    monkeypatch.setattr(fusion, "_read_back", lambda *a: None)
+    recomputing = tjit.compile(residual_tower)
+    one_layers_term = 4 * 34 * 64 * 4
+    assert got <= measured(training_step(recomputing, args), recomputing, args) - one_layers_term
+
+
 def library_results(x, a, b):
     """frexp: one result into the slab, the other in memory of its own until the call ends;
     a matmul returned as the call left it; one into the slab."""

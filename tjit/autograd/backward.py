@@ -61,7 +61,7 @@ def with_written_inputs(graph: Graph, written: tuple[str, ...]) -> Graph:
         assert mutation.value.shape == mutation.view.shape and mutation.view.offset == 0, (name, mutation.view)
         extra[written_output_name(name)] = mutation.value
     return Graph(graph.input_names, {**graph.outputs, **extra}, graph.mutations, graph._inputs, graph.effects,
-                 graph.view_sources)
+                 graph.view_sources, graph.view_chains)
 
 
 GradLayout = Optional[tuple[tuple[int, ...], tuple[int, ...], torch.dtype]]  # None: no gradient arrives
@@ -83,7 +83,7 @@ class AutogradPlan:
     def forward_graph(self) -> Graph:
         """The forward graph with the saved intermediates as extra outputs."""
         return Graph(self.graph.input_names, {**self.graph.outputs, **self.saved}, self.graph.mutations,
-                     self.graph._inputs, self.graph.effects)
+                     self.graph._inputs, self.graph.effects, view_chains=self.graph.view_chains)
 
 
 def may_differ_from_eager(conversion, grad_inputs) -> bool:
@@ -175,7 +175,9 @@ def backward_graph(plan: AutogradPlan, layouts: dict[str, GradLayout],
     eager = {name for n in arriving for name in plan.eager_reaches.get(n, ())}
     zeros = tuple(name for name in plan.grad_inputs if name not in grads
                   and (id(plan.graph.input_node(name)) in reached or name in eager))
-    return BackwardGraph(vb.b.finish(names, outputs), alg.constants, zeros)
+    graph = vb.b.finish(names, outputs)
+    graph.view_chains = vb.view_chains({id(n) for n in graph.nodes()})
+    return BackwardGraph(graph, alg.constants, zeros)
 
 
 def _saved_copies(plan: AutogradPlan) -> dict[int, GraphNode]:

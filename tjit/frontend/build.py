@@ -193,6 +193,25 @@ class ValueBuilder:
                 return True
         return False
 
+    def view_chains(self, nodes: set[int]) -> dict[int, list[tuple[GraphNode, tuple]]]:
+        """Graph.view_chains for the graph of these nodes (ids), from view_sources: a chain
+        may pass through values that are not nodes of the graph."""
+        chains = {}
+        for key in nodes:
+            found, views, seen, current = [], (), {key}, key
+            while current in self.view_sources:
+                value, desc = self.view_sources[current]
+                views = (desc, *views)
+                current = id(value)
+                if current in seen:  # (hash-consing can make two values views of each other)
+                    break
+                seen.add(current)
+                if current in nodes:
+                    found.append((value, views))
+            if found:
+                chains[key] = found
+        return chains
+
     def materialize(self, node: GraphNode) -> GraphNode:
         if isinstance(node.op, (Contiguous, Input, Const, Extern)):
             return node

@@ -595,6 +595,7 @@ class Converter(ValueBuilder):
         nodes = {id(n) for n in graph.nodes()}
         graph.view_sources = {key: (value, view) for key, (value, view) in self.view_sources.items()
                               if key in nodes and id(value) in nodes}
+        graph.view_chains = self.view_chains(nodes)
         return Conversion(graph, specs, tree, self.constants, count_eager_kernels(self.gm),
                           matmul_choices=self.matmul_choices, shared_inputs=self.shared_inputs())
 

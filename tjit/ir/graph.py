@@ -242,6 +242,12 @@ class Graph:
     # was pushed into the value's expression) -> (the value, the view): the backward builds
     # it as that view of the value, which a saved copy may hold (autograd/backward.py)
     view_sources: dict[int, tuple[GraphNode, tuple]] = field(default_factory=dict, repr=False)
+    # id of such a node -> [(a value of this graph it is a view of, the views that make its
+    # value from that value's, in order)], nearest first, through values that are not nodes
+    # of the graph (a slice of a sum of residual-stream terms is the sum of their slices):
+    # a kernel reads it through those views from the value's buffer, if one is written
+    # (lower/fusion.py), rather than computing it again from every term
+    view_chains: dict[int, list[tuple[GraphNode, tuple]]] = field(default_factory=dict, repr=False)
 
     def input_node(self, name: str) -> Optional[GraphNode]:
         ref = self._inputs.get(name)

@@ -19,6 +19,7 @@ from ..analysis.addresses import disjoint
 from ..errors import TjitError
 from ..ir import (Contiguous, Cumulative, Dot, Elementwise, Extern, ExternCall, Gather, Graph, GraphNode, Input, Mutation,
                   Reduce, Scatter, View, ViewOp, per_node, toposort)
+from ..frontend.build import apply_view_desc
 from ..frontend.dot import accumulates_in_memory
 from .domains import (Copies, Domain, Placement, aligned_permutation, domain_of_reduce, dots_in, is_kernel_input,
                       nested_products, product_key, read_from_buffers, reduces_in, reshaped_expression, splits_into,
@@ -447,7 +448,7 @@ def group_kernels(graph: Graph, unstored: frozenset = frozenset()) -> list[Union
     # the passes below move stores between kernels; with a write into an input, kernel order
     # also protects the input from early overwrites: the stores then stay as placed
     if not any(written_input(s) for s in stores):
-        if _read_earlier_buffers(stores, levels, copies, externs):  # (the levels still hold: each buffer read is of an earlier one)
+        if _read_earlier_buffers(stores, levels, copies, externs, graph.view_chains):  # (the levels still hold: each buffer read is of an earlier one)
             edges = _dependencies(stores, externs)
         levels = _sink_buffers(stores, edges, levels, copies)
         levels = _sink_outputs(stores, externs, levels)
@@ -455,7 +456,7 @@ def group_kernels(graph: Graph, unstored: frozenset = frozenset()) -> list[Union
         shared = _store_shared_values(stores, levels)
         if shared:
             stores += shared
-            _read_earlier_buffers(stores, levels, copies, externs)
+            _read_earlier_buffers(stores, levels, copies, externs, graph.view_chains)
         hosts = _host_online_statistics(stores, externs, levels)
     else:
         hosts = {}
@@ -587,7 +588,7 @@ RECOMPUTED_LOADS = 4  # a value computed from more loads than this is read from 
 
 
 def _read_earlier_buffers(stores: list[Store], levels: dict[int, int], copies: Copies,
-                          externs: list[ExternStep]) -> bool:
+                          externs: list[ExternStep], chains: dict[int, list]) -> bool:
     """A store whose expression computes a value that an earlier kernel writes to a buffer
     anyway (a matmul's operand) reads the buffer instead: an unrolled RNN's step computes
     its hidden state from the previous one, which the step's matmul read from memory, and
@@ -595,14 +596,16 @@ def _read_earlier_buffers(stores: list[Store], levels: dict[int, int], copies: C
     again where its value is in a buffer. A copy that placing made (reading a row statistic
     from a buffer where its kernel cannot compute it) computes its original's value, so it
     reads its original's buffer too, and a node computed in another layout reads it through
-    that layout's view (`copies`). Then a read that holds its buffer alive for this store
-    alone, while everything its value is computed from is read at that level or later
-    anyway, computes the value again instead: that costs no memory (_reads_to_give_up).
+    that layout's view (`copies`), and a node that computes a view of a value from the
+    value's own terms (Graph.view_chains: a slice of a residual stream's gradient, the sum
+    of every layer's terms sliced) reads the value's buffer through that view, so the terms
+    can be freed where the value is written; a buffer that holds a value permuted or
+    reshaped holds the value too (_filled_buffers). Then a read that holds its buffer alive
+    for this store alone, while everything its value is computed from is read at that level
+    or later anyway, computes the value again instead: that costs no memory
+    (_reads_to_give_up).
     Whether any store changed."""
-    original = lambda node: id(copies.original(node))  # noqa: E731
-    filled = {original(s.target.node.src[0]): (s.target.node, levels[id(s)]) for s in stores
-              if isinstance(s.target, BufferTarget)
-              and (len(expression_leaves(s.value)) > RECOMPUTED_LOADS or dots_in(s.value))}
+    filled = _filled_buffers(stores, levels, copies, chains)
     reading: dict[int, tuple[Store, GraphNode, dict]] = {}  # id of a store -> (it, its value before, reads)
     for store in stores:
         # (a pointwise product kernel that computes a softmax along its k keeps computing it:
@@ -610,8 +613,8 @@ def _read_earlier_buffers(stores: list[Store], levels: dict[int, int], copies: C
         # lower/online_product.py)
         online = store.domain.dot and not store.domain.axes
         earlier = {key: buffer for key, (buffer, lv) in filled.items() if lv < levels[id(store)]
-                   and not (online and isinstance(buffer.src[0].op, Reduce))}
-        found = _outermost_matches(store.value, earlier, copies) if earlier else {}
+                   and not (online and isinstance(buffer_of(buffer).src[0].op, Reduce))}
+        found = _outermost_matches(store.value, earlier, copies, chains) if earlier else {}
         if found:
             reading[id(store)] = (store, store.value, found)
             _read(store, {key: buffer for key, (buffer, _) in found.items()}, copies)
@@ -623,6 +626,51 @@ def _read_earlier_buffers(stores: list[Store], levels: dict[int, int], copies: C
     return bool(reading)
 
 
+def _filled_buffers(stores: list[Store], levels: dict[int, int], copies: Copies, chains: dict[int, list]
+                    ) -> dict[int, tuple[GraphNode, int]]:
+    """Key of a node computed from more than RECOMPUTED_LOADS loads, or a product -> (a read
+    of a buffer that holds its value, the level of the store that writes it). A buffer of a
+    permuted or reshaped value (a layer's gradient in nn.MultiheadAttention's [t, b, d]) holds
+    the value too, read through the inverse views."""
+    filled = {id(copies.original(s.target.node.src[0])): (s.target.node, levels[id(s)]) for s in stores
+              if isinstance(s.target, BufferTarget)
+              and (len(expression_leaves(s.value)) > RECOMPUTED_LOADS or dots_in(s.value))}
+    for key, (buffer, level) in list(filled.items()):
+        for value, views in chains.get(key, ()):
+            read = _read_back(buffer, value.shape, views)
+            if read is not None:
+                filled.setdefault(id(value), (read, level))
+    return filled
+
+
+def _read_back(buffer: GraphNode, shape: tuple[int, ...], views: tuple) -> Optional[GraphNode]:
+    """A read of the value (of this shape) whose `views` the buffer holds, if each view
+    can be undone (_undo)."""
+    shapes = [tuple(shape)]
+    for desc in views:
+        after = apply_view_desc(View.contiguous(shapes[-1]), desc)
+        if after is None:
+            return None
+        shapes.append(after.shape)
+    view = buffer.view
+    for desc, before in zip(reversed(views), reversed(shapes[:-1])):
+        undo = _undo(desc, before)
+        view = apply_view_desc(view, undo) if undo is not None and view is not None else None
+    return GraphNode(ViewOp(), buffer.dtype, (buffer,), view) if view is not None and view.shape == shape else None
+
+
+def _undo(desc: tuple, before: tuple[int, ...]) -> Optional[tuple]:
+    """The view that undoes `desc` on a value of shape `before`; None for one that drops or
+    repeats elements (a slice, an expand)."""
+    kind, *args = desc
+    if kind == "permute":
+        dims = [d % len(args[0]) for d in args[0]]
+        return ("permute", tuple(dims.index(d) for d in range(len(dims))))
+    if kind in ("reshape", "squeeze", "unsqueeze"):
+        return ("reshape", before)
+    return desc if kind == "flip" else None
+
+
 def _read(store: Store, buffers: dict[int, GraphNode], copies: Copies, value: Optional[GraphNode] = None) -> None:
     """The store computes `value` (its own by default) with these nodes read from buffers."""
     store.value = read_from_buffers(value if value is not None else store.value, buffers, copies)
@@ -632,10 +680,11 @@ def _read(store: Store, buffers: dict[int, GraphNode], copies: Copies, value: Op
         store.domain = dataclasses.replace(store.domain, dot=False)
 
 
-def _outermost_matches(value: GraphNode, earlier: dict[int, GraphNode], copies: Copies
-                       ) -> dict[int, tuple[GraphNode, GraphNode]]:
-    """Key -> (buffer, node) for the nodes of value's expression (not value itself) that
-    `earlier` (a node's key -> its buffer) holds, outside any other such node."""
+def _outermost_matches(value: GraphNode, earlier: dict[int, GraphNode], copies: Copies,
+                       chains: dict[int, list]) -> dict[int, tuple[GraphNode, GraphNode]]:
+    """Key -> (buffer read, node) for the nodes of value's expression (not value itself)
+    that `earlier` (a node's key -> its buffer) holds, or that are views of a node it holds
+    (`chains`, Graph.view_chains: read through those views), outside any other such node."""
     found: dict[int, tuple[GraphNode, GraphNode]] = {}
     seen: set[int] = set()
 
@@ -647,11 +696,28 @@ def _outermost_matches(value: GraphNode, earlier: dict[int, GraphNode], copies: 
         if node is not value and key is not None:
             found[key] = (earlier[key], node)
             return
+        viewed = _viewed_buffer(node, earlier, chains.get(id(copies.original(node)), ())) if node is not value else None
+        if viewed is not None:
+            found[id(copies.original(node))] = (viewed, node)
+            return
         for src in node.src:
             visit(src)
 
     visit(value)
     return found
+
+
+def _viewed_buffer(node: GraphNode, earlier: dict[int, GraphNode], chain: list) -> Optional[GraphNode]:
+    """A read of node's value as a view of an earlier buffer's value (chain: its
+    Graph.view_chains entry), nearest value first; None if no strided view of a buffer is it."""
+    for value, views in chain:
+        buffer = earlier.get(id(value))
+        view = buffer.view if buffer is not None else None
+        for desc in views:
+            view = apply_view_desc(view, desc) if view is not None else None
+        if view is not None and view.shape == node.shape and buffer.dtype == node.dtype:
+            return GraphNode(ViewOp(), buffer.dtype, (buffer_of(buffer),), view)
+    return None
 
 
 def _readers(items: list, levels: dict[int, int]) -> dict[object, list[tuple[int, int]]]:
@@ -670,7 +736,7 @@ def _reads_to_give_up(store: Store, found: dict[int, tuple[GraphNode, GraphNode]
     residual stream, read by a backward's last kernel): computed again, the node holds
     nothing that is not held anyway, where read, it holds its buffer. A product is kept."""
     return {key for key, (buffer, node) in found.items()
-            if not dots_in(node) and _latest_reader_but(store, readers, id(buffer)) < level
+            if not dots_in(node) and _latest_reader_but(store, readers, id(buffer_of(buffer))) < level
             and all(_latest_reader_but(store, readers, k) >= level for k in _memory_of(expression_leaves(node)))}
 
 

@@ -804,9 +804,10 @@ def _sink_buffers(stores: list[Store], edges: dict[int, list], levels: dict[int,
     of its own, one over its elements in another order or split (a layer's input read
     transposed by a linear, as nn.MultiheadAttention's [t, b, d], computed in a norm
     backward's [b, t, d] rows; _computed_in). A fill that reads no memory (the zeros an
-    embedding's gradient is scattered into) may also join the latest level with a pointwise
-    kernel, whose launch it then shares (horizontal.py): the table is allocated closer to the
-    scatter, as eager allocates it, rather than at the backward's start."""
+    embedding's gradient is scattered into) runs right before its first reader, as eager
+    allocates it, sharing a pointwise kernel's launch there if one runs (horizontal.py):
+    held from an earlier kernel on, the table would be alive under everything allocated
+    in between (BERT's first layer's weight gradients, where its backward peaks)."""
     readers: dict[int, list[tuple[int, bool]]] = {}  # store id -> (id of a store or call reading it, strict?)
     for item, deps in edges.items():
         for dep, strict in deps:
@@ -816,22 +817,19 @@ def _sink_buffers(stores: list[Store], edges: dict[int, list], levels: dict[int,
     for s in stores:
         kernels[levels[id(s)]][s.domain] += 1
     plain = lambda domain: not domain.axes and not domain.dot  # noqa: E731  (a pointwise kernel's)
-    pointwise = collections.Counter(levels[id(s)] for s in stores if plain(s.domain))
     buffers = [s for s in stores if isinstance(s.target, BufferTarget) and id(s) in readers]
     for store in sorted(buffers, key=lambda s: -levels[id(s)]):  # the last first: what it reads may follow it
         level, old = levels[id(store)], store.domain
         latest = min(levels[reader] - strict for reader, strict in readers[id(store)])
         fill = plain(store.domain) and all(buffer_of(leaf) is None for leaf in expression_leaves(store.value))
         relaid = _reshapeable(store) and not _computes_non_pointwise(store.value)
-        for k in range(latest, level, -1):
-            if kernels[k][store.domain] or (fill and pointwise[k]) or \
-                    (relaid and _joined_in_another_order(store, kernels[k], copies)):
-                kernels[level][old] -= 1
-                kernels[k][store.domain] += 1
-                pointwise[level] -= plain(old)
-                pointwise[k] += plain(store.domain)
-                levels[id(store)] = k
-                break
+        to = latest if fill and latest > level else next(
+            (k for k in range(latest, level, -1) if kernels[k][store.domain]
+             or (relaid and _joined_in_another_order(store, kernels[k], copies))), None)
+        if to is not None:
+            kernels[level][old] -= 1
+            kernels[to][store.domain] += 1
+            levels[id(store)] = to
     return levels
 
 

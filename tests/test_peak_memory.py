@@ -183,9 +183,35 @@ def tower_args(layers: int, dim: int = 64) -> list:
                                          torch.randn(layers, dim, dim) / dim ** 0.5, torch.randn(layers, dim))]
 
 
+def residual_tower_read_transposed(cls, patches, pos, w, norm_w):
+    """The tower with each block reading the stream as [t, b, d] (as nn.MultiheadAttention
+    does): the gradient written for the block's last linear is the stream's, permuted."""
+    x = torch.cat([cls.expand(patches.shape[0], 1, -1), patches], 1) + pos
+    for i in range(w.shape[0]):
+        h = F.layer_norm(x, x.shape[-1:], norm_w[i]).transpose(0, 1)
+        x = x + (torch.tanh(h @ w[i]) @ w[i].T).transpose(0, 1)
+    return x.square().mean()
+
+
 def bytes_read_by_the_kernels_writing(compiled, args, gradients) -> dict[str, int]:
     kernels = tjit.explain(compiled, *args).backward.kernels
     return {g: sum(k.bytes_read for k in kernels if f"grad_{g}_ptr" in k.source.split(")")[0]) for g in gradients}
+
+
+def bottom_reads_at_2_and_6_layers(fn, bottom) -> dict[int, dict[str, int]]:
+    """What the kernels writing these gradients read, at 2 and at 6 layers (gradients checked
+    against eager)."""
+    reads = {}
+    for layers in (2, 6):
+        args = tower_args(layers)
+        compiled = tjit.compile(fn)
+        training_step(compiled, args)()
+        leaves = [a.detach().clone().requires_grad_() for a in args]
+        fn(*leaves).backward()
+        for a, leaf in zip(args, leaves):
+            torch.testing.assert_close(a.grad, leaf.grad, rtol=1e-4, atol=1e-5)
+        reads[layers] = bytes_read_by_the_kernels_writing(compiled, args, bottom)
+    return reads
 
 
 def test_the_bottom_of_a_residual_stream_reads_its_gradient_where_the_layer_above_wrote_it(monkeypatch):
@@ -196,17 +222,7 @@ def test_the_bottom_of_a_residual_stream_reads_its_gradient_where_the_layer_abov
     holding those to the backward's end. They read the gradient the layer above wrote for
     its linear, through the slice (Graph.view_chains): what they read does not grow with
     depth, gradients are eager's, and the step peaks lower, where explain says."""
-    bottom = ("cls", "pos", "patches")
-    reads = {}
-    for layers in (2, 6):
-        args = tower_args(layers)
-        compiled = tjit.compile(residual_tower)
-        training_step(compiled, args)()
-        leaves = [a.detach().clone().requires_grad_() for a in args]
-        residual_tower(*leaves).backward()
-        for a, leaf in zip(args, leaves):
-            torch.testing.assert_close(a.grad, leaf.grad, rtol=1e-4, atol=1e-5)
-        reads[layers] = bytes_read_by_the_kernels_writing(compiled, args, bottom)
+    reads = bottom_reads_at_2_and_6_layers(residual_tower, ("cls", "pos", "patches"))
     assert reads[2] == reads[6] and all(reads[2].values()), reads
 
     args = tower_args(4)
@@ -219,6 +235,16 @@ def test_the_bottom_of_a_residual_stream_reads_its_gradient_where_the_layer_abov
     recomputing = tjit.compile(residual_tower)
     one_layers_term = 4 * 34 * 64 * 4
     assert got <= measured(training_step(recomputing, args), recomputing, args) - one_layers_term
+
+
+def test_a_gradient_written_permuted_for_a_linear_is_read_back_in_the_streams_layout():
+    """Where each block reads the stream as [t, b, d], the buffer the backward writes for its
+    linear holds the stream's gradient permuted: the class token's and the positions'
+    gradients read it through the inverse permutation (fusion._read_back), so what they read
+    does not grow with depth either (without it: 2.5x and 2.2x more at 6 layers), and they
+    are eager's."""
+    reads = bottom_reads_at_2_and_6_layers(residual_tower_read_transposed, ("cls", "pos"))
+    assert reads[2] == reads[6] and all(reads[2].values()), reads
 
 
 def library_results(x, a, b):

@@ -443,7 +443,7 @@ class Copies:
         return found[0] if found is not None else self.original(node)
 
 
-def _viewed(buffer: GraphNode, layout: Callable) -> Optional[GraphNode]:
+def read_through(buffer: GraphNode, layout: Callable) -> Optional[GraphNode]:
     """A read of a buffer (or of a view of one) through `layout` of its view; None where
     no strided view expresses it."""
     view = layout(buffer.view)
@@ -468,7 +468,7 @@ def read_from_buffers(value: GraphNode, buffers: dict[int, GraphNode], copies: O
             continue
         relaid = copies.relaid_from(node) if copies is not None and node is not value else None
         if relaid is not None and id(relaid[0]) in buffers:
-            read = _viewed(buffers[id(relaid[0])], relaid[1])
+            read = read_through(buffers[id(relaid[0])], relaid[1])
             if read is not None:
                 new[id(node)] = read
                 continue

@@ -22,8 +22,8 @@ from ..ir import (Contiguous, Cumulative, Dot, Elementwise, Extern, ExternCall, 
 from ..frontend.build import apply_view_desc
 from ..frontend.dot import accumulates_in_memory
 from .domains import (Copies, Domain, Placement, aligned_permutation, domain_of_reduce, dots_in, is_kernel_input,
-                      nested_products, product_key, read_from_buffers, reduces_in, reshaped_expression, splits_into,
-                      store_domain, totals_fit, totals_of)
+                      nested_products, product_key, read_from_buffers, read_through, reduces_in, reshaped_expression,
+                      splits_into, store_domain, totals_fit, totals_of)
 from .hazards import gather_tables, reads_apart, reads_older_version, same_program_access, stage
 from .online_product import online_product
 
@@ -652,11 +652,18 @@ def _read_back(buffer: GraphNode, shape: tuple[int, ...], views: tuple) -> Optio
         if after is None:
             return None
         shapes.append(after.shape)
-    view = buffer.view
-    for desc, before in zip(reversed(views), reversed(shapes[:-1])):
-        undo = _undo(desc, before)
-        view = apply_view_desc(view, undo) if undo is not None and view is not None else None
-    return GraphNode(ViewOp(), buffer.dtype, (buffer,), view) if view is not None and view.shape == shape else None
+    undone = [_undo(desc, before) for desc, before in zip(reversed(views), reversed(shapes[:-1]))]
+    if None in undone:
+        return None
+    read = read_through(buffer, lambda view: _through(view, undone))
+    return read if read is not None and read.shape == shape else None
+
+
+def _through(view: Optional[View], views) -> Optional[View]:
+    """The view after each of `views` in turn; None where one has no strided form."""
+    for desc in views:
+        view = apply_view_desc(view, desc) if view is not None else None
+    return view
 
 
 def _undo(desc: tuple, before: tuple[int, ...]) -> Optional[tuple]:
@@ -696,9 +703,10 @@ def _outermost_matches(value: GraphNode, earlier: dict[int, GraphNode], copies: 
         if node is not value and key is not None:
             found[key] = (earlier[key], node)
             return
-        viewed = _viewed_buffer(node, earlier, chains.get(id(copies.original(node)), ())) if node is not value else None
+        original = id(copies.original(node))
+        viewed = _viewed_buffer(node, earlier, chains.get(original, ())) if node is not value else None
         if viewed is not None:
-            found[id(copies.original(node))] = (viewed, node)
+            found[original] = (viewed, node)
             return
         for src in node.src:
             visit(src)
@@ -712,11 +720,9 @@ def _viewed_buffer(node: GraphNode, earlier: dict[int, GraphNode], chain: list) 
     Graph.view_chains entry), nearest value first; None if no strided view of a buffer is it."""
     for value, views in chain:
         buffer = earlier.get(id(value))
-        view = buffer.view if buffer is not None else None
-        for desc in views:
-            view = apply_view_desc(view, desc) if view is not None else None
-        if view is not None and view.shape == node.shape and buffer.dtype == node.dtype:
-            return GraphNode(ViewOp(), buffer.dtype, (buffer_of(buffer),), view)
+        read = read_through(buffer, lambda view: _through(view, views)) if buffer is not None else None
+        if read is not None and read.shape == node.shape and read.dtype == node.dtype:
+            return read
     return None
 
 

@@ -1087,6 +1087,51 @@ def test_a_backward_rebuilds_views_only_of_values_the_forward_computed(shape):
                 torch.randn(shape), q)
 
 
+def _norm_read_as_is_and_transposed(x, w, g, b):
+    """BERT's post-norm stream: a norm's output is the residual and, read [t, b, d] by
+    attention, a linear's operand."""
+    y = F.layer_norm(x, x.shape[-1:], g, b)
+    return y + (y.transpose(0, 1) @ w).transpose(0, 1)
+
+
+def _norm_read_only_transposed(x, w, g, b):
+    """An MLP-Mixer's token mixing: the norm's output is read only transposed."""
+    y = F.layer_norm(x, x.shape[-1:], g, b)
+    return x + F.gelu(y.transpose(1, 2) @ w[: x.shape[1], : x.shape[1]]).transpose(1, 2)
+
+
+def _class_token_stream(x, w, g, b):
+    """A ViT's stream: a class token and positions joined, then read as is and [t, b, d]."""
+    x = torch.cat([g.expand(x.shape[0], 1, -1), x], 1) + b
+    x = x + x @ w
+    x = x.transpose(0, 1)
+    x = x + x @ w
+    return F.layer_norm(x.transpose(0, 1), x.shape[-1:])[:, 0]
+
+
+def _reshaped_and_flipped(x, w, g, b):
+    y = torch.sigmoid(x * g) + b
+    flat = y.reshape(-1, y.shape[-1]) @ w
+    return flat.reshape(y.shape) * y.flip(1) + y.unsqueeze(0).permute(2, 0, 1, 3).sum(1).transpose(0, 1)
+
+
+@pytest.mark.parametrize("fn", [_norm_read_as_is_and_transposed, _norm_read_only_transposed, _class_token_stream,
+                                _reshaped_and_flipped], ids=lambda f: f.__name__)
+def test_a_value_computed_again_in_another_layout_passes_its_gradient_to_the_value(fn):
+    """A view pushed into an expression computes the value again in the view's layout; the
+    backward adds the copy's gradient, permuted back, into the value's (backward._sweep_order),
+    so the value's is one sum, differentiated once. Sizes span several programs of every
+    kernel. (float32 only: in bfloat16, one element of a norm weight's gradient, a sum over
+    210 rows, can be further from the exact one than eager's by more than any tolerance
+    that would still mean something, in about 1 draw in 20, with this change or without.)"""
+    x = torch.randn(3, 70, 40)
+    w = torch.randn(40, 40) / 6 if fn is not _norm_read_only_transposed else torch.randn(70, 70) / 8
+    g, b = torch.randn(40), torch.randn(40)
+    if fn is _class_token_stream:
+        g, b = torch.randn(1, 1, 40), torch.randn(1, 71, 40)
+    check_grads(fn, x, w, g, b)
+
+
 def _relu_in_place(x, w):
     x.relu_()
     return x * w

@@ -252,3 +252,21 @@ def test_a_layer_input_read_transposed_is_written_just_before_its_linear_reads_i
     in [b, t, d] order), so the slab stops growing after the first layers rather than
     holding one input per layer from the start."""
     assert_layers_match_eager_in_a_slab_that_does_not_grow(postnorm_layers_read_transposed, (4, 16, 40), (6, 10))
+
+
+def test_a_stream_read_transposed_by_its_linears_is_differentiated_as_one_value():
+    """The linears read each layer's normed stream as [t, b, d], a copy of the norm's
+    expression in that layout; the backward differentiates the norm once, as it does for a
+    stream its linears read as it is: the same kernels and reductions (before, each norm's
+    row statistics and weight gradients were reduced once per layout: twice the kernels)."""
+    def backward_of(fn):
+        explained = tjit.explain(tjit.compile(fn), *layer_args(3, (4, 16, 40)))
+        return len(explained.backward.kernels), str(explained.backward.graph).count(" = reduce.")
+
+    assert backward_of(postnorm_layers_read_transposed) == backward_of(postnorm_layers)
+    x, *params = layer_args(3, (4, 16, 40))
+    leaves = [x.requires_grad_(), *(p for group in params for p in group)]
+    compiled = tjit.compile(lambda x, *flat: postnorm_layers_read_transposed(x, flat[:3], flat[3:6], flat[6:]))
+    eager = lambda x, *flat: postnorm_layers_read_transposed(x, flat[:3], flat[3:6], flat[6:])  # noqa: E731
+    for got, expected in zip(gradients(compiled, leaves), gradients(eager, leaves)):  # (sums in another order)
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)

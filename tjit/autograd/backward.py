@@ -16,13 +16,13 @@ are baked into the kernels, like any input's), then it is lowered like any forwa
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import networkx as nx
 import torch
 
 from ..errors import UnsupportedOpError
-from ..frontend.build import ValueBuilder
+from ..frontend.build import ValueBuilder, apply_view_desc, inverse_views
 from ..frontend.library import joint_library_call_gradient
 from ..ir import (Contiguous, Dot, DType, Elementwise, Extern, Graph, GraphNode, Input, Reduce, View, ViewOp,
                   contiguous_strides, covered_memory, toposort)
@@ -332,8 +332,12 @@ def _saved_view(node: GraphNode, strides: Optional[tuple[int, ...]] = None) -> V
 
 
 def _needs_grad(graph: Graph, grad_inputs: set[str]) -> set[int]:
-    needs = set()
-    for node in graph.nodes():
+    return _needing_grad(graph.nodes(), grad_inputs, set())
+
+
+def _needing_grad(nodes: list[GraphNode], grad_inputs, needs: set[int]) -> set[int]:
+    """needs with the nodes (producers first) that need a gradient added."""
+    for node in nodes:
         if not (differentiable(node) or node.dtype.is_complex) or \
                 isinstance(node.op, Elementwise) and node.op.op == "stop_gradient":
             continue  # (complex values carry gradients too: autograd/complex.py, library calls only)
@@ -380,7 +384,15 @@ def _sweep(alg: Algebra, plan: AutogradPlan, layouts: dict[str, GradLayout], val
                 pending.setdefault(id(node.src[0]), []).append(moved)
         return total_gradient(alg, dense, node.dtype, depths) if dense else None
 
-    order = list(reversed(toposort(roots)))
+    # a value computed again in another layout (a norm's output permuted for a linear,
+    # nn.MultiheadAttention's [t, b, d]) passes its gradient on to the value, so the value's
+    # gradient is one sum, differentiated once (as eager's): one set of row statistics and
+    # weight-gradient totals, not one per layout. (The value need not be a node of the
+    # graph: a norm's output read only permuted, by an MLP-Mixer's token MLP.)
+    forward, as_views = _sweep_order(roots, lambda n: _permuted_from(n, plan.graph.view_sources))
+    needs = _needing_grad([n for n in forward if id(n) not in needs], plan.grad_inputs, set(needs))
+    as_views = {key: entry for key, entry in as_views.items() if id(entry[0]) in needs}
+    order = list(reversed(forward))
     # results of a call whose gradients are taken jointly: at the last of them (in this order
     # every use of every one of them has given its contribution by then)
     last = {id(n.op.call): n for n in order if takes_joint_gradient(n)}
@@ -396,6 +408,12 @@ def _sweep(alg: Algebra, plan: AutogradPlan, layouts: dict[str, GradLayout], val
             grads = joint_library_call_gradient(alg.vb, held.pop(id(call)), value, wanted)
         elif grad is None:
             continue
+        elif id(node) in as_views:
+            viewed, undo = as_views[id(node)]
+            for desc in undo:
+                grad = alg.vb.view(grad, desc)
+            pending.setdefault(id(viewed), []).append(grad)
+            continue
         else:
             grads = complex_vjp(alg.vb, node, grad, value, wanted) if touches_complex(node) else \
                 vjp(alg, node, grad, value, wanted)
@@ -403,6 +421,55 @@ def _sweep(alg: Algebra, plan: AutogradPlan, layouts: dict[str, GradLayout], val
             if g is not None and id(src) in needs:
                 pending.setdefault(id(src), []).append(g)
     return found
+
+
+def _permuted_from(node: GraphNode, view_sources: dict) -> Optional[tuple[GraphNode, list]]:
+    """(value, the views that undo node's) when node computes a permutation, reshape or flip
+    of another value from that value's leaves (Graph.view_sources): one that keeps every
+    element once (inverse_views), so its gradient is the value's, viewed."""
+    found = view_sources.get(id(node))
+    if found is None or node.dtype.is_complex:
+        return None
+    value, desc = found
+    undo = inverse_views(value.shape, (desc,))
+    viewed = apply_view_desc(View.contiguous(value.shape), desc)
+    if undo is None or viewed is None or viewed.shape != node.shape or value.dtype != node.dtype:
+        return None
+    return value, undo
+
+
+def _sweep_order(roots: list[GraphNode], view_of: Callable[[GraphNode], Optional[tuple[GraphNode, list]]]
+                 ) -> tuple[list[GraphNode], dict[int, tuple[GraphNode, list]]]:
+    """The forward's nodes, producers first, each node that is a view of a value (view_of)
+    after that value (the sweep must settle the node's gradient before the value's), and
+    those views by node id. A view whose value depends on the node is not kept
+    (hash-consing can make two values views of each other). If the order would then put a
+    node before one of its sources, no view is kept: a contribution must never arrive
+    after its node is settled."""
+    order, seen, done, kept = [], set(), set(), {}
+    for root in roots:
+        stack = [(root, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if expanded:
+                order.append(node)
+                done.add(id(node))
+                continue
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            stack.append((node, True))
+            deps = list(node.src)
+            entry = view_of(node)
+            if entry is not None and (id(entry[0]) not in seen or id(entry[0]) in done):
+                kept[id(node)] = entry  # (a value seen but not done is being expanded: it depends on node)
+                deps.append(entry[0])
+            stack.extend((s, False) for s in reversed(deps) if id(s) not in seen)
+    position = {id(n): k for k, n in enumerate(order)}
+    if all(position[id(s)] < k for k, n in enumerate(order) for s in n.src) and \
+            all(position[id(value)] < position[key] for key, (value, _) in kept.items()):
+        return order, kept
+    return toposort(roots), {}
 
 
 # -- what the forward keeps ---------------------------------------------------------------------------

@@ -26,6 +26,32 @@ def apply_view_desc(view: View, desc: ViewFn) -> Optional[View]:
     return getattr(view, kind)(*args)
 
 
+def inverse_views(shape: tuple[int, ...], views: tuple) -> Optional[list[ViewFn]]:
+    """The views that undo `views` (applied in turn to a value of this shape), in the order
+    they apply; None if one drops or repeats elements (a slice, an expand) or has no strided
+    form. Only permute, reshape, squeeze, unsqueeze and flip are undone."""
+    shapes = [tuple(shape)]
+    for desc in views:
+        after = apply_view_desc(View.contiguous(shapes[-1]), desc)
+        if after is None:
+            return None
+        shapes.append(after.shape)
+    undone = [_undo(desc, before) for desc, before in zip(reversed(views), reversed(shapes[:-1]))]
+    return None if None in undone else undone
+
+
+def _undo(desc: ViewFn, before: tuple[int, ...]) -> Optional[ViewFn]:
+    """The view that undoes `desc` on a value of shape `before`; None for one that drops or
+    repeats elements."""
+    kind, *args = desc
+    if kind == "permute":
+        dims = [d % len(args[0]) for d in args[0]]
+        return ("permute", tuple(dims.index(d) for d in range(len(dims))))
+    if kind in ("reshape", "squeeze", "unsqueeze"):
+        return ("reshape", before)
+    return desc if kind == "flip" else None
+
+
 class ValueBuilder:
     """Creates IR values in one GraphBuilder."""
 

@@ -19,7 +19,7 @@ from ..analysis.addresses import disjoint
 from ..errors import TjitError
 from ..ir import (Contiguous, Cumulative, Dot, Elementwise, Extern, ExternCall, Gather, Graph, GraphNode, Input, Mutation,
                   Reduce, Scatter, View, ViewOp, per_node, toposort)
-from ..frontend.build import apply_view_desc
+from ..frontend.build import apply_view_desc, inverse_views
 from ..frontend.dot import accumulates_in_memory
 from .domains import (Copies, Domain, Placement, aligned_permutation, domain_of_reduce, dots_in, is_kernel_input,
                       nested_products, product_key, read_from_buffers, read_through, reduces_in, reshaped_expression,
@@ -645,17 +645,9 @@ def _filled_buffers(stores: list[Store], levels: dict[int, int], copies: Copies,
 
 def _read_back(buffer: GraphNode, shape: tuple[int, ...], views: tuple) -> Optional[GraphNode]:
     """A read of the value (of this shape) whose `views` the buffer holds, if each view
-    can be undone (_undo)."""
-    shapes = [tuple(shape)]
-    for desc in views:
-        after = apply_view_desc(View.contiguous(shapes[-1]), desc)
-        if after is None:
-            return None
-        shapes.append(after.shape)
-    undone = [_undo(desc, before) for desc, before in zip(reversed(views), reversed(shapes[:-1]))]
-    if None in undone:
-        return None
-    read = read_through(buffer, lambda view: _through(view, undone))
+    can be undone (inverse_views)."""
+    undone = inverse_views(shape, views)
+    read = read_through(buffer, lambda view: _through(view, undone)) if undone is not None else None
     return read if read is not None and read.shape == shape else None
 
 
@@ -664,18 +656,6 @@ def _through(view: Optional[View], views) -> Optional[View]:
     for desc in views:
         view = apply_view_desc(view, desc) if view is not None else None
     return view
-
-
-def _undo(desc: tuple, before: tuple[int, ...]) -> Optional[tuple]:
-    """The view that undoes `desc` on a value of shape `before`; None for one that drops or
-    repeats elements (a slice, an expand)."""
-    kind, *args = desc
-    if kind == "permute":
-        dims = [d % len(args[0]) for d in args[0]]
-        return ("permute", tuple(dims.index(d) for d in range(len(dims))))
-    if kind in ("reshape", "squeeze", "unsqueeze"):
-        return ("reshape", before)
-    return desc if kind == "flip" else None
 
 
 def _read(store: Store, buffers: dict[int, GraphNode], copies: Copies, value: Optional[GraphNode] = None) -> None:

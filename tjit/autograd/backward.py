@@ -332,12 +332,8 @@ def _saved_view(node: GraphNode, strides: Optional[tuple[int, ...]] = None) -> V
 
 
 def _needs_grad(graph: Graph, grad_inputs: set[str]) -> set[int]:
-    return _needing_grad(graph.nodes(), grad_inputs, set())
-
-
-def _needing_grad(nodes: list[GraphNode], grad_inputs, needs: set[int]) -> set[int]:
-    """needs with the nodes (producers first) that need a gradient added."""
-    for node in nodes:
+    needs = set()
+    for node in graph.nodes():
         if not (differentiable(node) or node.dtype.is_complex) or \
                 isinstance(node.op, Elementwise) and node.op.op == "stop_gradient":
             continue  # (complex values carry gradients too: autograd/complex.py, library calls only)
@@ -387,11 +383,9 @@ def _sweep(alg: Algebra, plan: AutogradPlan, layouts: dict[str, GradLayout], val
     # a value computed again in another layout (a norm's output permuted for a linear,
     # nn.MultiheadAttention's [t, b, d]) passes its gradient on to the value, so the value's
     # gradient is one sum, differentiated once (as eager's): one set of row statistics and
-    # weight-gradient totals, not one per layout. (The value need not be a node of the
-    # graph: a norm's output read only permuted, by an MLP-Mixer's token MLP.)
-    forward, as_views = _sweep_order(roots, lambda n: _permuted_from(n, plan.graph.view_sources))
-    needs = _needing_grad([n for n in forward if id(n) not in needs], plan.grad_inputs, set(needs))
-    as_views = {key: entry for key, entry in as_views.items() if id(entry[0]) in needs}
+    # weight-gradient totals, not one per layout. (Graph.view_sources names values of the
+    # graph only, whose gradients the sweep settles.)
+    forward, as_views = _sweep_order(roots, lambda n: _permuted_from(n, plan.graph.view_sources, needs))
     order = list(reversed(forward))
     # results of a call whose gradients are taken jointly: at the last of them (in this order
     # every use of every one of them has given its contribution by then)
@@ -423,12 +417,12 @@ def _sweep(alg: Algebra, plan: AutogradPlan, layouts: dict[str, GradLayout], val
     return found
 
 
-def _permuted_from(node: GraphNode, view_sources: dict) -> Optional[tuple[GraphNode, list]]:
+def _permuted_from(node: GraphNode, view_sources: dict, needs: set[int]) -> Optional[tuple[GraphNode, list]]:
     """(value, the views that undo node's) when node computes a permutation, reshape or flip
     of another value from that value's leaves (Graph.view_sources): one that keeps every
     element once (inverse_views), so its gradient is the value's, viewed."""
     found = view_sources.get(id(node))
-    if found is None or node.dtype.is_complex:
+    if found is None or node.dtype.is_complex or id(node) not in needs or id(found[0]) not in needs:
         return None
     value, desc = found
     undo = inverse_views(value.shape, (desc,))

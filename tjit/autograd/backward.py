@@ -436,33 +436,23 @@ def _sweep_order(roots: list[GraphNode], view_of: Callable[[GraphNode], Optional
                  ) -> tuple[list[GraphNode], dict[int, tuple[GraphNode, list]]]:
     """The forward's nodes, producers first, each node that is a view of a value (view_of)
     after that value (the sweep must settle the node's gradient before the value's), and
-    those views by node id. A view whose value depends on the node is not kept
-    (hash-consing can make two values views of each other). If the order would then put a
-    node before one of its sources, no view is kept: a contribution must never arrive
-    after its node is settled."""
-    order, seen, done, kept = [], set(), set(), {}
-    for root in roots:
-        stack = [(root, False)]
-        while stack:
-            node, expanded = stack.pop()
-            if expanded:
-                order.append(node)
-                done.add(id(node))
-                continue
-            if id(node) in seen:
-                continue
-            seen.add(id(node))
-            stack.append((node, True))
-            deps = list(node.src)
-            entry = view_of(node)
-            if entry is not None and (id(entry[0]) not in seen or id(entry[0]) in done):
-                kept[id(node)] = entry  # (a value seen but not done is being expanded: it depends on node)
-                deps.append(entry[0])
-            stack.extend((s, False) for s in reversed(deps) if id(s) not in seen)
+    those views by node id. If the order puts a node before one of its sources or its value
+    (hash-consing can make two values views of each other: a cycle), no view is taken: a
+    contribution must never arrive after its node is settled."""
+    views = {}
+
+    def after(node: GraphNode) -> tuple[GraphNode, ...]:
+        entry = view_of(node)
+        if entry is None:
+            return node.src
+        views[id(node)] = entry
+        return (*node.src, entry[0])
+
+    order = toposort(roots, sources=after)
     position = {id(n): k for k, n in enumerate(order)}
     if all(position[id(s)] < k for k, n in enumerate(order) for s in n.src) and \
-            all(position[id(value)] < position[key] for key, (value, _) in kept.items()):
-        return order, kept
+            all(position[id(value)] < position[key] for key, (value, _) in views.items()):
+        return order, views
     return toposort(roots), {}
 
 

@@ -292,9 +292,11 @@ class GraphBuilder:
         return graph
 
 
-def toposort(roots: Iterable[GraphNode], stop: Optional[Callable[[GraphNode], bool]] = None) -> list[GraphNode]:
+def toposort(roots: Iterable[GraphNode], stop: Optional[Callable[[GraphNode], bool]] = None,
+             sources: Optional[Callable[[GraphNode], Sequence[GraphNode]]] = None) -> list[GraphNode]:
     """Producers before consumers; an explicit stack so deep graphs do not recurse.
-    Nodes for which `stop` holds are listed but their sources are not visited."""
+    Nodes for which `stop` holds are listed but their sources are not visited. `sources`:
+    what a node comes after (its src by default)."""
     order, seen = [], set()
     for root in roots:
         stack = [(root, False)]
@@ -308,7 +310,8 @@ def toposort(roots: Iterable[GraphNode], stop: Optional[Callable[[GraphNode], bo
             seen.add(id(node))
             stack.append((node, True))
             if stop is None or not stop(node):
-                stack.extend((s, False) for s in reversed(node.src) if id(s) not in seen)
+                after = node.src if sources is None else sources(node)
+                stack.extend((s, False) for s in reversed(after) if id(s) not in seen)
     return order
 
 

@@ -22,7 +22,8 @@ from .runtime.dynamo_backend import register_dynamo_backend  # noqa: E402
 
 
 def compile(fn: Optional[Callable] = None, *,
-            axis_strategies: Optional[Mapping[str, Sequence[AxisStrategy]]] = None, donate: Sequence[str] = ()):
+            axis_strategies: Optional[Mapping[str, Sequence[AxisStrategy]]] = None, donate: Sequence[str] = (),
+            dynamic: Optional[bool] = None):
     """Compile `fn` (usable as @tjit.compile or @tjit.compile(...)).
 
     axis_strategies: force the mapping of kernel axes, keyed by graph output name
@@ -31,10 +32,13 @@ def compile(fn: Optional[Callable] = None, *,
     donate: names of tensor arguments the caller gives up: their memory may hold
     intermediates once the kernels are done reading them, and is freed after the call
     (using such a tensor afterwards raises).
+    dynamic: as torch.compile's. A call at new sizes needs no new trace once the function
+    was traced with symbolic sizes (frontend/shape_class.py): None (the default) traces so
+    at the second size of a shape class, True at the first, False never (one trace per size).
     """
     if fn is None:
-        return lambda f: CompiledFunction(f, axis_strategies, donate)
-    return CompiledFunction(fn, axis_strategies, donate)
+        return lambda f: CompiledFunction(f, axis_strategies, donate, dynamic=dynamic)
+    return CompiledFunction(fn, axis_strategies, donate, dynamic=dynamic)
 
 
 register_dynamo_backend()

@@ -2,7 +2,8 @@
 forward, its backward (autograd/backward.py builds the backward's IR graph, which enters at
 `partition`), and what `tjit.explain` shows.
 
-    trace      fn + example args  -> aten FX graph         frontend/trace.py (make_fx)
+    trace      fn + example args  -> aten FX graph         frontend/trace.py (make_fx); once
+                                                           per shape class: shape_class.py
     convert    aten FX graph      -> IR Graph, outputs     frontend/convert.py + op tables
     partition  IR Graph           -> ordered steps:        lower/fusion.py
                                      KernelGroups (fused) and ExternSteps (library calls)
@@ -28,7 +29,7 @@ from typing import Callable, Mapping, Optional, Sequence, Union
 from .analysis.bounds import outside, reached
 from .errors import TjitError
 from .frontend.convert import Conversion
-from .frontend.trace import trace
+from .frontend.trace import Traced, convert_traced, trace
 from .ir import (AxisStrategy, Contiguous, Cumulative, Elementwise, Extern, Graph, GraphNode, Input, Reduce, View,
                  ViewOp, toposort)
 from .ir.ops import OPS, REDUCE_OPS, SCAN_OPS
@@ -71,6 +72,14 @@ def trace_and_convert(fn: Callable, args: tuple, kwargs: dict, requires_grad: fr
     """trace + convert: the function's IR graph and how its results are made (the tensors
     named in requires_grad traced as requiring grad)."""
     conversion = trace(fn, args, kwargs, requires_grad)
+    verify("convert", verify_graph, conversion.graph)
+    return conversion
+
+
+def convert(traced: Traced) -> Conversion:
+    """convert alone: the IR graph of a trace with concrete sizes (a shape class's symbolic
+    trace specialised to a call's sizes: frontend/shape_class.py)."""
+    conversion = convert_traced(traced)
     verify("convert", verify_graph, conversion.graph)
     return conversion
 

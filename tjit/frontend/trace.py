@@ -10,13 +10,14 @@ from __future__ import annotations
 import functools
 import inspect
 import warnings
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
+from torch.utils._pytree import TreeSpec, tree_flatten, tree_leaves, tree_map, tree_unflatten
 
 from ..errors import (CustomFunctionError, DataDependentError, EagerError, GradientStateError, LayoutError,
                       UnsupportedOpError)
@@ -79,22 +80,35 @@ KEPT_WHOLE = (aten.clamp_min, aten.clamp_max, aten.silu, aten.softplus, aten.mis
               aten._scaled_dot_product_flash_attention_for_cpu)
 
 
-def fake_trace(fn: Callable, tensors: list) -> torch.fx.GraphModule:
-    """make_fx on fake copies of the tensors. (The first call in a process also imports
-    torch._dynamo, which make_fx uses internally: about a second, once.)"""
-    mode = _fake_mode()
+def fake_trace(fn: Callable, inputs: list, symbolic: bool = False) -> tuple[torch.fx.GraphModule, list]:
+    """make_fx on fake copies of the tensors among the inputs (and, symbolic, a symbol for each
+    int among them: a size Dynamo passes); the graph and those copies. symbolic: each size,
+    stride and offset of an input other than 0 and 1 a symbol (torch's ShapeEnv keeps the
+    guards the trace needed; frontend/shape_class.py specialises the graph per size). (The
+    first call in a process also imports torch._dynamo, which make_fx uses internally: about
+    a second, once.)"""
+    mode = _fake_mode(symbolic)
     keep = KeepRealTensors()
     try:
         with keep:
-            fakes = [mode.from_tensor(t, static_shapes=True) for t in tensors]
+            fakes = [mode.from_tensor(v, static_shapes=not symbolic) if isinstance(v, torch.Tensor)
+                     else _size_symbol(mode.shape_env, v, k) for k, v in enumerate(inputs)]
             return make_fx(fn, decomposition_table=decomposition_table(), tracing_mode="fake",
-                           _allow_non_fake_inputs=True)(*fakes)
+                           _allow_non_fake_inputs=True)(*fakes), fakes
     finally:
         keep.restore()
 
 
-def _fake_mode():
-    """The fake tensor mode make_fx would make (static sizes; a symbol for each size or
+def _size_symbol(shape_env, value: int, position: int) -> torch.SymInt:
+    from torch._dynamo.source import LocalSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic
+    source = LocalSource(f"size{position}")
+    symbol = shape_env.create_symbol(value, source, dynamic_dim=DimDynamic.DYNAMIC)
+    return shape_env.create_symintnode(symbol, hint=value, source=source)
+
+
+def _fake_mode(symbolic: bool = False):
+    """The fake tensor mode make_fx would make (static sizes unless symbolic; a symbol for each size or
     Python number that only tensor data gives: the converter keeps a number read by `.item()`
     as a runtime value, and refuses the sizes), with one change, below."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -111,8 +125,11 @@ def _fake_mode():
                 args, kwargs = tree_map(lambda t: self.from_tensor(t) if _is_real(t) else t, (args, kwargs))
             return super()._dispatch_impl(func, types, args, kwargs)
 
-    return NumbersFromDataStayFake(allow_fallback_kernels=True, allow_non_fake_inputs=True, shape_env=ShapeEnv(),
-                                   static_shapes=True)
+    # (no duck sizing: two sizes equal in one call are not assumed equal in the next; where
+    # the trace needs them equal, broadcasting, it guards that)
+    shape_env = ShapeEnv(duck_shape=False) if symbolic else ShapeEnv()
+    return NumbersFromDataStayFake(allow_fallback_kernels=True, allow_non_fake_inputs=True, shape_env=shape_env,
+                                   static_shapes=not symbolic)
 
 
 class KeepRealTensors(TorchDispatchMode):
@@ -269,12 +286,59 @@ def _rebuilt(name: str, value, values: dict):
     return values[name]
 
 
+@dataclass
+class Traced:
+    """One trace: the aten graph, and what it does not show of the function."""
+    gm: torch.fx.GraphModule
+    tensor_names: list[str]  # the graph's tensor inputs, in order
+    requires_grad: frozenset  # the inputs traced as requiring grad
+    inputs: list  # the fake tensors traced (symbolic sizes in a symbolic trace), then its size symbols
+    gradient_unknown: Optional[tuple] = None  # GradModeWatch's
+    written_grad_inputs: tuple[str, ...] = ()  # the inputs requiring grad the function writes
+    returned_written: dict = field(default_factory=dict)  # result position -> the written input it is
+    returned: Optional[TreeSpec] = None  # the pytree spec of what the function returns
+
+
 def trace(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozenset = frozenset()) -> Conversion:
     """requires_grad: the tensor arguments (by flattened name) that get a gradient: they are
     traced requiring grad, as eager runs them (Python code may branch on it)."""
+    traced, with_tensors, tensors = _trace_graph(fn, args, kwargs, requires_grad)
+    try:
+        return convert_traced(traced)
+    except UnsupportedOpError as e:
+        if e.where or e.target is None:
+            raise
+        raise type(e)(e.op, e.reason, locate_call(with_tensors, tensors, e.target)) from None
+
+
+def trace_symbolic(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozenset = frozenset(),
+                   sizes: tuple[str, ...] = ()) -> Traced:
+    """The function traced with symbolic sizes (see fake_trace), not converted: sizes are
+    not in tjit's IR, so frontend/shape_class.py makes a concrete graph of it per size.
+    sizes: the int arguments (by flattened name) that are symbols too (a Dynamo graph's
+    sizes), after the tensors among the trace's inputs."""
+    return _trace_graph(fn, args, kwargs, requires_grad, symbolic=True, sizes=sizes)[0]
+
+
+def convert_traced(traced: Traced) -> Conversion:
+    """The IR graph of a trace with concrete sizes."""
+    conversion = Converter(traced.gm, traced.tensor_names, traced.requires_grad).run()
+    conversion.gradient_unknown = traced.gradient_unknown
+    conversion.written_grad_inputs = traced.written_grad_inputs
+    conversion.returned_written = traced.returned_written
+    if traced.returned is not None and traced.returned.num_leaves == conversion.output_tree.num_leaves:
+        # eager's own structure: torch.return_types named tuples (x.max(1).values) stay named
+        conversion.output_tree = traced.returned
+    return conversion
+
+
+def _trace_graph(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozenset, symbolic: bool = False,
+                 sizes: tuple[str, ...] = ()):
+    """The trace, the function as make_fx called it, and the tensors it was called with."""
     flat = flatten_arguments(fn, args, kwargs)
     tensor_names = [name for name, v in flat if isinstance(v, torch.Tensor)]
     tensors = [v for _, v in flat if isinstance(v, torch.Tensor)]
+    size_values = [dict(flat)[name] for name in sizes]
     for name, t in zip(tensor_names, tensors):
         if t.layout != torch.strided:
             raise LayoutError(f"input {name}", f"a tensor of layout {t.layout}: tjit compiles strided tensors only")
@@ -288,6 +352,7 @@ def trace(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozenset = fr
     def with_tensors(*traced):
         it = iter(traced)
         values = {name: (next(it) if isinstance(v, torch.Tensor) else v) for name, v in flat}
+        values.update(zip(sizes, it))
         copies = {}
         if writes_grad_inputs:
             copies = {name: values[name].clone() for name in tensor_names if name in requires_grad}
@@ -312,8 +377,9 @@ def trace(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozenset = fr
     while True:
         try:
             with grad_mode:
-                gm = fake_trace(with_tensors, [t.detach().requires_grad_(name in requires_grad)
-                                               for name, t in zip(tensor_names, tensors)])
+                gm, fakes = fake_trace(with_tensors, [t.detach().requires_grad_(name in requires_grad)
+                                                      for name, t in zip(tensor_names, tensors)] + size_values,
+                                       symbolic)
             break
         except (UnsupportedOpError, EagerError):  # (EagerError: eager's error for these inputs, from a decomposition)
             raise
@@ -327,19 +393,9 @@ def trace(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozenset = fr
             error = DataDependentError if _needs_tensor_data(e) else UnsupportedOpError
             raise error(name, f"tracing failed: {type(e).__name__}: {str(e).strip()}") from e
     check_no_data_dependence(gm, name)
-    try:
-        conversion = Converter(gm, tensor_names, requires_grad).run()
-        conversion.gradient_unknown = watch.gradient_unknown
-        conversion.written_grad_inputs = tuple(written_grad_inputs)
-        conversion.returned_written = returned_written
-        if returned and returned[-1].num_leaves == conversion.output_tree.num_leaves:
-            # eager's own structure: torch.return_types named tuples (x.max(1).values) stay named
-            conversion.output_tree = returned[-1]
-        return conversion
-    except UnsupportedOpError as e:
-        if e.where or e.target is None:
-            raise
-        raise type(e)(e.op, e.reason, locate_call(with_tensors, tensors, e.target)) from None
+    traced = Traced(gm, tensor_names, frozenset(requires_grad), fakes, watch.gradient_unknown,
+                    tuple(written_grad_inputs), returned_written, returned[-1] if returned else None)
+    return traced, with_tensors, tensors
 
 
 def _writes_a_leaf(e: Exception) -> bool:

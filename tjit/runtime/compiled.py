@@ -31,10 +31,11 @@ from ..errors import CompileArgumentError, SplitError, UnsupportedOpError
 from ..frontend.trace import CONTAINERS, eager_gradient_paths, flatten_arguments, holds_tensors
 from ..ir import AxisStrategy
 from ..memory.donation import DonatedTensor
-from ..pipeline import build_program, trace_and_convert
+from ..frontend.shape_class import ShapeClasses
+from ..pipeline import build_program, convert, trace_and_convert
 from .counters import counters
 from .executor import Executable, alias_view
-from .guards import OutsideState, guard_key
+from .guards import OutsideState, guard_key, shape_class_key
 from .interpreter import check_device
 from .split import SplitFunction
 
@@ -65,7 +66,10 @@ class PreparedCall:
 
 class CompiledFunction:
     def __init__(self, fn: Callable, axis_strategies: Optional[Mapping[str, Sequence[AxisStrategy]]] = None,
-                 donate: Sequence[str] = (), split_data_dependent: bool = True):
+                 donate: Sequence[str] = (), split_data_dependent: bool = True, dynamic: Optional[bool] = None,
+                 size_positions: frozenset[int] = frozenset()):
+        """size_positions: the positional int arguments that are sizes (a Dynamo graph's
+        symbols): symbols in a symbolic trace, so that new values are new sizes of one class."""
         functools.update_wrapper(self, fn)
         self.fn = fn
         # a function that needs tensor data to go on runs split by Dynamo (split.py); off for
@@ -81,6 +85,8 @@ class CompiledFunction:
         self.donate = tuple(donate)
         self.axis_strategies = dict(axis_strategies or {})
         self._cache: dict[tuple, CompiledEntry] = {}
+        self._shape_classes = ShapeClasses(dynamic)  # a new size lowered from its class's symbolic trace
+        self._size_positions = size_positions
         self._lock = threading.Lock()
         self._positional_names = _plain_positional_names(fn)
         self._var_positional = _var_positional_name(fn)  # `args` of fn(*args): a Dynamo graph's forward
@@ -191,7 +197,7 @@ class CompiledFunction:
         try:
             # the forward only (tjit differentiates it), traced as eager runs it: the inputs that get a
             # gradient require grad (an op's Python wrapper may skip work for inputs that do not)
-            conversion = trace_and_convert(traced[0], *_detached(traced[1:]), frozenset(grad_inputs))
+            conversion = self._conversion(*traced, key, flat, frozenset(grad_inputs))
             if grad_inputs:  # (a custom autograd.Function is a SplitError: Dynamo cuts the graph around it)
                 self._check_differentiable(conversion, flat, grad_inputs)
         except SplitError as e:
@@ -217,9 +223,28 @@ class CompiledFunction:
         entry = CompiledEntry(executable, t1 - t0, t2 - t1, t3 - t2, conversion.eager_ops, numbers,
                               **_cpu_scalar_fields(flat, conversion))
         self._cache[key] = entry
-        counters.traces += 1
         _log_compile(self.fn, entry)
         return entry
+
+    def _conversion(self, fn, args, kwargs, key: tuple, flat, requires_grad: frozenset):
+        """The call's IR graph: from its shape class's symbolic trace, or traced for its sizes."""
+        args, kwargs = _detached((args, kwargs))
+        sizes = tuple(flat[k][0] for k in sorted(self._size_positions) if type(flat[k][1]) is int)
+        classed = shape_class_key(key, flat, sizes)
+        if classed is not None:
+            traces = self._shape_classes.traces
+            found = self._shape_classes.traced(classed, fn, args, kwargs, requires_grad, sizes)
+            counters.traces += self._shape_classes.traces - traces
+            if found is not None:
+                try:
+                    conversion = convert(found)
+                    counters.specialised += 1
+                    return conversion
+                except Exception as e:  # (traced for its sizes below: the error, if it is the function's)
+                    debug.log(1, f"{getattr(self.fn, '__name__', self.fn)}: a specialised trace failed to convert "
+                                 f"({type(e).__name__}: {e})")
+        counters.traces += 1
+        return trace_and_convert(fn, args, kwargs, requires_grad)
 
     def _split_entry(self, key, reason: str, t0: float) -> CompiledEntry:
         """The entry of a function one trace cannot hold, or a module: Dynamo runs it (one

@@ -6,7 +6,8 @@ from dataclasses import dataclass, fields
 
 @dataclass
 class Counters:
-    traces: int = 0  # a function traced and lowered (a cache miss)
+    traces: int = 0  # a function traced (make_fx) and lowered (a cache miss)
+    specialised: int = 0  # a cache miss lowered from its shape class's symbolic trace, not traced
     cache_hits: int = 0  # a call served by an existing trace
     kernels_generated: int = 0  # distinct kernel sources loaded
     kernel_compiles: int = 0  # distinct (kernel source, constexprs) launched: one Triton build each

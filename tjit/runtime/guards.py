@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import operator
 import types
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -23,12 +23,15 @@ _UNBOUND = object()  # (a global name the code reads that is not bound, or an em
 MAX_OUTSIDE_STATES = 8  # per function: the states whose entries are kept (each keeps its objects alive)
 
 
+GUARD_KEY_HEAD = 5  # guard_key's entries before the arguments
+
+
 def guard_key(flat: list[tuple[str, Any]], numbers: tuple[str, ...] = ()) -> tuple:
     """numbers: the float arguments passed as runtime numbers (their values are not part of it)."""
     # (the float32 matmul precision: a generated float32 product uses tf32 where it allows;
     # autocast and the default dtype decide the dtypes the trace computes in)
     key = [torch.is_grad_enabled(), numbers, torch.get_float32_matmul_precision(), torch.get_default_dtype(),
-           _autocast_state() if torch._C._is_any_autocast_enabled() else None]
+           _autocast_state() if torch._C._is_any_autocast_enabled() else None]  # (GUARD_KEY_HEAD entries)
     storages: dict[int, tuple[int, int]] = {}  # which tensors share memory is traced in
     for k, (name, v) in enumerate(flat):
         if isinstance(v, torch.Tensor) and v.layout != torch.strided:  # (no storage: a sparse tensor)
@@ -46,6 +49,22 @@ def guard_key(flat: list[tuple[str, Any]], numbers: tuple[str, ...] = ()) -> tup
             except TypeError:
                 key.append((name, type(v), repr(v)))
     return tuple(key)
+
+
+def shape_class_key(key: tuple, flat: list[tuple[str, Any]], sizes: tuple[str, ...] = ()) -> Optional[tuple]:
+    """The shape class of a call (frontend/shape_class.py) from its guard_key: each size as
+    0, 1 or 2 (more), strides left out (the symbolic trace's guards decide); None for a call
+    whose inputs share memory. sizes: the int arguments that are sizes, classed alike."""
+    classed = list(key)
+    for k, (name, v) in enumerate(flat):
+        if name in sizes:
+            classed[GUARD_KEY_HEAD + k] = (name, int, min(v, 2))
+        elif isinstance(v, torch.Tensor):
+            entry = classed[GUARD_KEY_HEAD + k]
+            if v.layout != torch.strided or entry[6] is not None:
+                return None
+            classed[GUARD_KEY_HEAD + k] = (name, tuple(min(n, 2) for n in v.shape), *entry[3:])
+    return tuple(classed)
 
 
 def _autocast_state() -> tuple:

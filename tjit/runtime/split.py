@@ -54,7 +54,11 @@ def graph_backend(gm: torch.fx.GraphModule, example_inputs) -> Callable:
     if any(_is_custom_function(node) for node in gm.graph.nodes):
         return _around_custom_functions(gm)
     from .compiled import CompiledFunction
-    graph = SplitGraph(CompiledFunction(gm.forward, split_data_dependent=False))
+    # (Dynamo passes each symbol of a dynamic graph as an int: the graph is traced with
+    # symbolic sizes at once, and a new size is specialised from that trace)
+    sizes = frozenset(k for k, v in enumerate(example_inputs or ()) if isinstance(v, torch.SymInt))
+    graph = SplitGraph(CompiledFunction(gm.forward, split_data_dependent=False, dynamic=True if sizes else None,
+                                        size_positions=sizes))
     by_values: dict[tuple, SplitGraph] = {}  # per tuple of values read by .item(), once they are specialised
     reads = _item_reads(gm.graph)
 

@@ -1,0 +1,170 @@
+"""Compile once per shape class (frontend/shape_class.py): one symbolic trace, and every new
+size of the class lowered from it without tracing. Each call is checked against eager on
+fresh inputs (outputs poisoned: conftest), at sizes of one and of many programs, sizes that
+are multiples of no block, above every block size, and transposed; the counters show what
+was traced and what was specialised."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tjit
+from tjit.frontend.shape_class import ShapeClasses
+from tjit.frontend.trace import trace
+from tjit.ir.graph import format_graph
+from tjit.pipeline import convert
+
+from helpers import check_against_eager
+from test_autograd import check_grads
+
+pytestmark = pytest.mark.usefixtures("fresh_seed")
+
+# rows x columns: one program, several, a prime, above every block size, one column past 1024
+SIZES = [(37, 300), (5, 40), (1500, 7), (3, 4097), (130, 1025), (64, 64)]
+
+
+def scaled_softmax_plus_half_row_sum(x, w):
+    """Sizes as Python numbers too: a slice to half the columns."""
+    return torch.softmax(x * w, -1) * 0.5 + x[:, : x.shape[1] // 2].sum(1, keepdim=True)
+
+
+def norm_and_scan(x, w, b):
+    return F.layer_norm(x, x.shape[-1:], w, b) * torch.sigmoid(torch.cumsum(x, -1))
+
+
+def reshaped_by_its_sizes(x, w, b):
+    """view, arange and new_zeros sized by the input: numbers computed from sizes."""
+    rows, cols = x.shape
+    y = (x * w + b).view(rows * cols // cols, cols, 1).squeeze(-1)
+    return y + torch.arange(rows, dtype=x.dtype)[:, None] + x.new_zeros(cols)
+
+
+def counted(before: dict) -> dict:
+    now = tjit.counters.snapshot()
+    return {k: now[k] - before[k] for k in ("traces", "specialised")}
+
+
+def arguments(fn, rows: int, cols: int):
+    x = torch.randn(rows, cols)
+    if fn is scaled_softmax_plus_half_row_sum:
+        return x, torch.randn(cols)
+    return x, torch.randn(cols), torch.randn(cols)
+
+
+@pytest.mark.parametrize("fn", [scaled_softmax_plus_half_row_sum, norm_and_scan, reshaped_by_its_sizes],
+                         ids=lambda f: f.__name__)
+def test_every_size_of_a_class_after_the_first_trace_is_specialised_not_traced(fn):
+    compiled = tjit.compile(fn, dynamic=True)
+    before = tjit.counters.snapshot()
+    for rows, cols in SIZES:
+        check_against_eager(fn, *arguments(fn, rows, cols), compiled=compiled)
+    assert counted(before) == {"traces": 1, "specialised": len(SIZES)}
+
+
+def test_by_default_the_second_size_of_a_class_is_traced_symbolically():
+    """The first size is traced as it is (most functions see one size); the second traces the
+    class; the rest are specialised. Size 1 is a class of its own (torch specialises it)."""
+    fn = norm_and_scan
+    compiled = tjit.compile(fn)
+    before = tjit.counters.snapshot()
+    for rows, cols in SIZES[:4]:
+        check_against_eager(fn, *arguments(fn, rows, cols), compiled=compiled)
+    assert counted(before) == {"traces": 2, "specialised": 3}
+    check_against_eager(fn, *arguments(fn, 1, 300), compiled=compiled)
+    assert counted(before) == {"traces": 3, "specialised": 3}
+    off = tjit.compile(fn, dynamic=False)
+    before = tjit.counters.snapshot()
+    for rows, cols in SIZES[:3]:
+        check_against_eager(fn, *arguments(fn, rows, cols), compiled=off)
+    assert counted(before) == {"traces": 3, "specialised": 0}
+
+
+def test_a_specialised_size_runs_none_of_the_functions_python():
+    calls = []
+
+    def fn(x, w):
+        calls.append(1)
+        return torch.softmax(x * w, -1)
+    compiled = tjit.compile(fn, dynamic=True)
+    for rows, cols in SIZES:
+        x, w = arguments(scaled_softmax_plus_half_row_sum, rows, cols)
+        torch.testing.assert_close(compiled(x, w), torch.softmax(x * w, -1))
+    assert len(calls) == 1  # (the symbolic trace)
+
+
+def branches_on_a_size(x):
+    return x.sum(0) if x.shape[0] > 64 else x.cumsum(0) * 2
+
+
+def test_a_branch_on_a_size_is_guarded():
+    """The trace at 100 rows took the sum: its guard (rows > 64) sends 30 rows to a trace of
+    their own, which took the scan; later sizes each find the trace whose guards they pass."""
+    compiled = tjit.compile(branches_on_a_size, dynamic=True)
+    before = tjit.counters.snapshot()
+    for rows in (100, 30, 65, 64, 2000, 3):
+        check_against_eager(branches_on_a_size, torch.randn(rows, 77), compiled=compiled)
+    assert counted(before) == {"traces": 2, "specialised": 6}
+
+
+def test_a_broadcast_needs_its_sizes_equal_and_another_layout_its_own_trace():
+    """x * w guards w's length equal to x's columns (not assumed from one call where they
+    were equal to the rows too); a transposed x fails the stride guards and is traced again."""
+    fn = scaled_softmax_plus_half_row_sum
+    compiled = tjit.compile(fn, dynamic=True)
+    before = tjit.counters.snapshot()
+    for rows, cols in [(40, 40), (7, 40), (40, 9)]:
+        check_against_eager(fn, *arguments(fn, rows, cols), compiled=compiled)
+    x, w = torch.randn(300, 37).t(), torch.randn(300)
+    check_against_eager(fn, x, w, compiled=compiled)
+    check_against_eager(fn, torch.randn(500, 70).t(), torch.randn(500), compiled=compiled)
+    assert counted(before) == {"traces": 2, "specialised": 5}
+    with pytest.raises(RuntimeError):  # (eager's error: the sizes do not broadcast)
+        compiled(torch.randn(7, 40), torch.randn(41))
+
+
+def test_gradients_of_every_size_match_eager():
+    fn = norm_and_scan
+    compiled = tjit.compile(fn, dynamic=True)
+    before = tjit.counters.snapshot()
+    for rows, cols in SIZES[:4]:
+        check_grads(fn, *arguments(fn, rows, cols), compiled=compiled)
+    assert counted(before) == {"traces": 1, "specialised": 4}
+
+
+def test_a_float_argument_stays_a_runtime_number_across_sizes():
+    def fn(x, w, lr: float):
+        return torch.softmax(x * w, -1) * lr
+    compiled = tjit.compile(fn, dynamic=True)
+    before, generated = tjit.counters.snapshot(), tjit.counters.kernels_generated
+    for (rows, cols), lr in zip(SIZES[:4], (0.1, 2.5, -1.0, 1e-3)):
+        check_against_eager(fn, torch.randn(rows, cols), torch.randn(cols), lr, compiled=compiled)
+    assert counted(before) == {"traces": 1, "specialised": 4}
+
+
+@pytest.mark.parametrize("fn", [scaled_softmax_plus_half_row_sum, norm_and_scan, reshaped_by_its_sizes,
+                                branches_on_a_size], ids=lambda f: f.__name__)
+def test_a_specialised_trace_converts_to_the_graph_a_trace_at_that_size_gives(fn):
+    """The specialised aten graph carries what the converter reads (sizes, strides, storages)
+    as a trace at those sizes gives it: the two IR graphs print the same."""
+    classes = ShapeClasses(dynamic=True)
+    for rows, cols in [(37, 300), (100, 41), (2, 5000)]:
+        args = arguments(fn, rows, cols) if fn is not branches_on_a_size else (torch.randn(rows, cols),)
+        specialised = classes.traced(("class",), fn, args, {}, frozenset())
+        assert specialised is not None
+        assert format_graph(convert(specialised).graph) == format_graph(trace(fn, args, {}).graph)
+
+
+@pytest.mark.parametrize("dynamic", [True, None], ids=["dynamic", "automatic"])
+def test_a_dynamo_graph_with_symbolic_sizes_is_traced_once(dynamic):
+    """Dynamo passes a dynamic graph's sizes as ints: they are symbols of the one trace too
+    (a view sized by them, and a size added to the result). Automatic dynamic: Dynamo's
+    first graph is static, its second (from the second size) dynamic."""
+    def fn(x, w):
+        y = torch.softmax(x * w, -1)
+        return y.view(x.shape[0] * 2, -1).sum(1) + x.shape[0]
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="tjit", dynamic=dynamic)
+    before = tjit.counters.snapshot()
+    for rows in (37, 5, 1000, 6):
+        x, w = torch.randn(rows, 300), torch.randn(300)
+        check_against_eager(fn, x, w, compiled=compiled)
+    assert counted(before) == ({"traces": 1, "specialised": 4} if dynamic else {"traces": 2, "specialised": 3})

@@ -38,7 +38,7 @@ def test_same_shapes_hit_the_cache_and_new_sizes_reuse_kernels():
     before = tjit.counters.snapshot()
     out = f(torch.randn(48, 64), torch.randn(48, 64), 0.5)
     resized = delta(before)
-    assert resized["traces"] == 1  # a new shape retraces (cheap) ...
+    assert resized["traces"] == 1  # a new size of the class traces it with symbolic sizes (cheap) ...
     assert resized["kernels_generated"] == 0 and resized["kernel_compiles"] == 0  # ... but builds no kernel
     assert out[0].shape == (48, 64)
 

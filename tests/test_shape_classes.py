@@ -3,6 +3,8 @@ size of the class lowered from it without tracing. Each call is checked against 
 fresh inputs (outputs poisoned: conftest), at sizes of one and of many programs, sizes that
 are multiples of no block, above every block size, and transposed; the counters show what
 was traced and what was specialised."""
+import random
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -13,7 +15,7 @@ from tjit.frontend.trace import trace
 from tjit.ir.graph import format_graph
 from tjit.pipeline import convert
 
-from helpers import check_against_eager
+from helpers import assert_matches_eager, check_against_eager
 from test_autograd import check_grads
 
 pytestmark = pytest.mark.usefixtures("fresh_seed")
@@ -78,7 +80,9 @@ def test_by_default_the_second_size_of_a_class_is_traced_symbolically():
     assert counted(before) == {"traces": 3, "specialised": 0}
 
 
-def test_a_specialised_size_runs_none_of_the_functions_python():
+def test_a_specialised_size_runs_none_of_the_functions_python(monkeypatch):
+    """(Without TJIT_VERIFY, whose check traces each specialised size again to compare.)"""
+    monkeypatch.setenv("TJIT_VERIFY", "0")
     calls = []
 
     def fn(x, w):
@@ -168,3 +172,46 @@ def test_a_dynamo_graph_with_symbolic_sizes_is_traced_once(dynamic):
         x, w = torch.randn(rows, 300), torch.randn(300)
         check_against_eager(fn, x, w, compiled=compiled)
     assert counted(before) == ({"traces": 1, "specialised": 4} if dynamic else {"traces": 2, "specialised": 3})
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_compositions_specialised_at_other_sizes_match_eager(seed):
+    """test_random_compositions' functions (views, reductions, scans, gathers by an index
+    tensor taken modulo a size, totals), traced once with symbolic sizes and run at sizes of
+    one and of several programs."""
+    from test_random_compositions import random_function
+    rng = random.Random(seed)
+    fn, steps = random_function(rng)
+    dtype = rng.choice([torch.float32, torch.float64, torch.bfloat16])
+    compiled = tjit.compile(fn, dynamic=True)
+    before = tjit.counters.snapshot()
+    for shape in [(rng.randint(2, 9), rng.randint(2, 40)), (70, 1100), (rng.randint(2, 9), rng.randint(2, 40))]:
+        x, y = torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)
+        i = torch.randint(0, 50, (rng.randint(2, 5),))
+        try:
+            expected = fn(x, y, i)
+        except RuntimeError:
+            pytest.skip(f"eager refuses {steps}")
+        assert_matches_eager(compiled(x, y, i), expected, f"steps {steps} at {shape}")
+    assert counted(before)["specialised"] == 3  # (none traced for its own sizes)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_model_blocks_specialised_at_other_sizes_have_eagers_gradients(seed):
+    """test_random_compositions' model blocks (norms, activations, softmax, products,
+    attention), x and the weights requiring grad, traced once with symbolic sizes and
+    differentiated at three batch and sequence sizes."""
+    from test_random_compositions import D, evaluate, random_block
+    rng = random.Random(seed)
+    tree = random_block(rng)
+    while "linear" not in str(tree) and "attention" not in str(tree):
+        tree = random_block(rng)
+
+    def block(x, w0, w1):
+        return evaluate(tree, x, [w0, w1], {})
+    compiled = tjit.compile(block, dynamic=True)
+    before = tjit.counters.snapshot()
+    for batch, seq in [(2, 24), (3, 7), (2, 70)]:
+        check_grads(block, torch.randn(batch, seq, D), torch.randn(D, D) / 7, torch.randn(D, D) / 7,
+                    compiled=compiled, atol=1e-4, rtol=1e-4)
+    assert counted(before) == {"traces": 1, "specialised": 3}

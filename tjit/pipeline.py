@@ -30,6 +30,7 @@ from .analysis.bounds import outside, reached
 from .errors import TjitError
 from .frontend.convert import Conversion
 from .frontend.trace import Traced, convert_traced, trace
+from .ir.graph import format_graph
 from .ir import (AxisStrategy, Contiguous, Cumulative, Elementwise, Extern, Graph, GraphNode, Input, Reduce, View,
                  ViewOp, toposort)
 from .ir.ops import OPS, REDUCE_OPS, SCAN_OPS
@@ -76,11 +77,14 @@ def trace_and_convert(fn: Callable, args: tuple, kwargs: dict, requires_grad: fr
     return conversion
 
 
-def convert(traced: Traced) -> Conversion:
+def convert(traced: Traced, retrace: Optional[Callable[[], Conversion]] = None) -> Conversion:
     """convert alone: the IR graph of a trace with concrete sizes (a shape class's symbolic
-    trace specialised to a call's sizes: frontend/shape_class.py)."""
+    trace specialised to a call's sizes: frontend/shape_class.py). retrace: the conversion of
+    a trace at those sizes, which the verifier compares it with."""
     conversion = convert_traced(traced)
     verify("convert", verify_graph, conversion.graph)
+    if retrace is not None:
+        verify("specialise", verify_specialised, conversion, retrace)
     return conversion
 
 
@@ -206,6 +210,15 @@ def unregistered_op(node: GraphNode) -> Optional[str]:
         return f"reduction {op.op!r} is not one of ir/ops.py REDUCE_OPS"
     if isinstance(op, Cumulative) and op.op not in SCAN_OPS:
         return f"scan {op.op!r} is not one of ir/ops.py SCAN_OPS"
+    return None
+
+
+def verify_specialised(conversion: Conversion, retrace: Callable[[], Conversion]) -> Optional[str]:
+    """A graph specialised from a symbolic trace is the graph a trace at its sizes gives."""
+    expected = format_graph(retrace().graph)
+    if format_graph(conversion.graph) != expected:
+        return f"the specialised graph differs from a trace at its sizes:\n{format_graph(conversion.graph)}\n" \
+               f"traced:\n{expected}"
     return None
 
 

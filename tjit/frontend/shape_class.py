@@ -40,9 +40,9 @@ class ShapeClass:
     def __init__(self, traced: Traced):
         from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP
         self.traced = traced
-        self._mode = traced.inputs[0].fake_mode if traced.inputs else None
-        self._env = self._mode.shape_env if self._mode is not None else None
-        code = self._env.produce_guards_expression(traced.inputs, ignore_static=False) if self._env else None
+        self._mode = traced.inputs[0].fake_mode  # (tensors come first)
+        self._env = self._mode.shape_env
+        code = self._env.produce_guards_expression(traced.inputs, ignore_static=False)
         # (static sizes are guarded too: a size the trace specialised must be that size)
         self._guards = compile(code, "<tjit shape guards>", "eval") if code else None
         self._globals = SYMPY_INTERP
@@ -57,7 +57,7 @@ class ShapeClass:
         """The trace at the sizes of these inputs (None if its guards do not hold for them)."""
         if not self.admits(inputs):
             return None
-        bindings = self._env.bind_symbols(self.traced.inputs, inputs) if self._env else {}
+        bindings = self._env.bind_symbols(self.traced.inputs, inputs)
         try:
             return _concrete_trace(self.traced, Evaluator(bindings), self._mode)
         except NotConcrete as e:
@@ -112,16 +112,32 @@ def _concrete_trace(traced: Traced, evaluate: Evaluator, mode) -> Traced:
         if _is_size_symbolic(val):  # (sym_size, and arithmetic on sizes): a literal where it is read
             env[node] = evaluate(val)
             continue
+        if _whole_slice(node, env, evaluate):
+            env[node] = env[node.args[0]]
+            continue
         copy = graph.node_copy(node, lambda n: env[n])
         copy.meta = {key: v for key, v in node.meta.items() if key in KEPT_META}
         if "val" in node.meta:
-            copy.meta["val"] = tree_map(metas, val)
+            copy.meta["val"] = metas(val) if not isinstance(val, (tuple, list)) else tree_map(metas, val)
         env[node] = copy
     return Traced(ConcreteModule(graph, traced.gm), traced.tensor_names, traced.requires_grad, [],
                   traced.gradient_unknown, traced.written_grad_inputs, traced.returned_written, traced.returned)
 
 
 KEPT_META = ("val", "stack_trace")
+
+
+def _whole_slice(node: torch.fx.Node, env: dict, evaluate: Evaluator) -> bool:
+    """A slice of a whole dimension (x[:, 0]'s ':') that only other ops read. Python indexing
+    skips it where it knows the sizes (a trace at those sizes has none); with symbolic sizes
+    it cannot, and a view read that way would be a second value to the converter."""
+    if node.target is not torch.ops.aten.slice.Tensor or any(user.op != "call_function" for user in node.users):
+        return False
+    def concrete(arg):
+        return env[arg] if isinstance(arg, torch.fx.Node) else evaluate(arg)
+    source, dim, start, end, step = (list(node.args) + [0, None, None, 1][len(node.args) - 1:])[:5]
+    size = concrete(source.meta["val"].shape[dim])
+    return concrete(start or 0) == 0 and concrete(step) == 1 and (end is None or concrete(end) >= size)
 
 
 class ConcreteMetas:
@@ -181,10 +197,11 @@ class ShapeClasses:
         """A concrete trace of the call from its class's symbolic trace (made now if it is
         time), or None: then the call is traced with its own sizes. sizes: the int arguments
         that are sizes (a Dynamo graph's), symbols in the trace."""
-        if key is None or self.dynamic is False:
-            return None
         flat = flatten_arguments(fn, args, kwargs)
-        inputs = [v for _, v in flat if isinstance(v, torch.Tensor)] + [dict(flat)[name] for name in sizes]
+        tensors = [v for _, v in flat if isinstance(v, torch.Tensor)]
+        if key is None or self.dynamic is False or not tensors:  # (no tensor: no size to make a symbol of)
+            return None
+        inputs = tensors + [dict(flat)[name] for name in sizes]
         for shape_class in self._traces.get(key, ()):
             found = shape_class.specialise(inputs)
             if found is not None:

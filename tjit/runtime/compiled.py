@@ -32,7 +32,7 @@ from ..frontend.trace import CONTAINERS, eager_gradient_paths, flatten_arguments
 from ..ir import AxisStrategy
 from ..memory.donation import DonatedTensor
 from ..frontend.shape_class import ShapeClasses
-from ..pipeline import build_program, convert, trace_and_convert
+from ..pipeline import VerifyError, build_program, convert, trace_and_convert
 from .counters import counters
 from .executor import Executable, alias_view
 from .guards import OutsideState, guard_key, shape_class_key
@@ -237,9 +237,11 @@ class CompiledFunction:
             counters.traces += self._shape_classes.traces - traces
             if found is not None:
                 try:
-                    conversion = convert(found)
+                    conversion = convert(found, lambda: trace_and_convert(fn, args, kwargs, requires_grad))
                     counters.specialised += 1
                     return conversion
+                except VerifyError:
+                    raise
                 except Exception as e:  # (traced for its sizes below: the error, if it is the function's)
                     debug.log(1, f"{getattr(self.fn, '__name__', self.fn)}: a specialised trace failed to convert "
                                  f"({type(e).__name__}: {e})")

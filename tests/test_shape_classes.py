@@ -15,7 +15,7 @@ from tjit.frontend.trace import trace
 from tjit.ir.graph import format_graph
 from tjit.pipeline import convert
 
-from helpers import assert_matches_eager, check_against_eager
+from helpers import check_against_eager
 from test_autograd import check_grads
 
 pytestmark = pytest.mark.usefixtures("fresh_seed")
@@ -182,17 +182,17 @@ def test_random_compositions_specialised_at_other_sizes_match_eager(seed):
     from test_random_compositions import random_function
     rng = random.Random(seed)
     fn, steps = random_function(rng)
-    dtype = rng.choice([torch.float32, torch.float64, torch.bfloat16])
+    dtype = rng.choice([torch.float32, torch.float64])  # (a 16-bit sum of 77000 values: its rounding, not the trace)
     compiled = tjit.compile(fn, dynamic=True)
     before = tjit.counters.snapshot()
     for shape in [(rng.randint(2, 9), rng.randint(2, 40)), (70, 1100), (rng.randint(2, 9), rng.randint(2, 40))]:
         x, y = torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)
         i = torch.randint(0, 50, (rng.randint(2, 5),))
         try:
-            expected = fn(x, y, i)
+            fn(x, y, i)
         except RuntimeError:
             pytest.skip(f"eager refuses {steps}")
-        assert_matches_eager(compiled(x, y, i), expected, f"steps {steps} at {shape}")
+        check_against_eager(fn, x, y, i, compiled=compiled)
     assert counted(before)["specialised"] == 3  # (none traced for its own sizes)
 
 

@@ -133,11 +133,10 @@ def _whole_slice(node: torch.fx.Node, env: dict, evaluate: Evaluator) -> bool:
     it cannot, and a view read that way would be a second value to the converter."""
     if node.target is not torch.ops.aten.slice.Tensor or any(user.op != "call_function" for user in node.users):
         return False
-    def concrete(arg):
-        return env[arg] if isinstance(arg, torch.fx.Node) else evaluate(arg)
-    source, dim, start, end, step = (list(node.args) + [0, None, None, 1][len(node.args) - 1:])[:5]
-    size = concrete(source.meta["val"].shape[dim])
-    return concrete(start or 0) == 0 and concrete(step) == 1 and (end is None or concrete(end) >= size)
+    source, dim, start, end, step = [env[a] if isinstance(a, torch.fx.Node) else evaluate(a)
+                                     for a in (list(node.args) + [0, None, None, 1][len(node.args) - 1:])[:5]]
+    size = evaluate(node.args[0].meta["val"].shape[dim])
+    return (start or 0) == 0 and step == 1 and (end is None or end >= size)
 
 
 class ConcreteMetas:

@@ -60,8 +60,8 @@ class ShapeClass:
         bindings = self._env.bind_symbols(self.traced.inputs, inputs)
         try:
             return _concrete_trace(self.traced, Evaluator(bindings), self._mode)
-        except NotConcrete as e:
-            debug.log(1, f"a symbolic trace not specialised: {e}")
+        except Exception as e:  # (NotConcrete, or a graph this copy does not know: traced for its sizes instead)
+            debug.log(1, f"a symbolic trace not specialised: {type(e).__name__}: {e}")
             return None
 
 
@@ -135,6 +135,8 @@ def _whole_slice(node: torch.fx.Node, env: dict, evaluate: Evaluator) -> bool:
         return False
     source, dim, start, end, step = [env[a] if isinstance(a, torch.fx.Node) else evaluate(a)
                                      for a in (list(node.args) + [0, None, None, 1][len(node.args) - 1:])[:5]]
+    if not all(isinstance(v, int) for v in (dim, start or 0, step, end or 0)):  # (a number read from data)
+        return False
     size = evaluate(node.args[0].meta["val"].shape[dim])
     return (start or 0) == 0 and step == 1 and (end is None or end >= size)
 

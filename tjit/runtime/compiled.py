@@ -229,7 +229,7 @@ class CompiledFunction:
     def _conversion(self, fn, args, kwargs, key: tuple, flat, requires_grad: frozenset):
         """The call's IR graph: from its shape class's symbolic trace, or traced for its sizes."""
         args, kwargs = _detached((args, kwargs))
-        sizes = tuple(flat[k][0] for k in sorted(self._size_positions) if type(flat[k][1]) is int)
+        sizes = tuple(flat[k][0] for k in sorted(self._size_positions) if k < len(flat) and type(flat[k][1]) is int)
         classed = shape_class_key(key, flat, sizes)
         if classed is not None:
             traces = self._shape_classes.traces

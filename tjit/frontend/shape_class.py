@@ -24,6 +24,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_map
 
 from .. import debug
+from .scalars import is_symbolic_number
 from .trace import Traced, flatten_arguments, trace_symbolic
 
 MAX_TRACES = 4  # symbolic traces per shape class; past them a new size is traced concretely
@@ -73,7 +74,7 @@ class Evaluator:
         self._known: dict[sympy.Expr, Any] = {}
 
     def __call__(self, value):
-        if not isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        if not is_symbolic_number(value):
             return value
         expr = value.node.expr
         found = self._known.get(expr)
@@ -93,7 +94,7 @@ def _is_size_symbolic(value) -> bool:
     """A Python number the sizes decide (not one read from tensor data, which the IR keeps
     as a runtime value)."""
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
-    if not isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+    if not is_symbolic_number(value):
         return False
     unbacked = free_unbacked_symbols(value)
     if unbacked and unbacked != value.node.expr.free_symbols:

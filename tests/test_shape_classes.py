@@ -174,6 +174,21 @@ def test_a_dynamo_graph_with_symbolic_sizes_is_traced_once(dynamic):
     assert counted(before) == ({"traces": 1, "specialised": 4} if dynamic else {"traces": 2, "specialised": 3})
 
 
+def test_a_dynamo_size_of_one_is_a_class_of_its_own_and_specialised_in_it():
+    """A size Dynamo passes as an int (a SymInt in its graph: funnel's pooled lengths) may be 1
+    at a call: the trace then holds it as the int 1, guarded, and a later call of that class
+    is specialised from it (this once failed binding the trace's symbols)."""
+    from tjit.runtime.compiled import CompiledFunction
+
+    def fn(x, n):
+        return x.reshape(n, -1).sum(0) * 2
+    compiled = CompiledFunction(fn, dynamic=True, size_positions=frozenset({1}), split_data_dependent=False)
+    before = tjit.counters.snapshot()
+    for n, rows in [(1, 6), (1, 40), (3, 6), (4, 1000), (1, 1030), (2, 8)]:
+        check_against_eager(fn, torch.randn(rows, 5), n, compiled=compiled)
+    assert counted(before) == {"traces": 2, "specialised": 6}
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_random_compositions_specialised_at_other_sizes_match_eager(seed):
     """test_random_compositions' functions (views, reductions, scans, gathers by an index

@@ -58,7 +58,9 @@ class ShapeClass:
         """The trace at the sizes of these inputs (None if its guards do not hold for them)."""
         if not self.admits(inputs):
             return None
-        bindings = self._env.bind_symbols(self.traced.inputs, inputs)
+        # (a size the trace specialised, 0 or 1, is a plain int: its guard checked it, and it binds nothing)
+        placeholders = [None if isinstance(t, int) else t for t in self.traced.inputs]
+        bindings = self._env.bind_symbols(placeholders, inputs)
         try:
             return _concrete_trace(self.traced, Evaluator(bindings), self._mode)
         except Exception as e:  # (NotConcrete, or a graph this copy does not know: traced for its sizes instead)

@@ -174,6 +174,19 @@ def test_a_dynamo_graph_with_symbolic_sizes_is_traced_once(dynamic):
     assert counted(before) == ({"traces": 1, "specialised": 4} if dynamic else {"traces": 2, "specialised": 3})
 
 
+def test_a_guard_that_is_a_disjunction_keeps_the_other_guards():
+    """A branch on `n == 13 or n == 14` is one guard that prints as a disjunction. torch's
+    produce_guards_expression joins guards with a bare `and`, so a later size of 14 in another
+    layout passed the stride guards (a graph for contiguous rows ran on a transposed input);
+    each guard is parenthesised now."""
+    def fn(x):
+        n = x.shape[0]
+        return x * (2.0 if (n == 13) | (n == 14) else 3.0) + x.sum(0)
+    compiled = tjit.compile(fn, dynamic=True)
+    for x in (torch.randn(13, 40), torch.randn(40, 14).t(), torch.randn(14, 40), torch.randn(20, 40).t()):
+        check_against_eager(fn, x, compiled=compiled)
+
+
 def test_a_dynamo_size_of_one_is_a_class_of_its_own_and_specialised_in_it():
     """A size Dynamo passes as an int (a SymInt in its graph: funnel's pooled lengths) may be 1
     at a call: the trace then holds it as the int 1, guarded, and a later call of that class

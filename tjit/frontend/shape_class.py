@@ -43,8 +43,7 @@ class ShapeClass:
         self.traced = traced
         self._mode = traced.inputs[0].fake_mode  # (tensors come first)
         self._env = self._mode.shape_env
-        code = self._env.produce_guards_expression(traced.inputs, ignore_static=False)
-        # (static sizes are guarded too: a size the trace specialised must be that size)
+        code = guards_expression(self._env, traced.inputs)
         self._guards = compile(code, "<tjit shape guards>", "eval") if code else None
         self._globals = SYMPY_INTERP
 
@@ -66,6 +65,19 @@ class ShapeClass:
         except Exception as e:  # (NotConcrete, or a graph this copy does not know: traced for its sizes instead)
             debug.log(1, f"a symbolic trace not specialised: {type(e).__name__}: {e}")
             return None
+
+
+def guards_expression(shape_env, placeholders: list) -> Optional[str]:
+    """The conjunction of the shape environment's guards on the placeholders, as Python over
+    `L['t<k>']` (the k-th placeholder's value), or None if there are none. Each guard is
+    parenthesised: ShapeEnv.produce_guards_expression joins them with a bare " and ", so a
+    guard that prints as `a == 1 or a == 2` would swallow the others (a Mistral graph traced
+    at 13 tokens then admitted 30). Static sizes are guarded too: a size the trace
+    specialised must be that size."""
+    from torch._dynamo.source import LocalSource
+    sources = [LocalSource(f"t{k}") for k in range(len(placeholders))]
+    guards = shape_env.produce_guards(placeholders, sources, ignore_static=False)
+    return " and ".join(f"({guard})" for guard in guards) if guards else None
 
 
 class Evaluator:

@@ -174,6 +174,44 @@ def test_a_dynamo_graph_with_symbolic_sizes_is_traced_once(dynamic):
     assert counted(before) == ({"traces": 1, "specialised": 4} if dynamic else {"traces": 2, "specialised": 3})
 
 
+def shifted_label_loss(logits, labels, ignore_index: int = -100):
+    """transformers' causal-LM loss: labels padded with ignore_index and shifted by one."""
+    labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:].contiguous()
+    return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.view(-1), ignore_index=ignore_index)
+
+
+class DropoutFromAttribute(torch.nn.Module):
+    """A float attribute (a dropout probability) that Dynamo passes, with dynamic=True, as a
+    0-d tensor read by .item(): the graph is specialised on its value, and stays symbolic in
+    its sizes."""
+
+    def __init__(self):
+        super().__init__()
+        self.p = 0.0
+
+    def forward(self, x):
+        return F.dropout(torch.softmax(x, -1), self.p, self.training) * x.shape[0]
+
+
+@pytest.mark.parametrize("fn", [shifted_label_loss, DropoutFromAttribute()], ids=["padded_loss", "dropout_attribute"])
+def test_a_dynamo_graph_with_pads_negative_ints_and_item_reads_is_traced_once(fn):
+    """GPT-2's loss and dropout graphs with dynamic=True were traced at every size: F.pad's
+    C++ kernel read the sizes (specialising all of them) where torch's Python dispatcher has
+    a symbolic one, ignore_index=-100 made a symbol assumed positive (an assertion), and a
+    graph specialised on its .item() values was compiled without its size symbols."""
+    torch._dynamo.reset()
+    optimized = torch.compile(fn, backend="tjit", dynamic=True)
+    compiled = lambda *args: optimized(*args)  # noqa: E731 (a module's wrapper has no truth value)
+    for k, tokens in enumerate((7, 13, 300, 41)):
+        logits, labels = torch.randn(2, tokens, 97), torch.randint(0, 97, (2, tokens))
+        labels[0, :3] = -100
+        args = (logits, labels) if fn is shifted_label_loss else (logits,)
+        check_against_eager(fn, *args, compiled=compiled)
+        if k == 0:  # (the dropout graph's first call also traces to find that it reads p's value)
+            before = tjit.counters.snapshot()
+    assert counted(before) == {"traces": 0, "specialised": 3}
+
+
 def test_a_guard_that_is_a_disjunction_keeps_the_other_guards():
     """A branch on `n == 13 or n == 14` is one guard that prints as a disjunction. torch's
     produce_guards_expression joins guards with a bare `and`, so a later size of 14 in another

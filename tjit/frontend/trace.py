@@ -7,6 +7,7 @@ other non-tensor arguments are specialised: they are part of the cache key.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import warnings
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import torch
+from torch._dispatch.python import enable_python_dispatcher
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -89,8 +91,12 @@ def fake_trace(fn: Callable, inputs: list, symbolic: bool = False) -> tuple[torc
     a second, once.)"""
     mode = _fake_mode(symbolic)
     keep = KeepRealTensors()
+    # (symbolic: with torch's Python dispatcher, as make_fx's own symbolic mode runs, so that
+    # ops whose C++ kernels read concrete sizes (constant_pad_nd) run their symbolic Python
+    # implementations instead of specialising every size they touch)
+    dispatcher = enable_python_dispatcher() if symbolic else contextlib.nullcontext()
     try:
-        with keep:
+        with keep, dispatcher:
             fakes = [mode.from_tensor(v, static_shapes=not symbolic) if isinstance(v, torch.Tensor)
                      else _size_symbol(mode.shape_env, v, k) for k, v in enumerate(inputs)]
             return make_fx(fn, decomposition_table=decomposition_table(), tracing_mode="fake",
@@ -102,6 +108,8 @@ def fake_trace(fn: Callable, inputs: list, symbolic: bool = False) -> tuple[torc
 def _size_symbol(shape_env, value: int, position: int) -> torch.SymInt:
     from torch._dynamo.source import LocalSource
     from torch.fx.experimental.symbolic_shapes import DimDynamic
+    if value < 0:  # (no size: a loss's ignore_index of -100, kept as it is, and guarded so)
+        return value
     source = LocalSource(f"size{position}")
     symbol = shape_env.create_symbol(value, source, dynamic_dim=DimDynamic.DYNAMIC)
     return shape_env.create_symintnode(symbol, hint=value, source=source)

@@ -57,20 +57,23 @@ def graph_backend(gm: torch.fx.GraphModule, example_inputs) -> Callable:
     # (Dynamo passes each symbol of a dynamic graph as an int: the graph is traced with
     # symbolic sizes at once, and a new size is specialised from that trace)
     sizes = frozenset(k for k, v in enumerate(example_inputs or ()) if isinstance(v, torch.SymInt))
-    graph = SplitGraph(CompiledFunction(gm.forward, split_data_dependent=False, dynamic=True if sizes else None,
-                                        size_positions=sizes))
+
+    def compiled(forward: Callable) -> CompiledFunction:
+        return CompiledFunction(forward, split_data_dependent=False, dynamic=True if sizes else None,
+                                size_positions=sizes)
+    graph = SplitGraph(compiled(gm.forward))
     by_values: dict[tuple, SplitGraph] = {}  # per tuple of values read by .item(), once they are specialised
     reads = _item_reads(gm.graph)
 
     def run(*args):
         if by_values:
-            return _specialised(gm, reads, by_values, graph, args)
+            return _specialised(gm, reads, by_values, graph, args, compiled)
         if graph.eager_because is None:
             try:
                 prepared = graph.compiled.prepare(args, {})
             except DataDependentError as e:
                 if reads and _branched_on_data(e):  # on a number read from an input: specialise on it
-                    return _specialised(gm, reads, by_values, graph, args)
+                    return _specialised(gm, reads, by_values, graph, args, compiled)
                 graph.eager_because = f"{type(e).__name__}: {e}"
             except UnsupportedOpError as e:
                 graph.eager_because = f"{type(e).__name__}: {e}"
@@ -101,16 +104,14 @@ def _branched_on_data(error: DataDependentError) -> bool:
     return isinstance(error, NumberNeededError) or isinstance(error.__cause__, GuardOnDataDependentSymNode)
 
 
-def _specialised(gm, reads: dict, by_values: dict, graph: SplitGraph, args) -> Any:
+def _specialised(gm, reads: dict, by_values: dict, graph: SplitGraph, args, compiled: Callable) -> Any:
     """The graph with each .item() of an input replaced by its value in this call, compiled
-    once per tuple of values (a new value compiles anew; `graph` shows the latest); eager
-    where that is refused too."""
-    from .compiled import CompiledFunction
+    once per tuple of values (a new value compiles anew; `graph` shows the latest; a dynamic
+    graph's sizes stay symbols); eager where that is refused too."""
     values = tuple(args[k].item() for k in reads.values())
     found = by_values.get(values)
     if found is None:
-        found = by_values[values] = SplitGraph(CompiledFunction(_with_values(gm, values).forward,
-                                                                split_data_dependent=False))
+        found = by_values[values] = SplitGraph(compiled(_with_values(gm, values).forward))
         try:
             found.compiled.entry_for(*args)
         except UnsupportedOpError as e:

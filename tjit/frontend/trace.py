@@ -7,7 +7,6 @@ other non-tensor arguments are specialised: they are part of the cache key.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 import warnings
@@ -91,12 +90,8 @@ def fake_trace(fn: Callable, inputs: list, symbolic: bool = False) -> tuple[torc
     a second, once.)"""
     mode = _fake_mode(symbolic)
     keep = KeepRealTensors()
-    # (symbolic: with torch's Python dispatcher, as make_fx's own symbolic mode runs, so that
-    # ops whose C++ kernels read concrete sizes (constant_pad_nd) run their symbolic Python
-    # implementations instead of specialising every size they touch)
-    dispatcher = enable_python_dispatcher() if symbolic else contextlib.nullcontext()
     try:
-        with keep, dispatcher:
+        with keep:
             fakes = [mode.from_tensor(v, static_shapes=not symbolic) if isinstance(v, torch.Tensor)
                      else _size_symbol(mode.shape_env, v, k) for k, v in enumerate(inputs)]
             return make_fx(fn, decomposition_table=decomposition_table(), tracing_mode="fake",
@@ -118,7 +113,7 @@ def _size_symbol(shape_env, value: int, position: int) -> torch.SymInt:
 def _fake_mode(symbolic: bool = False):
     """The fake tensor mode make_fx would make (static sizes unless symbolic; a symbol for each size or
     Python number that only tensor data gives: the converter keeps a number read by `.item()`
-    as a runtime value, and refuses the sizes), with one change, below."""
+    as a runtime value, and refuses the sizes), with the changes below."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
@@ -131,7 +126,14 @@ def _fake_mode(symbolic: bool = False):
         def _dispatch_impl(self, func, types, args, kwargs):
             if _reads_a_symbol((args, kwargs)):
                 args, kwargs = tree_map(lambda t: self.from_tensor(t) if _is_real(t) else t, (args, kwargs))
-            return super()._dispatch_impl(func, types, args, kwargs)
+            if self.static_shapes:
+                return super()._dispatch_impl(func, types, args, kwargs)
+            # (symbolic: an op's fake result computed with torch's Python dispatcher, as in
+            # make_fx's own symbolic mode, so that an op whose C++ kernel reads concrete sizes
+            # (constant_pad_nd) runs its symbolic Python meta instead of specialising every
+            # size it touches; which ops the trace records is decided above this mode, unchanged)
+            with enable_python_dispatcher():
+                return super()._dispatch_impl(func, types, args, kwargs)
 
     # (no duck sizing: two sizes equal in one call are not assumed equal in the next; where
     # the trace needs them equal, broadcasting, it guards that)

@@ -110,6 +110,16 @@ def _size_symbol(shape_env, value: int, position: int) -> torch.SymInt:
     return shape_env.create_symintnode(symbol, hint=value, source=source)
 
 
+# Ops whose fake result, in a symbolic trace, is computed with torch's Python dispatcher (as
+# make_fx's own symbolic mode computes every op): their C++ kernels read concrete sizes, which
+# specialises every size they touch (F.pad of GPT-2's labels), where the Python meta keeps
+# them symbols. Only these: for other ops the Python metas can differ from the C++ ones in
+# details a concrete trace shows (the stride of a size-1 dimension of an expand), and a
+# specialised trace must equal a trace at its sizes. (Which ops the trace records is decided
+# above the fake mode either way.)
+SYMBOLIC_META_IN_PYTHON = frozenset({torch.ops.aten.constant_pad_nd.default})
+
+
 def _fake_mode(symbolic: bool = False):
     """The fake tensor mode make_fx would make (static sizes unless symbolic; a symbol for each size or
     Python number that only tensor data gives: the converter keeps a number read by `.item()`
@@ -126,12 +136,8 @@ def _fake_mode(symbolic: bool = False):
         def _dispatch_impl(self, func, types, args, kwargs):
             if _reads_a_symbol((args, kwargs)):
                 args, kwargs = tree_map(lambda t: self.from_tensor(t) if _is_real(t) else t, (args, kwargs))
-            if self.static_shapes:
+            if self.static_shapes or func not in SYMBOLIC_META_IN_PYTHON:
                 return super()._dispatch_impl(func, types, args, kwargs)
-            # (symbolic: an op's fake result computed with torch's Python dispatcher, as in
-            # make_fx's own symbolic mode, so that an op whose C++ kernel reads concrete sizes
-            # (constant_pad_nd) runs its symbolic Python meta instead of specialising every
-            # size it touches; which ops the trace records is decided above this mode, unchanged)
             with enable_python_dispatcher():
                 return super()._dispatch_impl(func, types, args, kwargs)
 

@@ -59,8 +59,8 @@ class ShapeClass:
             return None
         # (a size the trace specialised, 0 or 1, is a plain int: its guard checked it, and it binds nothing)
         placeholders = [None if isinstance(t, int) else t for t in self.traced.inputs]
-        bindings = self._env.bind_symbols(placeholders, inputs)
         try:
+            bindings = self._env.bind_symbols(placeholders, inputs)
             return _concrete_trace(self.traced, Evaluator(bindings), self._mode)
         except Exception as e:  # (NotConcrete, or a graph this copy does not know: traced for its sizes instead)
             debug.log(1, f"a symbolic trace not specialised: {type(e).__name__}: {e}")

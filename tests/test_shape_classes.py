@@ -217,15 +217,17 @@ def test_a_dynamo_graph_with_pads_negative_ints_and_item_reads_is_traced_once(fn
 
 def test_a_guard_that_is_a_disjunction_keeps_the_other_guards():
     """A branch on `n == 13 or n == 14` is one guard that prints as a disjunction. torch's
-    produce_guards_expression joins guards with a bare `and`, so a later size of 14 in another
-    layout passed the stride guards (a graph for contiguous rows ran on a transposed input);
-    each guard is parenthesised now."""
-    def fn(x):
+    produce_guards_expression joins guards with a bare `and`, so `y == 7 and ... and n == 13
+    or n == 14 and ...` admitted a call with 9 rows of y and 14 of x, and the graph traced for
+    7 rows of y (its sum not scaled by 10) ran on it: a wrong answer, 57 off. Each guard is
+    parenthesised now; the second call is traced for its own sizes."""
+    def fn(y, x):
         n = x.shape[0]
-        return x * (2.0 if (n == 13) | (n == 14) else 3.0) + x.sum(0)
+        return y.sum(0) if y.shape[0] == 7 else y.sum(0) * 10, x * (2.0 if (n == 13) | (n == 14) else 3.0)
     compiled = tjit.compile(fn, dynamic=True)
-    for x in (torch.randn(13, 40), torch.randn(40, 14).t(), torch.randn(14, 40), torch.randn(20, 40).t()):
-        check_against_eager(fn, x, compiled=compiled)
+    for y, x in ((torch.randn(7, 40), torch.randn(13, 40)), (torch.randn(9, 40), torch.randn(14, 40)),
+                 (torch.randn(7, 40), torch.randn(40, 14).t())):
+        check_against_eager(fn, y, x, compiled=compiled)
 
 
 def test_a_dynamo_size_of_one_is_a_class_of_its_own_and_specialised_in_it():

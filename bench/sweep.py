@@ -139,11 +139,11 @@ def hf_inputs(kind: str, n: int, g: torch.Generator) -> dict:
     return dict(input_ids=ids, labels=labels)
 
 
-def _calling(compiled, inputs: dict, grad: bool):
-    """compiled(**inputs), and the reasons of the graphs tjit ran eagerly."""
+def _calling(compiled, inputs: dict, grad: bool, args: tuple = ()):
+    """compiled(*args, **inputs), and the reasons of the graphs tjit ran eagerly."""
     with torch.set_grad_enabled(grad), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        out = compiled(**inputs)
+        out = compiled(*args, **inputs)
     return out, [str(w.message)[:300] for w in caught if "eagerly" in str(w.message)]
 
 
@@ -254,10 +254,7 @@ def run_module_sample(info, sample, training: bool) -> tuple[str, str]:
         return "eager-fails", str(e)[:100]
     torch._dynamo.reset()
     torch.manual_seed(1)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        got = torch.compile(module, backend="tjit")(*args, **kwargs)
-    eager_graphs = [str(w.message)[:300] for w in caught if "eagerly" in str(w.message)]
+    got, eager_graphs = _calling(torch.compile(module, backend="tjit"), kwargs, grad=True, args=args)
     outs = [t for t in tree_leaves(got) if isinstance(t, torch.Tensor)]
     expected_outs = [t for t in tree_leaves(expected) if isinstance(t, torch.Tensor)]
     if len(outs) != len(expected_outs):

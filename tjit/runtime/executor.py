@@ -150,18 +150,20 @@ class Executable:
         inputs the caller gives up (values saved for a backward that runs once): the memory
         of each is freed after the last step that reads it, unless another input shares it."""
         device = self.device_of(tensors)
+        where = (device, threading.get_ident())  # (the slab and words are kept per device and thread)
+        poison = debug.poisoning()  # (read once per run: an environment read costs a microsecond)
         memory = dict(tensors)
         memory.update(self.constants_on(device))
-        slab = self._slab_for(device)
+        slab = self._slab_for(where)
         try:
-            memory.update(self._allocate(device, destinations or {}, slab))
+            memory.update(self._allocate(device, destinations or {}, slab, poison))
             if self.donated:
                 memory.update(self._donated_views(tensors))
             for key, home in self.program.aliases.items():  # (an accumulated total, in its chain's memory)
                 if home in memory:  # (a buffer apart binds its aliases when it is allocated)
                     memory[key] = memory[home]
-            memory.update(self._words_on(device))
-            self._run_steps(memory, device, destinations or {}, self._consumed_after(tensors, consumable))
+            memory.update(self._words_on(where))
+            self._run_steps(memory, device, destinations or {}, self._consumed_after(tensors, consumable), poison)
             for name, node in self.program.call_outputs.items():
                 memory[("output", name)] = self._as_output(name, memory[("buffer", id(node))])
             if self._reads_status:
@@ -189,8 +191,7 @@ class Executable:
         return torch.empty(0, dtype=result.dtype, device=result.device).set_(
             result.untyped_storage(), result.storage_offset(), out.shape, strides)
 
-    def _run_steps(self, memory: dict, device, destinations: dict, consumed_after: dict) -> None:
-        poison = debug.poisoning()
+    def _run_steps(self, memory: dict, device, destinations: dict, consumed_after: dict, poison: bool) -> None:
         try:
             for k, step in enumerate(self.launches):
                 for name, value in self._tape_before[k]:
@@ -315,12 +316,11 @@ class Executable:
         """Bytes of the slab a run binds (0 when the buffers are apart: Program.buffers_apart)."""
         return 0 if self.program.buffers_apart else self.memory_plan.slab_size
 
-    def _slab_for(self, device) -> Slab:
-        """This run's slab on this device: the start of its thread's arena (tjit/memory/slab.py),
-        held until the run ends; the typed views are made on the first run (and again after the
-        arena grew), then reused."""
-        plan = self.memory_plan
-        key = (torch.device(device), threading.get_ident())
+    def _slab_for(self, key: tuple) -> Slab:
+        """This run's slab on device key[0] for thread key[1]: the start of its thread's arena
+        (tjit/memory/slab.py), held until the run ends; the typed views are made on the first
+        run (and again after the arena grew), then reused."""
+        plan, device = self.memory_plan, key[0]
         if not self.slab_size:  # (no buffers, zero-size ones, or buffers apart: views of nothing, made once)
             slab = self._slabs.get(key)
             if slab is None:
@@ -360,12 +360,12 @@ class Executable:
         program resets it, so it is zeroed once (per device and thread, like the slab) and kept."""
         return self._per_thread(self._counters, device)
 
-    def _words_on(self, device) -> dict:
+    def _words_on(self, key: tuple) -> dict:
         """The status and counter words, and each launch's views of them (at its step), as a
-        call's memory binds them: made once per device and thread."""
-        key = (torch.device(device), threading.get_ident())
+        call's memory binds them, for device key[0] and thread key[1]: made once per both."""
         found = self._words.get(key)
         if found is None:
+            device = key[0]
             # (keyed by tuples, as every key but an input's: an argument may be named "status")
             found = {("counter",): self._counters_on(device)}
             if self._checked:
@@ -478,11 +478,10 @@ class Executable:
                 o.copy_(r)
         return out
 
-    def _allocate(self, device, destinations: dict, slab: Slab) -> dict[str, torch.Tensor]:
+    def _allocate(self, device, destinations: dict, slab: Slab, poison: bool) -> dict[str, torch.Tensor]:
         """The memory a run binds before its first step: the slab (the outputs and saved
         values are allocated right before the first step that touches each: _run_steps; a
         call's result is the output, bound after the call)."""
-        poison = debug.poisoning()
         out = dict(slab.views)
         if poison:
             for t in out.values():

@@ -39,7 +39,7 @@ def guard_key(flat: list[tuple[str, Any]], numbers: tuple[str, ...] = ()) -> tup
         elif isinstance(v, torch.Tensor):
             first, offset = storages.setdefault(v.untyped_storage().data_ptr(), (k, v.storage_offset()))
             alias = (first, v.storage_offset() - offset) if first != k else None
-            key.append((name, tuple(v.shape), v.stride(), v.dtype, v.device, v.requires_grad, alias, v.is_neg()))
+            key.append((name, v.shape, v.stride(), v.dtype, v.device, v.requires_grad, alias, v.is_neg()))
         elif name in numbers:
             key.append((name, float))
         else:

@@ -15,7 +15,8 @@ function by each (imports and one-time set-up paid):
     compile time of the first call and of each new size (that call minus a steady call at the
     same size);
   * numbers: a Python float argument (a learning rate) given NUMBERS different values at one
-    size: traces and kernel sources added;
+    size: traces and kernel sources added; then the same argument given NUMBERS int values (a
+    step count: tjit specialises an int's first value, and traces once more at its second);
   * overhead: the host time of one call with every Triton launch replaced by a no-op (tjit
     only: Executable._start patched; library calls still run), for the 1-kernel and the
     10-kernel function, called directly (tjit.compile) and through torch.compile(backend="tjit"),
@@ -156,6 +157,10 @@ def sizes_and_numbers(compiler, name: str, sizes: list[int]) -> dict:
         for k in range(NUMBERS):
             fn(*arguments(name, sizes[2], lr=0.001 * (k + 1)))
         row["numbers"] = added(before, compiler.counts())
+        before = compiler.counts()
+        for k in range(NUMBERS):
+            fn(*arguments(name, sizes[2], lr=k + 1))
+        row["ints"] = added(before, compiler.counts())
     return row
 
 
@@ -231,15 +236,16 @@ def cold() -> list[dict]:
 def print_report(results: dict) -> None:
     print(f"\nsizes: {results['sizes']} rows x {COLS} (float32)")
     print(f"{'function':>15} {'compiler':>12} {'traces':>7} {'specialised':>12} {'sources':>8} {'compiles':>9} "
-          f"{'first s':>8} {'new size s (mean)':>18} {'floats: traces':>15} {'new sources':>12}")
+          f"{'first s':>8} {'new size s (mean)':>18} {'floats: traces':>15} {'new sources':>12} "
+          f"{'ints: traces':>13} {'new sources':>12}")
     for name, per in results["functions"].items():
         for compiler, row in per.items():
-            s, n = row["sizes"], row.get("numbers", {})
+            s, n, i = row["sizes"], row.get("numbers", {}), row.get("ints", {})
             mean = sum(row["new_size_compile_s"]) / max(len(row["new_size_compile_s"]), 1)
             print(f"{name:>15} {compiler:>12} {s['traces']:>7} {_or_na(s['specialised']):>12} "
                   f"{s['kernel_sources']:>8} {_or_na(s['kernel_compiles']):>9} "
                   f"{row['first_compile_s']:>8.3f} {mean:>18.3f} {n.get('traces', ''):>15} "
-                  f"{n.get('kernel_sources', ''):>12}")
+                  f"{n.get('kernel_sources', ''):>12} {i.get('traces', ''):>13} {i.get('kernel_sources', ''):>12}")
     print("\nper-call host overhead (Triton launches replaced by no-ops), microseconds:")
     for name, row in results["overhead"].items():
         print(f"  {name} ({row['launches']} launches): tjit.compile {row['tjit_compile_us']:.0f} us, "
@@ -264,6 +270,9 @@ def print_report(results: dict) -> None:
         n = results["functions"]["softmax_scaled"]["tjit"]["numbers"]
         print(f"  {NUMBERS} learning rates: {n['traces']} traces, {n['kernel_sources']} new kernel sources "
               f"(target 0, 0: {'held' if n['traces'] == n['kernel_sources'] == 0 else 'NOT held'})")
+        n = results["functions"]["softmax_scaled"]["tjit"]["ints"]
+        print(f"  {NUMBERS} int values of the same argument: {n['traces']} traces (the first value, then the "
+              f"second as a runtime number), {n['kernel_sources']} new kernel sources")
     for name, row in results["overhead"].items():
         if row["launches"] == 1:
             print(f"  overhead of a 1-kernel function: {row['tjit_compile_us']:.0f} us "

@@ -150,7 +150,7 @@ def test_a_float_argument_with_gradients():
 
 def test_explain_says_which_floats_are_runtime_numbers():
     explained = tjit.explain(scaled_softmax, torch.randn(8, 40), torch.randn(40), 0.5)
-    assert "runtime number" in explained.numbers["lr"] and "float argument lr: a runtime number" in str(explained)
+    assert "runtime number" in explained.numbers["lr"] and "number argument lr: a runtime number (a 0-d float64" in str(explained)
 
     def branching(x, p):
         return x * 2 if p > 0.5 else x
@@ -173,3 +173,107 @@ def test_a_number_eager_checks_against_a_narrow_type_gets_eager_error(fn, x, s):
     with pytest.raises(RuntimeError, match="overflow"):
         tjit.compile(fn)(x, s)
     check_against_eager(fn, x, torch.tensor(2, dtype=s.dtype))
+
+
+# -- Python int arguments: specialised on their first value, runtime numbers from a second -------
+def scaled_by_step(x, w, step):
+    return torch.softmax(x * w, -1) * step + (step // 3 - step % 2)
+
+
+def test_an_int_argument_that_changes_is_a_runtime_number():
+    """A step count passed as an int: its first value is baked in (an int is most often a dim,
+    a size or a count the trace needs); a second value traces once with it as a runtime
+    number; no later value traces or generates anything."""
+    x, w = torch.randn(300, 700), torch.randn(700)
+    compiled = tjit.compile(scaled_by_step)
+    check_against_eager(scaled_by_step, x, w, 1, compiled=compiled)
+    check_against_eager(scaled_by_step, x, w, 2, compiled=compiled)
+    assert compiled.runtime_ints == {"step"}
+    traces, generated = tjit.counters.traces, tjit.counters.kernels_generated
+    for step in [3, 1, -40, 10 ** 12, 7]:
+        check_against_eager(scaled_by_step, x, w, step, compiled=compiled)
+    assert (tjit.counters.traces, tjit.counters.kernels_generated) == (traces, generated)
+
+
+def test_an_int_argument_that_changes_with_gradients():
+    def fn(x, k):
+        return (x.sin() * k).sum(-1)
+
+    compiled = tjit.compile(fn)
+    for k in [2, -3, 5]:
+        x, x2 = _x().view(50, 100).requires_grad_(), _x().view(50, 100).requires_grad_()
+        expected, got = fn(x, k), compiled(x2, k)
+        expected.sum().backward(), got.sum().backward()
+        assert_matches_eager(got.detach(), expected.detach())
+        assert_matches_eager(x2.grad, x.grad)
+    assert compiled.runtime_ints == {"k"}
+
+
+INT_NEEDED = {  # an int the trace needs as a value (a dim, a size, a loop count, an index): its values
+    "dim": (lambda x, k: x.sum(k) * 2, [0, 1, 0, -1]),
+    "size_of_a_slice": (lambda x, k: x[:, :k] + 1, [1, 2, 1, 70]),
+    "loop_count": (lambda x, k: sum(x * i for i in range(k)), [1, 2, 1, 4]),
+    "view_size": (lambda x, k: x.reshape(k, -1).cumsum(0), [1, 2, 1, 10]),
+    "index": (lambda x, k: x[k] * 3, [1, 2, 1, -3]),
+    "pad": (lambda x, k: torch.nn.functional.pad(x, (k, k)), [1, 2, 1, 3]),
+    "remainder": (lambda x, k: x % k, [1, 2, 1, 7]),  # (tjit reads a remainder's number as a literal)
+}
+
+
+@pytest.mark.parametrize("use", sorted(INT_NEEDED))
+def test_an_int_the_trace_needs_stays_specialised(use):
+    """The trace with the int as a runtime number fails (once): it is specialised from then on,
+    each value traced once, with eager's answers; explain says why."""
+    (fn, values), x = INT_NEEDED[use], _x().view(50, 100)
+    compiled = tjit.compile(fn)
+    for k in values:
+        check_against_eager(fn, x, k, compiled=compiled)
+    assert not compiled.runtime_ints and set(compiled.literal_ints) == {"k"}
+    traces = tjit.counters.traces
+    check_against_eager(fn, x, values[-1], compiled=compiled)
+    assert tjit.counters.traces == traces
+    assert tjit.explain(fn, x, values[1]).numbers["k"].startswith(f"specialised (int {values[1]} is in the kernels)")
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int16, torch.int32, torch.bool, torch.float16,
+                                   torch.bfloat16], ids=str)
+def test_runtime_ints_keep_eager_types_overflow_and_errors(dtype):
+    """As a runtime number an int still acts as eager's Python int: the result's type, wrapping
+    in a small integer type, and the error eager raises where it converts one that does not fit
+    (torch.where's 300 into int8)."""
+    x = _x() > 0 if dtype == torch.bool else (_x() * 40).to(dtype)
+    uses = {"add": lambda x, k: x + k, "mul_sub": lambda x, k: k - x * k, "divide": lambda x, k: x / k,
+            "where": lambda x, k: torch.where(x > 3, x, k)}
+    for fn in uses.values():
+        compiled = tjit.compile(fn)
+        for k in [3, -7, 300, 100000]:
+            try:
+                expected = fn(x, k)
+            except RuntimeError as e:
+                with pytest.raises(RuntimeError, match=str(e)):
+                    compiled(x, k)
+                continue
+            assert_matches_eager(compiled(x, k), expected)
+
+
+def test_a_number_read_by_item_that_overflows_where_raises_as_eager():
+    """torch.where(x, y, n) converts n to the result's type, checking it fits; eager raises for
+    100000 into int16. A number read by .item() must not be wrapped to -31072 instead."""
+    def fn(x, s):
+        return torch.where(x > 3, x, s.item())
+
+    x = (_x() * 40).to(torch.int16)
+    with pytest.raises(RuntimeError, match="cannot be converted to type int16_t without overflow"):
+        fn(x, torch.tensor(100000))
+    with pytest.raises(RuntimeError, match="cannot be converted to type int16_t without overflow"):
+        tjit.compile(fn)(x, torch.tensor(100000))
+    check_against_eager(fn, x, torch.tensor(1000))
+
+
+def test_explain_says_which_ints_are_runtime_numbers():
+    compiled = tjit.compile(scaled_by_step)
+    x, w = torch.randn(8, 40), torch.randn(40)
+    assert "specialised (int 5 is in the kernels): an int is specialised on its first value" in \
+        str(tjit.explain(compiled, x, w, 5))
+    compiled(x, w, 5), compiled(x, w, 6)
+    assert "number argument step: a runtime number (a 0-d int64" in str(tjit.explain(compiled, x, w, 7))

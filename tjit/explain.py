@@ -67,8 +67,8 @@ class Explanation:
     # the predicted peak of a call, or of a training step (forward + backward) when inputs
     # require grad: memory held between calls plus what the call allocates (tjit.memory.peak)
     peak_memory: Optional[PeakMemory] = None
-    # float argument -> how the kernels get it: a runtime number (a 0-d tensor they read, a new
-    # value compiles nothing) or specialised (baked in; why)
+    # float or int argument -> how the kernels get it: a runtime number (a 0-d tensor they read,
+    # a new value compiles nothing) or specialised (baked in; why)
     numbers: dict[str, str] = field(default_factory=dict)
     # input name -> the buffers that live in its memory once it has been read (a donated
     # input; in a backward, a saved value's tape block), as (buffer name, bytes)
@@ -97,7 +97,7 @@ class Explanation:
             lines += [f"  {s}" for s in k.strategies]
             lines += [f"  {note}" for note in k.notes]
             lines.append(k.source)
-        lines += [f"float argument {name}: {how}" for name, how in self.numbers.items()]
+        lines += [f"number argument {name}: {how}" for name, how in self.numbers.items()]
         lines += [f"matrix product {how}" for how in self.matmuls]
         if self.memory is not None and self.memory.intervals:
             lines += ["", "memory plan (steps are kernel launches and library calls, in order):", self.memory.format()]
@@ -167,11 +167,24 @@ def explain(fn, *args, **kwargs) -> Explanation:
 
 
 def _numbers(compiled, entry, args, kwargs) -> dict[str, str]:
-    """Per float argument: a runtime number, or specialised and why."""
-    why = compiled.literal_numbers or "passed in *args or **kwargs"
-    return {name: "a runtime number (a 0-d float64 tensor the kernels read; a new value compiles nothing)"
-            if name in entry.numbers else f"specialised (its value is in the kernels): {why}"
-            for name, v in compiled._flatten(args, kwargs) if type(v) is float}
+    """Per float or int argument: a runtime number, or specialised and why."""
+    found = {}
+    for name, v in compiled._flatten(args, kwargs):
+        if type(v) not in (float, int):
+            continue
+        if name in entry.numbers:
+            found[name] = (f"a runtime number (a 0-d {'float64' if type(v) is float else 'int64'} tensor the kernels "
+                           "read; a new value compiles nothing)")
+            continue
+        if name not in compiled._number_parameters:
+            why = "passed in *args or **kwargs"
+        elif type(v) is float:
+            why = compiled.literal_numbers
+        else:
+            why = compiled.literal_ints.get(name, "an int is specialised on its first value; a call with another value "
+                                                  "makes it a runtime number where the function allows it")
+        found[name] = f"specialised ({type(v).__name__} {v} is in the kernels): {why}"
+    return found
 
 
 def _device_type(args, kwargs) -> str:

@@ -107,8 +107,8 @@ _TAKES_BY_NAME = {"prims::fma"}
 # into int8 raises, as 1e6 into float16 does; add and sub check their alpha): a runtime number
 # only where its type's values fit (a float into float32, bfloat16 or float64: only a number
 # beyond 3.4e38, which eager refuses, becomes inf there)
-CONVERTED_WITH_CHECK = {aten.fill, aten.full, aten.full_like, aten.new_full, aten.where, aten.clamp,
-                        aten.clamp_min, aten.clamp_max}
+CONVERTED_WITH_CHECK = {aten.fill, aten.full, aten.full_like, aten.new_full, aten.where, aten.scalar_tensor,
+                        aten.clamp, aten.clamp_min, aten.clamp_max}
 _HOLD_FLOATS = {DType.float32, DType.bfloat16, DType.float64}
 _HOLD_INTS = {DType.int64, DType.float32, DType.bfloat16, DType.float64}
 
@@ -130,16 +130,19 @@ def with_runtime_numbers(node, args, kwargs):
     result = DType.from_torch(result.dtype) if isinstance(result, torch.Tensor) else None
     checked = numbers if functional in CONVERTED_WITH_CHECK else [kwargs[k] for k in ("alpha",)
                                                                     if isinstance(kwargs.get(k), RuntimeScalar)]
-    if any(not _fits(n.value.dtype, result) for n in checked) or (functional is aten.pow and not result.is_float):
+    if any(not _fits(n.value.dtype, result, functional) for n in checked) or \
+            (functional is aten.pow and not result.is_float):
         raise NumberNeededError(str(node.target), "a Python number read from tensor data, which eager checks "
                                 f"against the result's type ({result!r}) or reads by value")
     unwrap = lambda a: a.value if isinstance(a, RuntimeScalar) else a  # noqa: E731
     return torch.utils._pytree.tree_map(unwrap, args), torch.utils._pytree.tree_map(unwrap, kwargs)
 
 
-def _fits(number: DType, result) -> bool:
-    """Every value of the number's type converts to the result's type without overflow (up to
-    the float range for floats: see CONVERTED_WITH_CHECK)."""
+def _fits(number: DType, result, op) -> bool:
+    """Every value of the number's type converts to the result's type as op converts it in
+    eager, without an overflow error (up to the float range for floats: see CONVERTED_WITH_CHECK)."""
     if number is DType.bool:
         return True
+    if op is aten.scalar_tensor:  # (it checks integer results only: 1e6 is inf as float16, 300 raises as int8)
+        return result.is_float or (result is DType.int64 and not number.is_float)
     return result in (_HOLD_FLOATS if number.is_float else _HOLD_INTS)

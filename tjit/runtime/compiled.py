@@ -9,8 +9,12 @@ float is the exception: it is passed to the kernels as a 0-d float64 tensor (the
 it with `.item()`, which frontend/scalars.py keeps a runtime value), so a new learning rate
 reuses everything. A float the function branches on, or passes where an op needs a literal,
 fails that trace; the function's floats are then specialised (part of the key) from then
-on, as its ints, bools and other arguments always are. A new size retraces, which is cheap,
-and its kernels are found again by source, so no new kernel is generated or compiled.
+on. An int is specialised on its first value (most ints are dims, sizes or counts that the
+trace needs); once a call passes another value, it is a runtime number too (a 0-d int64
+tensor), unless that trace fails, when it stays specialised. Bools and other arguments are
+always specialised. A new size of a shape class is specialised from the class's symbolic
+trace (frontend/shape_class.py), and its kernels are found again by source, so no new kernel
+is generated or compiled.
 """
 from __future__ import annotations
 
@@ -47,7 +51,7 @@ class CompiledEntry:
     lower_seconds: float
     load_seconds: float
     eager_ops: int
-    numbers: tuple[str, ...] = ()  # the float arguments passed as 0-d tensors (runtime numbers)
+    numbers: tuple[str, ...] = ()  # the float and int arguments passed as 0-d tensors (runtime numbers)
     # 0-d CPU tensor arguments beside GPU ones (an optimizer's step counts): run on copies
     cpu_scalars: tuple[str, ...] = ()
     written_cpu_scalars: tuple[str, ...] = ()  # those the function writes in place: copied back
@@ -93,7 +97,13 @@ class CompiledFunction:
         self._takes_out = _has_parameter(fn, "out")  # then out= is the function's own argument
         # why float arguments are specialised (a runtime number failed the trace), or None
         self.literal_numbers: Optional[str] = None
-        self._number_parameters = _named_parameters(fn)  # those a float can be passed to as a runtime number
+        self._number_parameters = _named_parameters(fn)  # those a number can be passed to as a runtime number
+        # int arguments: specialised on their first value (most are dims, sizes or counts a trace
+        # needs); one seen with a second value is a runtime number from then on, unless that trace
+        # fails (literal_ints: why)
+        self._first_ints: dict[str, int] = {}
+        self.runtime_ints: set[str] = set()
+        self.literal_ints: dict[str, str] = {}
 
     def _flatten(self, args, kwargs) -> list[tuple[str, Any]]:
         # The common calls (all parameters given positionally, or a Dynamo graph's forward(*args))
@@ -160,11 +170,25 @@ class CompiledFunction:
         return key if self._outside is None else key + (self._outside.key(),)
 
     def _numbers(self, flat) -> tuple[str, ...]:
-        """The float arguments (the function's own parameters) to pass as runtime numbers (none
-        once one failed)."""
-        if self.literal_numbers:
-            return ()
-        return tuple(name for name, v in flat if type(v) is float and name in self._number_parameters)
+        """The arguments (the function's own parameters) to pass as runtime numbers: its floats
+        (none once one failed), and the ints that have taken a second value (not sizes: those
+        are a shape class's symbols)."""
+        return tuple(name for k, (name, v) in enumerate(flat)
+                     if (type(v) is float and not self.literal_numbers or
+                         type(v) is int and k not in self._size_positions and self._int_varies(name, v))
+                     and name in self._number_parameters)
+
+    def _int_varies(self, name: str, value: int) -> bool:
+        """Whether int argument `name` is a runtime number: it has taken two values (this one
+        among them), and no trace with it as a runtime number has failed."""
+        if name in self.runtime_ints:
+            return True
+        if name in self.literal_ints or not _INT64_MIN <= value <= _INT64_MAX:
+            return False
+        if self._first_ints.setdefault(name, value) == value:
+            return False
+        self.runtime_ints.add(name)
+        return True
 
     def _entry(self, args, kwargs, flat, numbers) -> CompiledEntry:
         """The cached entry, or a new one: with the floats as runtime numbers where the trace
@@ -178,9 +202,17 @@ class CompiledFunction:
         if numbers:
             try:
                 return self._compile(args, kwargs, self._key(flat, numbers), numbers)
-            except SplitError as e:  # (the function needs a float's value: it branches on it, or an op bakes it in)
-                debug.log(1, f"{getattr(self.fn, '__name__', self.fn)}: float arguments {numbers} are specialised: {e}")
-                self.literal_numbers = str(e).split("\n")[0].split(" (unhinted")[0]
+            except UnsupportedOpError as e:  # (the function needs a number's value: a branch, a size, a dim)
+                ints = [name for name in numbers if name in self.runtime_ints]
+                if not ints and not isinstance(e, SplitError):
+                    raise
+                why = str(e).split("\n")[0].split(" (unhinted")[0]
+                debug.log(1, f"{getattr(self.fn, '__name__', self.fn)}: arguments {ints or numbers} are specialised: {e}")
+                if ints:  # (its floats were runtime numbers in an earlier trace, or are specialised already)
+                    self.runtime_ints.difference_update(ints)
+                    self.literal_ints.update(dict.fromkeys(ints, why))
+                    return self._entry(args, kwargs, flat, self._numbers(flat))
+                self.literal_numbers = why
         return self._cache.get(self._key(flat)) or self._compile(args, kwargs, self._key(flat))
 
     def _compile(self, args, kwargs, key, numbers: tuple[str, ...] = ()) -> CompiledEntry:
@@ -311,7 +343,7 @@ def _sharing_memory(tensors: dict, name: str) -> list[str]:
 
 
 def _reading_numbers(fn, numbers: tuple[str, ...]) -> Callable:
-    """fn called with the float arguments named in `numbers` passed as 0-d tensors: each is read
+    """fn called with the number arguments named in `numbers` passed as 0-d tensors: each is read
     back with .item() (in the trace, a runtime number). Its signature is fn's (inspect follows
     __wrapped__), so its arguments flatten to the same names."""
     signature = inspect.signature(fn)
@@ -326,17 +358,22 @@ def _reading_numbers(fn, numbers: tuple[str, ...]) -> Callable:
 
 
 def _with_number_tensors(fn, args, kwargs, numbers: tuple[str, ...], flat) -> tuple[tuple, dict]:
-    """The call's arguments with each float named in `numbers` as its 0-d float64 tensor."""
+    """The call's arguments with each number named in `numbers` as its 0-d tensor."""
     bound = inspect.signature(fn).bind(*args, **kwargs)
     bound.arguments.update(_as_tensors(flat, numbers))
     return bound.args, bound.kwargs
 
 
 def _as_tensors(flat, numbers: tuple[str, ...]) -> dict[str, torch.Tensor]:
-    """The floats named in `numbers` as 0-d float64 tensors, on the device of the call's tensors
-    (filled there: on a GPU a fill is queued, where torch.tensor would wait for a copy)."""
+    """The numbers named in `numbers` as 0-d float64 (a float) or int64 (an int) tensors, on the
+    device of the call's tensors (filled there: on a GPU a fill is queued, where torch.tensor
+    would wait for a copy)."""
     device = _run_device(v for _, v in flat if isinstance(v, torch.Tensor))
-    return {name: torch.full((), v, dtype=torch.float64, device=device) for name, v in flat if name in numbers}
+    return {name: torch.full((), v, dtype=torch.float64 if type(v) is float else torch.int64, device=device)
+            for name, v in flat if name in numbers}
+
+
+_INT64_MIN, _INT64_MAX = -2 ** 63, 2 ** 63 - 1  # (an int beyond them stays a literal: no int64 tensor holds it)
 
 
 def _check_not_donated(tensors) -> None:

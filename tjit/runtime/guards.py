@@ -27,7 +27,7 @@ GUARD_KEY_HEAD = 5  # guard_key's entries before the arguments
 
 
 def guard_key(flat: list[tuple[str, Any]], numbers: tuple[str, ...] = ()) -> tuple:
-    """numbers: the float arguments passed as runtime numbers (their values are not part of it)."""
+    """numbers: the float and int arguments passed as runtime numbers (their values are not part of it)."""
     # (the float32 matmul precision: a generated float32 product uses tf32 where it allows;
     # autocast and the default dtype decide the dtypes the trace computes in)
     key = [torch.is_grad_enabled(), numbers, torch.get_float32_matmul_precision(), torch.get_default_dtype(),
@@ -40,8 +40,8 @@ def guard_key(flat: list[tuple[str, Any]], numbers: tuple[str, ...] = ()) -> tup
             first, offset = storages.setdefault(v.untyped_storage().data_ptr(), (k, v.storage_offset()))
             alias = (first, v.storage_offset() - offset) if first != k else None
             key.append((name, v.shape, v.stride(), v.dtype, v.device, v.requires_grad, alias, v.is_neg()))
-        elif name in numbers:
-            key.append((name, float))
+        elif name in numbers:  # (its type decides the trace's result types)
+            key.append((name, type(v)))
         else:
             try:
                 hash(v)

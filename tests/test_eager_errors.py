@@ -304,3 +304,18 @@ def test_a_type_error_inside_the_function_stays_a_refusal():
         return a.view("not a shape")
     with pytest.raises(tjit.UnsupportedOpError, match="TypeError"):
         tjit.compile(wrong)(torch.randn(3))
+
+
+@pytest.mark.parametrize("dtype, exponent", [(torch.int8, 300), (torch.int8, 128), (torch.int32, 2 ** 31 + 5),
+                                             (torch.float16, 70000), (torch.bfloat16, 1e39)], ids=str)
+def test_a_power_that_does_not_fit_the_tensors_type_raises_as_eager(dtype, exponent):
+    """eager's pow converts a number exponent to an integer or 16-bit float tensor's type,
+    with an overflow check (3 ** (2**31 + 5) as int32 raises); tjit computed a wrapped power."""
+    def power(x):
+        return x.pow(exponent)
+    x = torch.arange(-3, 60).to(dtype)
+    with pytest.raises(RuntimeError) as raised:
+        power(x)
+    with pytest.raises(tjit.UnsupportedOpError, match=re.escape(str(raised.value))):
+        tjit.compile(power)(x)
+    check_against_eager(lambda x: x.pow(2) + x.pow(3), x)  # (exponents that fit still compute)

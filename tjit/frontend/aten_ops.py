@@ -315,6 +315,8 @@ def _pow(cv, node, base, exponent):
     dtype = out_dtype(node)
     refuse_dtypes(node, "pow", (torch.bool,), [common_dtype(node, 0, 1)])
     if _is_number(exponent):
+        if not dtype.is_float or dtype.is_low_precision:  # (eager converts it to the tensor's type, checked)
+            checked_number(node, exponent)
         if not dtype.is_float:
             return _int_pow_by_scalar(cv, node, base, int(exponent))
         if dtype.is_low_precision:  # eager converts the exponent to the tensor's type first

@@ -32,11 +32,15 @@ import sys
 import time
 import traceback
 import warnings
+from pathlib import Path
 
 import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
 import tjit
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from zoo import without_dropout  # noqa: E402  (shared with tests/test_hf_models.py)
 
 VOCAB = 97
 SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=VOCAB)
@@ -120,14 +124,6 @@ def hf_models() -> dict:
         "poolformer": img(T.PoolFormerForImageClassification,
                           T.PoolFormerConfig(hidden_sizes=[8, 16, 16, 16], depths=[1, 1, 1, 1], num_labels=5)),
     }
-
-
-def without_dropout(config):
-    """Every dropout probability in the config set to 0 (eager's draws would differ)."""
-    for key, value in vars(config).items():
-        if isinstance(value, float) and ("dropout" in key or key.endswith(("_pdrop", "_prob")) or "drop_path" in key):
-            setattr(config, key, 0.0)
-    return config
 
 
 def hf_inputs(kind: str, n: int, g: torch.Generator) -> dict:

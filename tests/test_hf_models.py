@@ -18,6 +18,8 @@ import warnings
 import pytest
 import torch
 
+from zoo import without_dropout
+
 transformers = pytest.importorskip("transformers")
 
 VOCAB = 97
@@ -74,20 +76,11 @@ RTOL, ATOL = 1e-4, 1e-5  # as test_models: matmuls and long sums in another orde
 GRAD_RTOL, GRAD_ATOL = 1e-3, 1e-4  # gradients sum over every token, through every layer
 
 
-def _without_dropout(config):
-    """Dropout off in train mode (the test compares with eager, whose draws differ): every
-    probability in the config (the models copy them into their layers when built)."""
-    for key, value in vars(config).items():
-        if ("dropout" in key or key.endswith("_pdrop") or "drop_path" in key) and isinstance(value, float):
-            setattr(config, key, 0.0)
-    return config
-
-
 def _setup(name):
     classes, label_length = MODELS[name]
     model_class, config = classes()
     torch.manual_seed(0)
-    model = model_class(_without_dropout(config))
+    model = model_class(without_dropout(config))
     g = torch.Generator().manual_seed(1)
     if label_length is None:
         inputs = dict(pixel_values=torch.randn(2, 3, 16, 16, generator=g),

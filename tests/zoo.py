@@ -327,3 +327,13 @@ ZOO = {m.name: m for m in (
     ZooModel("mixer", MLPMixer, "images", 10),
     ZooModel("gru", GRULanguageModel, "tokens", 50),
 )}
+
+
+def without_dropout(config):
+    """A transformers config with every dropout probability set to 0, for a comparison with
+    eager, whose draws differ (the models copy them into their layers when built); used by
+    tests/test_hf_models.py and bench/sweep.py."""
+    for key, value in vars(config).items():
+        if isinstance(value, float) and ("dropout" in key or key.endswith(("_pdrop", "_prob")) or "drop_path" in key):
+            setattr(config, key, 0.0)
+    return config

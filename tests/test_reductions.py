@@ -1167,3 +1167,36 @@ def test_random_full_reduction_lengths(case):
     n, op, mapping = case
     compiled, launched = check_large(LARGE_FULL_OPS[op], dyadic(n), **mapping)
     assert launched == 1
+
+
+# -- the accuracy of looped float sums -------------------------------------------------------------
+def _sum_errors(fn, draws) -> tuple[float, float]:
+    """Mean over draws of the largest error of tjit's and of eager's float32 sum against the
+    float64 sum of the same numbers."""
+    compiled, mine, eagers = tjit.compile(fn), 0.0, 0.0
+    for x in draws:
+        exact = fn(x.double())
+        mine += float((compiled(x).double() - exact).abs().max())
+        eagers += float((fn(x).double() - exact).abs().max())
+    return mine / len(draws), eagers / len(draws)
+
+
+def test_a_looped_sum_is_at_least_as_accurate_as_eagers():
+    """A looped sum adds one block's total per step; without compensation its error grows with
+    the steps: a [2000, 77] column sum was 2x further from the exact sum than eager's cascade
+    sum (3.4e-5 against 1.6e-5), and 1 followed by 100,000 values of 2e-9 lost up to 2e-4.
+    Kahan's compensation carried across the steps brings both under eager's error."""
+    draws = [torch.randn(2000, 77, generator=torch.Generator().manual_seed(seed)) for seed in range(5)]
+    mine, eagers = _sum_errors(lambda x: x.sum(0), draws)
+    assert mine <= eagers, (mine, eagers)
+    tiny = [torch.cat([torch.ones(1), torch.full((100_000,), 2e-9)]).view(1, -1)]
+    mine, eagers = _sum_errors(lambda x: x.sum(-1), tiny)
+    assert mine <= eagers, (mine, eagers)
+
+
+def test_a_compensated_sum_keeps_inf_and_nan_as_eager():
+    """The compensation is dropped where the total is not finite (inf - inf would make it NaN)."""
+    x = torch.randn(6, 5000, generator=torch.Generator().manual_seed(3))
+    x[1, 4000], x[2, 10], x[3, 7], x[3, 4999], x[4, 100] = math.inf, -math.inf, math.inf, -math.inf, math.nan
+    x[5] = 3e38  # (the total overflows to inf)
+    check_against_eager(lambda x: x.sum(-1), x)

@@ -627,6 +627,10 @@ class _Emitter(GridReductionEmitter):
             self._varies[id(node)] = found
         return self._varies[id(node)]
 
+    def _has_dot(self) -> bool:
+        """The kernel computes a product (its tl.dot tiles hold many registers)."""
+        return any(dots_in(s.value) for s in self.group.stores)
+
     def _reduces_read(self, node: GraphNode) -> list[GraphNode]:
         stop = lambda n: is_kernel_input(n) or isinstance(n.op, Reduce)  # noqa: E731
         return [n for n in toposort([node], stop=stop) if isinstance(n.op, Reduce)]
@@ -636,7 +640,8 @@ class _Emitter(GridReductionEmitter):
         reduces = [n for n in toposort(self._roots(), stop=is_kernel_input) if isinstance(n.op, Reduce)]
         red_loop = [k for k in self.red_dims if self.space.loop_dims[k].kind == "loop"]
         start = f"step{red_loop[0]} * BLOCK_{red_loop[0]}" if len(self.red_dims) == 1 and red_loop else "0"
-        ctx = LoopContext(self._row_shape(), list(self.red_dims), "mask", self._fresh, start)
+        ctx = LoopContext(self._row_shape(), list(self.red_dims), "mask", self._fresh, start,
+                          compensated=not self._has_dot())
         is_row_value = lambda n: not self._varies_along_reduction(n) and bool(self._reduces_read(n))  # noqa: E731
         accs = {id(r): accumulator_for(r, ctx, is_row_value) for r in reduces}
         depth: dict[int, int] = {}

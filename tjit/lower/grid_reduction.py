@@ -47,7 +47,7 @@ class GridReductionEmitter:
         d = self.space.loop_dims[self.red_dims[0]]
         chunk = -(-self.space.sizes[d.axes[0]] // d.programs)
         self._scalar("split_chunk", -(-chunk // d.width) * d.width)
-        ctx = LoopContext(self._row_shape(), list(self.red_dims), "mask", self._fresh, "0")
+        ctx = LoopContext(self._row_shape(), list(self.red_dims), "mask", self._fresh, "0", compensated=not self._has_dot())
         lines, body, full, row = [], [], {}, {}
         partials = {}
         for r in self.totals:

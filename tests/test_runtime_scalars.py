@@ -270,6 +270,21 @@ def test_a_number_read_by_item_that_overflows_where_raises_as_eager():
     check_against_eager(fn, x, torch.tensor(1000))
 
 
+def test_an_int_that_fails_as_a_runtime_number_leaves_the_others_runtime():
+    """step has been a runtime number; then dim takes a second value, and that trace fails on
+    dim: dim alone is specialised, step stays a runtime number."""
+    def fn(x, w, step, dim=-1):
+        return torch.softmax(x * w, dim) * step
+
+    compiled, x, w = tjit.compile(fn), torch.randn(300, 70), torch.randn(70)
+    for step, dim in [(1, -1), (2, -1), (3, 0), (4, -1), (5, 0)]:
+        check_against_eager(fn, x, w, step, dim, compiled=compiled)
+    assert compiled.runtime_ints == {"step"} and set(compiled.literal_ints) == {"dim"}
+    traces = tjit.counters.traces
+    check_against_eager(fn, x, w, 6, 0, compiled=compiled)
+    assert tjit.counters.traces == traces
+
+
 def test_explain_says_which_ints_are_runtime_numbers():
     compiled = tjit.compile(scaled_by_step)
     x, w = torch.randn(8, 40), torch.randn(40)

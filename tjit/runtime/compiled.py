@@ -192,8 +192,8 @@ class CompiledFunction:
         return True
 
     def _entry(self, args, kwargs, flat, numbers) -> CompiledEntry:
-        """The cached entry, or a new one: with the floats as runtime numbers where the trace
-        allows it, else with them specialised."""
+        """The cached entry, or a new one: with `numbers` (floats, ints that vary) as runtime
+        numbers where the trace allows it, else with those that fail it specialised."""
         found = self._cache.get(self._key(flat, numbers))
         if found is not None:
             return found

@@ -209,10 +209,11 @@ class ShapeClasses:
         self.traces = 0  # symbolic traces made
 
     def traced(self, key: Optional[tuple], fn: Callable, args: tuple, kwargs: dict, requires_grad: frozenset,
-               sizes: tuple[str, ...] = ()) -> Optional[Traced]:
+               sizes: tuple[str, ...] = (), dynamic_dims: Optional[dict] = None) -> Optional[Traced]:
         """A concrete trace of the call from its class's symbolic trace (made now if it is
         time), or None: then the call is traced with its own sizes. sizes: the int arguments
-        that are sizes (a Dynamo graph's), symbols in the trace."""
+        that are sizes (a Dynamo graph's), symbols in the trace; dynamic_dims: the tensors'
+        sizes that are symbols (trace_symbolic)."""
         flat = flatten_arguments(fn, args, kwargs)
         tensors = [v for _, v in flat if isinstance(v, torch.Tensor)]
         if key is None or self.dynamic is False or not tensors:  # (no tensor: no size to make a symbol of)
@@ -227,7 +228,7 @@ class ShapeClasses:
             return None
         self.traces += 1
         try:
-            shape_class = ShapeClass(trace_symbolic(fn, args, kwargs, requires_grad, sizes))
+            shape_class = ShapeClass(trace_symbolic(fn, args, kwargs, requires_grad, sizes, dynamic_dims))
         except Exception as e:  # (the concrete trace gives the error, if it is the function's)
             debug.log(1, f"{getattr(fn, '__name__', fn)}: no symbolic trace ({type(e).__name__}: {e})")
             self._refused.add(key)

@@ -81,23 +81,35 @@ KEPT_WHOLE = (aten.clamp_min, aten.clamp_max, aten.silu, aten.softplus, aten.mis
               aten._scaled_dot_product_flash_attention_for_cpu)
 
 
-def fake_trace(fn: Callable, inputs: list, symbolic: bool = False) -> tuple[torch.fx.GraphModule, list]:
+def fake_trace(fn: Callable, inputs: list, symbolic: bool = False,
+               dynamic_dims: Optional[list] = None) -> tuple[torch.fx.GraphModule, list]:
     """make_fx on fake copies of the tensors among the inputs (and, symbolic, a symbol for each
-    int among them: a size Dynamo passes); the graph and those copies. symbolic: each size,
-    stride and offset of an input other than 0 and 1 a symbol (torch's ShapeEnv keeps the
-    guards the trace needed; frontend/shape_class.py specialises the graph per size). (The
-    first call in a process also imports torch._dynamo, which make_fx uses internally: about
-    a second, once.)"""
+    int among them: a size Dynamo passes); the graph and those copies. symbolic: each size
+    and offset of an input other than 0 and 1 a symbol (torch's ShapeEnv keeps the guards the
+    trace needed; frontend/shape_class.py specialises the graph per size); dynamic_dims: per
+    tensor input, which of its sizes are symbols (None: all). (The first call in a process
+    also imports torch._dynamo, which make_fx uses internally: about a second, once.)"""
     mode = _fake_mode(symbolic)
     keep = KeepRealTensors()
+    dims = iter(dynamic_dims or ())
     try:
         with keep:
-            fakes = [mode.from_tensor(v, static_shapes=not symbolic) if isinstance(v, torch.Tensor)
+            fakes = [_fake_input(mode, v, symbolic, next(dims, None)) if isinstance(v, torch.Tensor)
                      else _size_symbol(mode.shape_env, v, k) for k, v in enumerate(inputs)]
             return make_fx(fn, decomposition_table=decomposition_table(), tracing_mode="fake",
                            _allow_non_fake_inputs=True)(*fakes), fakes
     finally:
         keep.restore()
+
+
+def _fake_input(mode, tensor: torch.Tensor, symbolic: bool, dynamic: Optional[tuple[bool, ...]]):
+    """A fake copy of an input: its sizes symbols where `dynamic` says so (all of them when
+    it is None), the others as they are."""
+    if not symbolic or dynamic is None:
+        return mode.from_tensor(tensor, static_shapes=not symbolic)
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
+    context = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC if d else DimDynamic.STATIC for d in dynamic])
+    return mode.from_tensor(tensor, symbolic_context=context)
 
 
 def _size_symbol(shape_env, value: int, position: int) -> torch.SymInt:
@@ -328,12 +340,14 @@ def trace(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozenset = fr
 
 
 def trace_symbolic(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozenset = frozenset(),
-                   sizes: tuple[str, ...] = ()) -> Traced:
+                   sizes: tuple[str, ...] = (), dynamic_dims: Optional[dict[str, tuple[bool, ...]]] = None) -> Traced:
     """The function traced with symbolic sizes (see fake_trace), not converted: sizes are
     not in tjit's IR, so frontend/shape_class.py makes a concrete graph of it per size.
     sizes: the int arguments (by flattened name) that are symbols too (a Dynamo graph's
-    sizes), after the tensors among the trace's inputs."""
-    return _trace_graph(fn, args, kwargs, requires_grad, symbolic=True, sizes=sizes)[0]
+    sizes), after the tensors among the trace's inputs. dynamic_dims: tensor argument name ->
+    which of its sizes are symbols (a Dynamo graph's: the others are static there, its
+    parameters' among them); a tensor not named has all its sizes symbols."""
+    return _trace_graph(fn, args, kwargs, requires_grad, symbolic=True, sizes=sizes, dynamic_dims=dynamic_dims)[0]
 
 
 def convert_traced(traced: Traced) -> Conversion:
@@ -349,7 +363,7 @@ def convert_traced(traced: Traced) -> Conversion:
 
 
 def _trace_graph(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozenset, symbolic: bool = False,
-                 sizes: tuple[str, ...] = ()):
+                 sizes: tuple[str, ...] = (), dynamic_dims: Optional[dict[str, tuple[bool, ...]]] = None):
     """The trace, the function as make_fx called it, and the tensors it was called with."""
     flat = flatten_arguments(fn, args, kwargs)
     tensor_names = [name for name, v in flat if isinstance(v, torch.Tensor)]
@@ -395,7 +409,7 @@ def _trace_graph(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozens
             with grad_mode:
                 gm, fakes = fake_trace(with_tensors, [t.detach().requires_grad_(name in requires_grad)
                                                       for name, t in zip(tensor_names, tensors)] + size_values,
-                                       symbolic)
+                                       symbolic, [(dynamic_dims or {}).get(name) for name in tensor_names])
             break
         except (UnsupportedOpError, EagerError):  # (EagerError: eager's error for these inputs, from a decomposition)
             raise

@@ -71,9 +71,12 @@ class PreparedCall:
 class CompiledFunction:
     def __init__(self, fn: Callable, axis_strategies: Optional[Mapping[str, Sequence[AxisStrategy]]] = None,
                  donate: Sequence[str] = (), split_data_dependent: bool = True, dynamic: Optional[bool] = None,
-                 size_positions: frozenset[int] = frozenset()):
+                 size_positions: frozenset[int] = frozenset(), dynamic_dims: Optional[Mapping[int, tuple]] = None):
         """size_positions: the positional int arguments that are sizes (a Dynamo graph's
-        symbols): symbols in a symbolic trace, so that new values are new sizes of one class."""
+        symbols): symbols in a symbolic trace, so that new values are new sizes of one class.
+        dynamic_dims: positional tensor argument -> which of its sizes are symbols in a
+        symbolic trace (a Dynamo graph's: the sizes Dynamo made symbols; the others, its
+        parameters' among them, stay as they are); all of them where not given."""
         functools.update_wrapper(self, fn)
         self.fn = fn
         # a function that needs tensor data to go on runs split by Dynamo (split.py); off for
@@ -91,6 +94,7 @@ class CompiledFunction:
         self._cache: dict[tuple, CompiledEntry] = {}
         self._shape_classes = ShapeClasses(dynamic)  # a new size lowered from its class's symbolic trace
         self._size_positions = size_positions
+        self._dynamic_dims = dict(dynamic_dims or {})
         self._lock = threading.Lock()
         self._positional_names = _plain_positional_names(fn)
         self._var_positional = _var_positional_name(fn)  # `args` of fn(*args): a Dynamo graph's forward
@@ -271,7 +275,8 @@ class CompiledFunction:
         classed = shape_class_key(key, flat, sizes)
         if classed is not None:
             traces = self._shape_classes.traces
-            found = self._shape_classes.traced(classed, fn, args, kwargs, requires_grad, sizes)
+            dims = {flat[k][0]: d for k, d in self._dynamic_dims.items() if k < len(flat)} or None
+            found = self._shape_classes.traced(classed, fn, args, kwargs, requires_grad, sizes, dims)
             counters.traces += self._shape_classes.traces - traces
             if found is not None:
                 try:

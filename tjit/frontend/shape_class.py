@@ -196,15 +196,26 @@ class ConcreteModule:
         return getattr(self._holder, name)
 
 
+def _changed_sizes(first: dict[str, tuple[int, ...]], flat: list) -> dict[str, tuple[bool, ...]]:
+    """Per tensor argument, which of its sizes differ from the class's first call: the sizes a
+    symbolic trace at the class's second size makes symbols (the others, a function's weights'
+    among them, stay as they are and are guarded; as symbols they can cost seconds of torch's
+    symbolic reasoning)."""
+    return {name: tuple(a != b for a, b in zip(first[name], v.shape)) for name, v in flat
+            if isinstance(v, torch.Tensor) and name in first}
+
+
 class ShapeClasses:
     """A compiled function's symbolic traces, by shape class. dynamic: True traces
     symbolically from a class's first call, None from its second size (its first was traced
-    with concrete sizes: most functions are called at one size), False never."""
+    with concrete sizes: most functions are called at one size; the sizes that changed are
+    the symbols, as in Dynamo's automatic dynamic), False never."""
 
     def __init__(self, dynamic: Optional[bool] = None):
         self.dynamic = dynamic
         self._traces: dict[tuple, list[ShapeClass]] = {}
-        self._seen: set[tuple] = set()  # classes traced with concrete sizes
+        # classes traced with concrete sizes: the sizes of each one's first call, per tensor
+        self._seen: dict[tuple, dict[str, tuple[int, ...]]] = {}
         self._refused: set[tuple] = set()  # classes whose symbolic trace failed
         self.traces = 0  # symbolic traces made
 
@@ -224,8 +235,10 @@ class ShapeClasses:
             if found is not None:
                 return found
         if not self._time_to_trace(key):
-            self._seen.add(key)
+            self._seen.setdefault(key, {name: tuple(v.shape) for name, v in flat if isinstance(v, torch.Tensor)})
             return None
+        if dynamic_dims is None and key in self._seen:  # (Dynamo's automatic dynamic, too)
+            dynamic_dims = _changed_sizes(self._seen[key], flat)
         self.traces += 1
         try:
             shape_class = ShapeClass(trace_symbolic(fn, args, kwargs, requires_grad, sizes, dynamic_dims))

@@ -84,11 +84,12 @@ KEPT_WHOLE = (aten.clamp_min, aten.clamp_max, aten.silu, aten.softplus, aten.mis
 def fake_trace(fn: Callable, inputs: list, symbolic: bool = False,
                dynamic_dims: Optional[list] = None) -> tuple[torch.fx.GraphModule, list]:
     """make_fx on fake copies of the tensors among the inputs (and, symbolic, a symbol for each
-    int among them: a size Dynamo passes); the graph and those copies. symbolic: each size
-    and offset of an input other than 0 and 1 a symbol (torch's ShapeEnv keeps the guards the
-    trace needed; frontend/shape_class.py specialises the graph per size); dynamic_dims: per
-    tensor input, which of its sizes are symbols (None: all). (The first call in a process
-    also imports torch._dynamo, which make_fx uses internally: about a second, once.)"""
+    int among them: a size Dynamo passes); the graph and those copies. symbolic: each size of
+    an input other than 0 and 1 a symbol, and a view's strides and offset (torch's ShapeEnv
+    keeps the guards the trace needed; frontend/shape_class.py specialises the graph per
+    size); dynamic_dims: per tensor input, which of its sizes are symbols (None: all). (The
+    first call in a process also imports torch._dynamo, which make_fx uses internally: about
+    a second, once.)"""
     mode = _fake_mode(symbolic)
     keep = KeepRealTensors()
     dims = iter(dynamic_dims or ())

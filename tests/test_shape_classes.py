@@ -300,7 +300,7 @@ class TwoLinears(torch.nn.Module):
 def test_a_dynamo_graphs_static_sizes_stay_static_in_its_symbolic_trace():
     """Dynamo makes symbols of the sizes it saw change (dynamic=True: the inputs', not the
     parameters'); tjit's symbolic trace of the graph made every size a symbol, and ViT's took
-    16 s of torch's symbolic reasoning for one trace (0.14 s now). Only Dynamo's symbols are
+    16 s of torch's symbolic reasoning for one trace (0.4 s now). Only Dynamo's symbols are
     symbols there now."""
     from tjit.runtime import split
     runs = []

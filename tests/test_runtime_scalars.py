@@ -285,6 +285,18 @@ def test_an_int_that_fails_as_a_runtime_number_leaves_the_others_runtime():
     assert tjit.counters.traces == traces
 
 
+def test_an_int_beyond_int64_is_a_literal_even_after_it_became_a_runtime_number():
+    """No int64 tensor holds 2**70: that call traces with the value baked in (eager's Python
+    arithmetic takes it), and the runtime number stays for the values that fit."""
+    def fn(x, k):
+        return x * (k // 2 ** 66) + k % 5
+
+    compiled, x = tjit.compile(fn), _x()
+    for k in [1, 2, 2 ** 70, 7, -(2 ** 69)]:
+        check_against_eager(fn, x, k, compiled=compiled)
+    assert compiled.runtime_ints == {"k"}
+
+
 def test_explain_says_which_ints_are_runtime_numbers():
     compiled = tjit.compile(scaled_by_step)
     x, w = torch.randn(8, 40), torch.randn(40)

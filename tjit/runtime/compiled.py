@@ -185,10 +185,13 @@ class CompiledFunction:
 
     def _int_varies(self, name: str, value: int) -> bool:
         """Whether int argument `name` is a runtime number: it has taken two values (this one
-        among them), and no trace with it as a runtime number has failed."""
+        among them), and no trace with it as a runtime number has failed. A value no int64
+        holds is a literal, even for an int that is a runtime number."""
+        if not _INT64_MIN <= value <= _INT64_MAX:
+            return False
         if name in self.runtime_ints:
             return True
-        if name in self.literal_ints or not _INT64_MIN <= value <= _INT64_MAX:
+        if name in self.literal_ints:
             return False
         if self._first_ints.setdefault(name, value) == value:
             return False

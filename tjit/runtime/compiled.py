@@ -107,7 +107,6 @@ class CompiledFunction:
         # fails (literal_ints: why)
         self._first_ints: dict[str, int] = {}
         self.runtime_ints: set[str] = set()
-        self._proven_ints: set[str] = set()  # those a trace has taken as runtime numbers
         self.literal_ints: dict[str, str] = {}
 
     def _flatten(self, args, kwargs) -> list[tuple[str, Any]]:
@@ -209,16 +208,15 @@ class CompiledFunction:
             self._cache = {key: entry for key, entry in self._cache.items() if key[-1] not in gone}
         if numbers:
             try:
-                entry = self._compile(args, kwargs, self._key(flat, numbers), numbers)
-                self._proven_ints.update(self.runtime_ints.intersection(numbers))
-                return entry
+                return self._compile(args, kwargs, self._key(flat, numbers), numbers)
             except UnsupportedOpError as e:  # (the function needs a number's value: a branch, a size, a dim)
                 ints = [name for name in numbers if name in self.runtime_ints]
                 if not ints and not isinstance(e, SplitError):
                     raise
-                # the ints new to being runtime numbers failed it (the floats were runtime numbers
-                # in an earlier trace, or are specialised already)
-                ints = [name for name in ints if name not in self._proven_ints] or ints
+                # the ints that no cached entry takes as runtime numbers failed it (the floats were
+                # runtime numbers in an earlier trace, or are specialised already)
+                proven = {name for entry in self._cache.values() for name in entry.numbers}
+                ints = [name for name in ints if name not in proven] or ints
                 why = str(e).split("\n")[0].split(" (unhinted")[0]
                 debug.log(1, f"{getattr(self.fn, '__name__', self.fn)}: arguments {ints or numbers} are specialised: {e}")
                 if ints:

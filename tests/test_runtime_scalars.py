@@ -134,6 +134,25 @@ def test_a_float_the_function_branches_on_is_specialised():
     assert compiled.literal_numbers and tjit.counters.traces >= 3
 
 
+def test_a_specialised_value_is_told_apart_from_one_that_only_compares_equal():
+    """-0.0 == 0.0 and (2,) == (2.0,), but x / -0.0 is -inf and an int tensor times 2.0 is a
+    float tensor: each is a trace of its own (the old key reused the first one's)."""
+    def divide(x, s):
+        return x / s if s < 5 else x  # (the branch specialises s)
+
+    compiled = tjit.compile(divide)
+    for s in [0.0, -0.0, float("nan"), float("nan")]:
+        check_against_eager(divide, _x(), s, compiled=compiled)
+
+    def times_first(x, t):
+        return x * t[0]
+
+    compiled = tjit.compile(times_first)
+    ints = (_x() * 10).int()
+    for t in [(2,), (2.0,), (True,)]:
+        check_against_eager(times_first, ints, t, compiled=compiled)
+
+
 def test_a_float_argument_with_gradients():
     def fn(x, scale):
         return (x.sin() * scale + scale).sum()

@@ -43,12 +43,26 @@ def guard_key(flat: list[tuple[str, Any]], numbers: tuple[str, ...] = ()) -> tup
         elif name in numbers:  # (its type decides the trace's result types)
             key.append((name, type(v)))
         else:
+            value = _exact(v)
             try:
-                hash(v)
-                key.append((name, type(v), v))
+                hash(value)
+                key.append((name, value))
             except TypeError:
                 key.append((name, type(v), repr(v)))
     return tuple(key)
+
+
+def _exact(v: Any) -> Any:
+    """A key for a specialised value that tells apart what == does not: -0.0 from 0.0, and
+    1 from 1.0 and True inside a tuple (each traces to other results); a NaN equals a NaN."""
+    kind = type(v)
+    if kind is float:
+        return kind, v.hex()
+    if kind is complex:
+        return kind, v.real.hex(), v.imag.hex()
+    if kind in (tuple, list):
+        return kind, tuple(map(_exact, v))
+    return kind, v
 
 
 def shape_class_key(key: tuple, flat: list[tuple[str, Any]], sizes: tuple[str, ...] = ()) -> Optional[tuple]:

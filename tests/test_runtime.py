@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import tjit
-from helpers import assert_as_accurate_as_eager, check_against_eager
+from helpers import assert_as_accurate_as_eager, check_against_eager, launches
 
 
 def fresh_function():
@@ -305,6 +305,23 @@ def test_methods_can_be_compiled():
 
     x = torch.randn(4)
     torch.testing.assert_close(Scale(3.0).apply(x), x * 3.0)
+
+
+@tjit.compile
+def _compiled_gate(z):
+    return torch.sigmoid(z) * z
+
+
+def _calls_a_compiled_function(x, y):
+    return _compiled_gate(x * y).sum(-1)
+
+
+def test_a_compiled_function_called_inside_another_ones_trace_is_traced_into_it():
+    """The helper gets the trace's fake tensors: it runs as itself, so its ops join the
+    caller's kernel (the old code launched its kernels on the fake tensors' memory: a crash)."""
+    x, y = torch.randn(300, 130), torch.randn(300, 130)
+    compiled = check_against_eager(_calls_a_compiled_function, x, y)
+    assert launches(compiled, x, y) == 1
 
 
 def test_indexing_switches_to_int64_past_two_to_the_31():

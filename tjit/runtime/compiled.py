@@ -108,6 +108,9 @@ class CompiledFunction:
         self._first_ints: dict[str, int] = {}
         self.runtime_ints: set[str] = set()
         self.literal_ints: dict[str, str] = {}
+        # called while another function is traced (a compiled helper of a compiled function):
+        # the function itself runs, so that the trace records its ops
+        self._inlined = CompiledEntry(_Inlined(fn), 0.0, 0.0, 0.0, 0)
 
     def _flatten(self, args, kwargs) -> list[tuple[str, Any]]:
         # The common calls (all parameters given positionally, or a Dynamo graph's forward(*args))
@@ -133,6 +136,8 @@ class CompiledFunction:
         errors before anything runs), and the arguments as run() takes them."""
         flat = self._flatten(args, kwargs)
         tensors = {name: v for name, v in flat if isinstance(v, torch.Tensor)}
+        if any(type(t) is not torch.Tensor and _being_traced(t) for t in tensors.values()):
+            return PreparedCall(self._inlined, args, kwargs, flat, tensors)
         _check_not_donated(tensors)
         numbers = self._numbers(flat)
         entry = self._cache.get(self._key(flat, numbers))
@@ -147,7 +152,7 @@ class CompiledFunction:
     def run(self, call: "PreparedCall", out=None):
         """Run a prepared call (see __call__ for `out`)."""
         entry, tensors = call.entry, call.tensors
-        if isinstance(entry.executable, SplitFunction):
+        if isinstance(entry.executable, (SplitFunction, _Inlined)):
             return _into_out(entry.executable(call.args, call.kwargs), out)
         if entry.numbers:
             tensors.update(_as_tensors(call.flat, entry.numbers))
@@ -352,6 +357,23 @@ def _cannot_donate(name, x, conversion, flat) -> Optional[str]:
 def _sharing_memory(tensors: dict, name: str) -> list[str]:
     """The other tensor arguments whose memory meets argument `name`'s."""
     return [n for n, t in tensors.items() if n != name and isinstance(t, torch.Tensor) and tensors_meet(t, tensors[name])]
+
+
+class _Inlined:
+    """The entry of a call made inside another function's trace: the function runs as it is."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+
+    def __call__(self, args: tuple, kwargs: dict):
+        return self.fn(*args, **kwargs)
+
+
+def _being_traced(t: torch.Tensor) -> bool:
+    """Whether t is a tracer's stand-in (a fake or functional tensor), not data kernels can read."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch._subclasses.functional_tensor import FunctionalTensor
+    return isinstance(t, (FakeTensor, FunctionalTensor))
 
 
 def _reading_numbers(fn, numbers: tuple[str, ...]) -> Callable:

@@ -255,8 +255,9 @@ def demo_one(k: int, title: str, fn, make_args) -> None:
     ratio = f"{ex.bytes_moved / minimum:.2f}x" if minimum else "-"
     print(f"bytes moved:     {ex.bytes_moved:,} B per call; minimum {minimum:,} B ({ratio})")
     compile_s = entry.trace_seconds + entry.lower_seconds + entry.load_seconds
+    loaded = " when an earlier run compiled it; this run loaded it from the disk cache" if entry.from_disk else ""
     print(f"compile time:    {compile_s * 1e3:.1f} ms (trace {entry.trace_seconds * 1e3:.1f}, lower + codegen "
-          f"{entry.lower_seconds * 1e3:.1f}, load {entry.load_seconds * 1e3:.1f}); first call "
+          f"{entry.lower_seconds * 1e3:.1f}, load {entry.load_seconds * 1e3:.1f}){loaded}; first call "
           f"{first_call * 1e3:.0f} ms including the run" + (" in Triton's interpreter" if DEVICE == "cpu" else ""))
 
     plan = ex.memory

@@ -16,6 +16,9 @@ if not ON_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ["TJIT_POISON"] = "1"
 os.environ["TJIT_VERIFY"] = "1"
+# (each test compiles its own: an entry an earlier run stored on disk would skip the traces tests count;
+# test_disk_cache.py turns it on in directories of its own)
+os.environ["TJIT_DISK_CACHE"] = "0"
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 
 import pytest  # noqa: E402

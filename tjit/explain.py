@@ -78,6 +78,7 @@ class Explanation:
     # the buffers of `memory` each in memory of its own, allocated and freed around the steps
     # that use it, rather than in a slab (pipeline.with_buffers_apart)
     buffers_apart: bool = False
+    disk: str = ""  # whether the entry was loaded from the disk cache, stored there, or why not (runtime/disk_cache.py)
 
     @property
     def bytes_moved(self) -> int:
@@ -99,6 +100,8 @@ class Explanation:
             lines.append(k.source)
         lines += [f"number argument {name}: {how}" for name, how in self.numbers.items()]
         lines += [f"matrix product {how}" for how in self.matmuls]
+        if self.disk:
+            lines.append(f"disk cache: {self.disk}")
         if self.memory is not None and self.memory.intervals:
             lines += ["", "memory plan (steps are kernel launches and library calls, in order):", self.memory.format()]
             if self.buffers_apart:
@@ -154,6 +157,7 @@ def explain(fn, *args, **kwargs) -> Explanation:
     backward = entry.executable.backward_executable(entry.executable.dense_layouts()) if plan is not None else None
     explanation = _explain(entry.executable, entry.eager_ops)
     explanation.numbers = _numbers(compiled, entry, args, kwargs)
+    explanation.disk = _disk(compiled, entry)
     forward = getattr(entry.executable, "forward", entry.executable)  # (a GradExecutable's forward)
     explanation.matmuls = [c.describe() for c in forward.conversion.matmul_choices]
     device_type = _device_type(args, kwargs)
@@ -185,6 +189,17 @@ def _numbers(compiled, entry, args, kwargs) -> dict[str, str]:
                                                   "makes it a runtime number where the function allows it")
         found[name] = f"specialised ({type(v).__name__} {v} is in the kernels): {why}"
     return found
+
+
+def _disk(compiled, entry) -> str:
+    from .runtime import disk_cache
+    if not disk_cache.enabled():
+        return "off (TJIT_DISK_CACHE=0)"
+    if entry.from_disk:
+        return "loaded: an earlier process compiled it, so it was not traced"
+    if compiled.not_on_disk:
+        return f"not stored: {compiled.not_on_disk}"
+    return f"stored in {disk_cache.programs_dir()}: a fresh process that makes this call loads it"
 
 
 def _device_type(args, kwargs) -> str:

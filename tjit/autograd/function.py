@@ -10,7 +10,7 @@ compiled on the first backward for each layout of the incoming gradients.
 from __future__ import annotations
 
 import threading
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -56,6 +56,15 @@ class GradExecutable:
         self._returned_written = conversion.returned_written  # (eager returns the input itself, rebased)
         self._backward: dict[tuple, object] = {}
         self._lock = threading.Lock()
+        self.on_backward_compiled: Optional[Callable[[], None]] = None  # (the disk cache's: stores the entry again)
+
+    # (pickled into the disk cache, runtime/disk_cache.py, with the backwards compiled so far;
+    # on_backward_compiled is the cache's, which stores it again)
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k not in ("_lock", "on_backward_compiled")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _lock=threading.Lock(), on_backward_compiled=None)
 
     # what explain() and the logs read
     @property
@@ -200,6 +209,8 @@ class GradExecutable:
         debug.log(1, f"compiled a backward: {len(program.kernels)} kernel(s)")
         debug.log_program(graph, chosen.program)
         self._backward[key] = chosen
+        if self.on_backward_compiled is not None:
+            self.on_backward_compiled()
         return chosen
 
     def _forward_forms(self) -> list[Executable]:
@@ -226,6 +237,14 @@ class _Backward:
 
     def __getattr__(self, name):  # graph, lowered, launches, slabs...: the kernels'
         return getattr(self.executable, name)
+
+    # (pickled with its GradExecutable; without these, pickle's look-up of __setstate__ on an
+    # empty instance would go to __getattr__, which reads an attribute not set yet, and so on)
+    def __getstate__(self) -> dict:
+        return self.__dict__
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
 
     def run(self, tensors: dict[str, torch.Tensor], inputs: dict[str, tuple],
             consumable: frozenset = frozenset()) -> dict[str, torch.Tensor]:

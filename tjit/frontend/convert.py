@@ -82,6 +82,15 @@ class Conversion:
     written_grad_inputs: tuple[str, ...] = ()
     returned_written: dict[int, str] = field(default_factory=dict)  # result position -> the written input it is
 
+    # (pickled into the disk cache, runtime/disk_cache.py: the outputs' pytree spec as an
+    # example tree with ints for leaves, its containers being what pickle knows how to write)
+    def __getstate__(self) -> dict:
+        example = torch.utils._pytree.tree_unflatten(range(self.output_tree.num_leaves), self.output_tree)
+        return {**self.__dict__, "output_tree": example}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, output_tree=torch.utils._pytree.tree_structure(state["output_tree"]))
+
 
 def storage_key(t: torch.Tensor):
     return StorageWeakRef(t.untyped_storage()).cdata

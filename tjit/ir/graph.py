@@ -262,6 +262,15 @@ class Graph:
     def __str__(self) -> str:
         return format_graph(self)
 
+    # (pickled into the disk cache, runtime/disk_cache.py: the inputs held weakly are written as
+    # the nodes themselves, which the graph's other fields hold too)
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_inputs": {n: self.input_node(n) for n in self._inputs}}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._inputs = {n: weakref.ref(node) for n, node in state["_inputs"].items() if node is not None}
+
 
 class GraphBuilder:
     """Creates hash-consed nodes for one graph."""

@@ -37,6 +37,7 @@ from ..ir import AxisStrategy
 from ..memory.donation import DonatedTensor
 from ..frontend.shape_class import ShapeClasses
 from ..pipeline import VerifyError, build_program, convert, trace_and_convert
+from . import disk_cache
 from .counters import counters
 from .executor import Executable, alias_view
 from .guards import OutsideState, guard_key, shape_class_key
@@ -56,6 +57,7 @@ class CompiledEntry:
     cpu_scalars: tuple[str, ...] = ()
     written_cpu_scalars: tuple[str, ...] = ()  # those the function writes in place: copied back
     cpu_outputs: tuple = ()  # (index, OutputSpec) of the flattened results eager makes on the CPU
+    from_disk: bool = False  # loaded from the disk cache (runtime/disk_cache.py), not compiled here
 
 
 @dataclass
@@ -108,6 +110,7 @@ class CompiledFunction:
         self._first_ints: dict[str, int] = {}
         self.runtime_ints: set[str] = set()
         self.literal_ints: dict[str, str] = {}
+        self.not_on_disk: Optional[str] = None  # why the last entry compiled is not in the disk cache
         # called while another function is traced (a compiled helper of a compiled function):
         # the function itself runs, so that the trace records its ops
         self._inlined = CompiledEntry(_Inlined(fn), 0.0, 0.0, 0.0, 0)
@@ -237,6 +240,14 @@ class CompiledFunction:
             return self._split_entry(key, "an nn.Module: Dynamo guards its state (training mode, parameters, "
                                           "attributes) and tjit compiles the graphs it captures", t0)
         flat = self._flatten(args, kwargs)
+        disk_key = self._disk_key(flat, numbers)
+        stored = disk_cache.load(disk_key) if disk_key is not None else None
+        if stored is not None:
+            counters.disk_loads += 1
+            stored.from_disk = True
+            self._cache[key] = stored
+            self._store_backwards(disk_key, stored)
+            return stored
         grad_inputs = _grad_inputs(flat)
         device = _device_type(flat)
         traced = (self.fn, args, kwargs)
@@ -272,7 +283,41 @@ class CompiledFunction:
                               **_cpu_scalar_fields(flat, conversion))
         self._cache[key] = entry
         _log_compile(self.fn, entry)
+        if disk_key is not None:
+            self._store(disk_key, entry)
+            self._store_backwards(disk_key, entry)
         return entry
+
+    def _disk_key(self, flat, numbers: tuple[str, ...]) -> Optional[disk_cache.EntryKey]:
+        """The key of the call's entry on disk (runtime/disk_cache.py); None where the disk
+        cache is off or the key cannot be written out (not_on_disk says why)."""
+        if not disk_cache.enabled():
+            return None
+        if not self.split_data_dependent:
+            self.not_on_disk = "a graph Dynamo captured (Dynamo captures it in every process)"
+            return None
+        if self.axis_strategies:
+            self.not_on_disk = "axis_strategies are given"
+            return None
+        try:
+            return disk_cache.entry_key(self.fn, guard_key(flat, numbers), flat, (self.donate,))
+        except disk_cache.NotCacheable as e:
+            self.not_on_disk = str(e)
+            return None
+
+    def _store_backwards(self, disk_key: disk_cache.EntryKey, entry: CompiledEntry) -> None:
+        """Store the entry again once a backward is compiled for it (a GradExecutable compiles
+        each at the first backward that needs it), so that a fresh process finds it too."""
+        if isinstance(entry.executable, GradExecutable):
+            entry.executable.on_backward_compiled = functools.partial(self._store, disk_key, entry)
+
+    def _store(self, disk_key: disk_cache.EntryKey, entry: CompiledEntry) -> None:
+        try:
+            disk_cache.store(disk_key, entry)
+        except disk_cache.NotCacheable as e:
+            self.not_on_disk = str(e)
+        except OSError as e:  # (a read-only or full disk: the entry stays in this process)
+            self.not_on_disk = f"writing it failed: {e}"
 
     def _conversion(self, fn, args, kwargs, key: tuple, flat, requires_grad: frozenset):
         """The call's IR graph: from its shape class's symbolic trace, or traced for its sizes."""

@@ -9,6 +9,7 @@ class Counters:
     traces: int = 0  # a function traced (make_fx) and lowered (a cache miss)
     specialised: int = 0  # a cache miss lowered from its shape class's symbolic trace, not traced
     cache_hits: int = 0  # a call served by an existing trace
+    disk_loads: int = 0  # a cache miss served by an entry an earlier process stored (runtime/disk_cache.py)
     kernels_generated: int = 0  # distinct kernel sources loaded
     kernel_compiles: int = 0  # distinct (kernel source, constexprs) launched: one Triton build each
     launches: int = 0  # Triton kernels launched

@@ -82,6 +82,7 @@ class Executable:
         strides they are kept in); each call allocates each of them as an output (see
         tjit.autograd.tape), so that a backward can free each once it has read it."""
         self.conversion, self.program = conversion, program
+        self._tape_strides = dict(tape or {})
         self.graph = conversion.graph
         self.tape = [(name, TapeValue(self.graph.outputs[name], strides)) for name, strides in (tape or {}).items()
                      if name not in program.call_outputs]
@@ -136,6 +137,14 @@ class Executable:
         self._last_input_read = _last_read_of_inputs(program.steps)
         for name, placed in program.donated.items():
             self._last_input_read[name] = max([self._last_input_read.get(name, 0)] + [b.end - 1 for b, _ in placed])
+
+    # (pickled into the disk cache, runtime/disk_cache.py: what it was made from; loading
+    # makes it again, so its kernels are loaded and its per-device state starts empty)
+    def __getstate__(self) -> tuple:
+        return self.conversion, self.program, self._tape_strides
+
+    def __setstate__(self, state: tuple) -> None:
+        self.__init__(*state)
 
     def __call__(self, tensors: dict[str, torch.Tensor], out=None):
         device = self.device_of(tensors)

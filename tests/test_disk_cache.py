@@ -177,7 +177,8 @@ def scaled_by_config(x):
 
 def test_what_the_key_cannot_hold_by_content_stays_off_the_disk(disk):
     """An object of a user's class (its attributes could change between processes unseen),
-    as a global or as an argument, keeps the entry off the disk and says why."""
+    as a global or as an argument, a partial, or state a fresh process may not share (the
+    environment) keeps the entry off the disk, and says why."""
     compiled = check_against_eager(scaled_by_config, _x(ROWS, COLS))
     assert "CONFIG holds a Config" in compiled.not_on_disk
     assert "disk cache: not stored: CONFIG holds a Config" in str(tjit.explain(compiled, _x(ROWS, COLS)))
@@ -185,6 +186,8 @@ def test_what_the_key_cannot_hold_by_content_stays_off_the_disk(disk):
     assert "argument c holds a Config" in compiled.not_on_disk
     compiled = check_against_eager(functools.partial(add_table, x=_x(ROWS, COLS)))
     assert "a partial is compiled, not a function" in compiled.not_on_disk
+    compiled = check_against_eager(lambda x: x * float(os.environ.get("TJIT_TEST_SCALE", "2")), _x(ROWS, COLS))
+    assert "it reads module os, whose state a fresh process may not share" in compiled.not_on_disk
     assert not list(disk.glob("*.entry"))
 
 

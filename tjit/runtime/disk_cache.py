@@ -49,6 +49,14 @@ MAX_TENSOR_CONSTANT_BYTES = 1 << 20  # a tensor a function reads from a global: 
 _ADDRESSES = (1 << 32, 1 << 48)
 # where a global's objects are identified by their name (their package's version is in the key)
 _LIBRARY_PACKAGES = frozenset({"torch", "triton", "tjit", "numpy", "sympy"})
+# modules and builtins that read what a process does not share with the one that stored an
+# entry (the environment, the clock, files, random state, object ids, the hash seed): a trace
+# bakes what they gave in, so a function that uses them is not stored
+_OUTSIDE_STATE_MODULES = frozenset({"os", "sys", "time", "random", "datetime", "secrets", "uuid", "socket",
+                                    "subprocess", "pathlib", "io", "shutil", "glob", "tempfile", "platform",
+                                    "getpass", "posix", "threading", "multiprocessing", "numpy.random"})
+_OUTSIDE_STATE_BUILTINS = frozenset({"open", "input", "id", "hash", "globals", "locals", "vars", "eval", "exec",
+                                     "compile", "__import__"})
 
 
 class NotCacheable(Exception):
@@ -155,14 +163,18 @@ class _Describer:
                     parts.append(f"{name}={self.read(_cell_contents(cells[name]), name, attributes)}")
             elif name in fn.__globals__:
                 parts.append(f"{name}={self.read(fn.__globals__[name], name, attributes)}")
+            elif name in _OUTSIDE_STATE_BUILTINS:
+                raise NotCacheable(f"it calls {name}(), which reads state a fresh process may not share")
             elif not hasattr(builtins, name):
                 parts.append(f"{name}=<unbound>")
         return "(" + ", ".join(parts) + ")"
 
     def read(self, value, name: str, attributes: set[tuple[str, ...]]) -> str:
         """A global or a closed-over variable; of a user's module, the attributes read of it."""
-        if not isinstance(value, types.ModuleType) or _is_library(value.__name__):
+        if not isinstance(value, types.ModuleType) or _is_library(value.__name__) and not _outside_state(value.__name__):
             return self.value(value, name)
+        if _outside_state(value.__name__):
+            raise NotCacheable(f"it reads module {value.__name__}, whose state a fresh process may not share")
         if () in attributes:
             raise NotCacheable(f"module {value.__name__} ({name}) is used other than by reading its attributes")
         found = []
@@ -213,12 +225,17 @@ def _library_name(value) -> Optional[str]:
         module = value.__objclass__.__module__
     else:
         return None
-    if not (_is_library(module) or module == "builtins"):
+    if not (_is_library(module) or module == "builtins") or _outside_state(module):
         return None
     return f"<{module}.{getattr(value, '__qualname__', value)}>"
 
 
 _UNBOUND = object()
+
+
+def _outside_state(module: Optional[str]) -> bool:
+    module = module or ""
+    return any(module == m or module.startswith(m + ".") for m in _OUTSIDE_STATE_MODULES)
 
 
 def _is_library(module: Optional[str]) -> bool:

@@ -116,6 +116,26 @@ def test_a_changed_global_helper_or_closure_is_a_new_entry(monkeypatch):
     assert _loaded(closing_over(3.0), args[0])
 
 
+def test_a_graph_dynamo_captured_is_loaded_with_its_backward_after_dynamo_captures_it_again():
+    """torch.compile(model, backend="tjit") in a fresh process: Dynamo captures the graph
+    again, and tjit loads its entry (forward and backward) instead of compiling it."""
+    import torch._dynamo
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(90, 130), torch.nn.GELU(), torch.nn.LayerNorm(130),
+                                torch.nn.Linear(130, 7))
+    x = _x(70, 90)
+    model(x).square().mean().backward()
+    expected = [p.grad.clone() for p in model.parameters()]
+    for loaded in (False, True):
+        torch._dynamo.reset()  # (Dynamo captures it again, as in a fresh process)
+        model.zero_grad()
+        traces, loads = tjit.counters.traces, tjit.counters.disk_loads
+        torch.compile(model, backend="tjit")(x).square().mean().backward()
+        assert (tjit.counters.traces - traces, tjit.counters.disk_loads - loads) == ((0, 1) if loaded else (1, 0))
+        for got, grad in zip(model.parameters(), expected):
+            torch.testing.assert_close(got.grad, grad)
+
+
 SETTINGS = types.ModuleType("settings")  # (a user's module: its attributes the function reads are in the key)
 SETTINGS.scale = 2.0
 

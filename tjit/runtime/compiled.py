@@ -293,14 +293,12 @@ class CompiledFunction:
         cache is off or the key cannot be written out (not_on_disk says why)."""
         if not disk_cache.enabled():
             return None
-        if not self.split_data_dependent:
-            self.not_on_disk = "a graph Dynamo captured (Dynamo captures it in every process)"
-            return None
         if self.axis_strategies:
             self.not_on_disk = "axis_strategies are given"
             return None
         try:
-            return disk_cache.entry_key(self.fn, guard_key(flat, numbers), flat, (self.donate,))
+            settings = (self.donate, sorted(self._size_positions), sorted(self._dynamic_dims.items()))
+            return disk_cache.entry_key(self.fn, guard_key(flat, numbers), flat, settings)
         except disk_cache.NotCacheable as e:
             self.not_on_disk = str(e)
             return None

@@ -5,7 +5,8 @@ The key is known before tracing, so a hit costs no trace: it is the call's guard
 tensors' shapes, strides, dtypes, devices; its other arguments' values; the torch state
 the trace runs under) with every part written out as text, the function's content
 (`function_content`: its code, and what the globals and closed-over variables it reads
-hold, the functions it calls followed into theirs), and the environment (tjit's own
+hold, the functions it calls followed into theirs; for a graph Dynamo captured, its code
+and the attributes it reads), and the environment (tjit's own
 source, the torch, triton and Python versions, the device, the TJIT_* settings). A call
 whose key cannot be written out faithfully (an argument or a global that is an object of a
 user's class, a large tensor constant, a user module passed around) is compiled as before
@@ -131,11 +132,15 @@ def function_content(fn: Callable) -> tuple[str, dict[int, str]]:
     """A digest of what a trace of fn reads besides its arguments: its code, and what its
     globals and closed-over variables hold (NotCacheable when one cannot be written out);
     and the tensors among them (EntryKey.tensors_read)."""
-    if not isinstance(fn, types.FunctionType):
-        raise NotCacheable(f"a {type(fn).__qualname__} is compiled, not a function: the key holds functions by code")
     describer = _Describer()
+    if isinstance(fn, types.MethodType) and isinstance(fn.__self__, torch.fx.GraphModule):
+        text = lambda: describer.graph_module(fn.__self__)  # (a graph Dynamo captured)
+    elif isinstance(fn, types.FunctionType):
+        text = lambda: describer.function(fn)
+    else:
+        raise NotCacheable(f"a {type(fn).__qualname__} is compiled, not a function: the key holds functions by code")
     try:
-        digest = hashlib.sha256(describer.function(fn).encode()).hexdigest()
+        digest = hashlib.sha256(text().encode()).hexdigest()
     except RecursionError:  # (a container that holds itself)
         raise NotCacheable(f"what {fn.__qualname__} reads is nested too deep to write out") from None
     describer.tensors.pop(None, None)
@@ -169,6 +174,17 @@ class _Describer:
                 parts.append(f"{name}=<unbound>")
         return "(" + ", ".join(parts) + ")"
 
+    def graph_module(self, gm: torch.fx.GraphModule) -> str:
+        """An FX graph's forward (its code is the graph's) and the attributes it reads."""
+        parts = [self.function(gm.forward.__func__)]
+        for node in gm.graph.nodes:
+            if node.op in ("get_attr", "call_module"):
+                value = gm
+                for attribute in node.target.split("."):
+                    value = getattr(value, attribute)
+                parts.append(f"{node.target}={self.value(value, node.target)}")
+        return "(" + ", ".join(parts) + ")"
+
     def read(self, value, name: str, attributes: set[tuple[str, ...]]) -> str:
         """A global or a closed-over variable; of a user's module, the attributes read of it."""
         if not isinstance(value, types.ModuleType) or _is_library(value.__name__) and not _outside_state(value.__name__):
@@ -198,6 +214,8 @@ class _Describer:
         if isinstance(value, torch.Tensor):
             self.tensors[_storage_address(value)] = name
             return _tensor_text(value, name)
+        if isinstance(value, torch.fx.GraphModule):  # (a subgraph: a higher-order op's body)
+            return self.graph_module(value)
         if isinstance(value, types.ModuleType) and _is_library(value.__name__):  # (its version is in environment())
             return f"<module {value.__name__}>"
         if isinstance(value, types.FunctionType) and not _is_library(value.__module__):

@@ -207,8 +207,8 @@ class _Describer:
     def value(self, value, name: str) -> str:
         if _is_plain(value):
             return repr(value)
-        if isinstance(value, tuple):
-            return "(" + ", ".join(self.value(v, name) for v in value) + ")"
+        if isinstance(value, (tuple, list)):  # (a list as it holds now: the key is made at each trace)
+            return f"{type(value).__name__}(" + ", ".join(self.value(v, name) for v in value) + ")"
         if isinstance(value, dict) and all(type(k) is str for k in value):
             return "{" + ", ".join(f"{k!r}: {self.value(v, name)}" for k, v in sorted(value.items())) + "}"
         if isinstance(value, torch.Tensor):

@@ -100,6 +100,13 @@ def test_a_loaded_entry_runs_library_calls_and_backward(matmul, monkeypatch):
         disk_cache.environment.cache_clear()
 
 
+def _wrapped_in_a_library(fn):
+    def wrapper(z):
+        return fn(z)
+    wrapper.__module__ = "torch.utils"  # (as a library's factory that does not copy fn's makes it)
+    return wrapper
+
+
 def test_a_changed_global_helper_or_closure_is_a_new_entry(monkeypatch):
     args = (_x(ROWS, COLS), _x(ROWS, COLS, seed=1), 0.25)
     assert not _loaded(scaled_softmax, *args)
@@ -108,6 +115,11 @@ def test_a_changed_global_helper_or_closure_is_a_new_entry(monkeypatch):
     monkeypatch.setitem(globals(), "helper", lambda z: z.sin())  # (a function it calls: other code)
     assert not _loaded(scaled_softmax, *args)
     assert _loaded(scaled_softmax, *args)
+    # (a library's wrapper around it, named by the library's module, as every other one is)
+    monkeypatch.setitem(globals(), "helper", _wrapped_in_a_library(lambda z: z.cos()))
+    assert not _loaded(scaled_softmax, *args)
+    monkeypatch.setitem(globals(), "helper", _wrapped_in_a_library(lambda z: z.tanh()))
+    assert not _loaded(scaled_softmax, *args)
 
     def closing_over(k):
         return lambda x: x * k

@@ -218,7 +218,9 @@ class _Describer:
             return self.graph_module(value)
         if isinstance(value, types.ModuleType) and _is_library(value.__name__):  # (its version is in environment())
             return f"<module {value.__name__}>"
-        if isinstance(value, types.FunctionType) and not _is_library(value.__module__):
+        # (a library's function by name, unless it closes over something: a decorator's wrapper
+        # of the user's function, which is named as every other such wrapper is)
+        if isinstance(value, types.FunctionType) and (not _is_library(value.__module__) or value.__closure__):
             return self.function(value)
         from .compiled import CompiledFunction  # (a function compiled by tjit, which this one calls)
         if isinstance(value, CompiledFunction) and isinstance(value.fn, types.FunctionType):

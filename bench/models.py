@@ -83,8 +83,11 @@ sys.path.insert(0, str(ROOT / "tests"))  # the zoo's definitions live with the t
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-# A fresh Inductor cache per process (before torch._inductor reads its config).
+# A fresh Inductor cache per process (before torch._inductor reads its config), and tjit's disk
+# cache off: the compile times and traces measured here are each process's own (bench/compile.py
+# measures warm starts from the disk cache separately).
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="tjit_bench_inductor_"))
+os.environ.setdefault("TJIT_DISK_CACHE", "0")
 
 import tjit  # noqa: E402  (before triton: chooses the interpreter without CUDA)
 import torch  # noqa: E402

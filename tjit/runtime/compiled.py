@@ -302,6 +302,9 @@ class CompiledFunction:
         except disk_cache.NotCacheable as e:
             self.not_on_disk = str(e)
             return None
+        except Exception as e:  # (an object the key's description did not foresee: compiled here only)
+            self.not_on_disk = f"its key could not be made: {type(e).__name__}: {e}"
+            return None
 
     def _store_backwards(self, disk_key: disk_cache.EntryKey, entry: CompiledEntry) -> None:
         """Store the entry again once a backward is compiled for it (a GradExecutable compiles

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Whole models: tjit against Inductor (Triton for CPU tensors) on the zoo of tests/zoo.py.
 
-    python bench/models.py [--models a,b] [--quick] [--cold] [--batch N] [--json PATH] [--plot PATH]
+    python bench/models.py [--models a,b] [--quick] [--cold] [--warm-start] [--batch N] [--json PATH] [--plot PATH]
 
 Per model (tests/zoo.py's ZOO, same weights and inputs for every compiler) and per compiler:
 `torch.compile(..., backend=...)` with tjit's Dynamo backend (tjit_backend) and Inductor's (compile_fx, what
@@ -39,6 +39,9 @@ after a warm-up compile of a small function by each backend (imports and one-tim
 torch, tjit and the zoo, and the same difference is taken there ("cold": includes Dynamo's and the
 compiler's lazy imports). Inductor's on-disk caches point at a fresh temporary directory per
 process, so nothing is reused from an earlier run; it compiles in-process (compile_threads=1).
+tjit's disk cache is off likewise. With --warm-start, the same is taken in the second of two
+fresh processes that share one cache directory: each compiler finds what the first compiled
+(Inductor's FX graph and AOTAutograd caches; tjit's disk cache, runtime/disk_cache.py).
 
 Peak memory of a training step (forward + loss + backward), eager, tjit and Inductor: the peak of
 the bytes allocated during the step and alive at once, as the allocator counts them
@@ -75,6 +78,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
+from typing import Optional
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -347,11 +351,14 @@ def warm_up() -> None:
     torch._dynamo.reset()
 
 
-def cold(name: str, compiler: str) -> dict:
-    """The first-call compile times in a fresh process (see the module text)."""
+def cold(name: str, compiler: str, cache_dir: Optional[str] = None) -> dict:
+    """The first-call compile times in a fresh process (see the module text); with
+    cache_dir, both compilers' caches on disk there (Inductor's, tjit's)."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--_cold", f"{name}:{compiler}"]
     env = dict(os.environ)
     env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    if cache_dir is not None:
+        env.update(TORCHINDUCTOR_CACHE_DIR=cache_dir, TJIT_CACHE_DIR=cache_dir, TJIT_DISK_CACHE="1")
     t = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t
@@ -361,6 +368,14 @@ def cold(name: str, compiler: str) -> dict:
             found["process_wall_s"] = wall
             return found
     return {"error": f"cold subprocess exited {p.returncode}: {p.stderr.strip().splitlines()[-1:] }"}
+
+
+def warm_start(name: str, compiler: str) -> dict:
+    """The first-call compile times in a fresh process whose compiler finds on disk what an
+    earlier process compiled (Inductor's FX graph and AOTAutograd caches, tjit's disk cache)."""
+    with tempfile.TemporaryDirectory(prefix="tjit_bench_warm_") as directory:
+        cold(name, compiler, directory)
+        return cold(name, compiler, directory)
 
 
 def cold_main(spec: str) -> None:
@@ -389,6 +404,8 @@ def print_table(results: dict, with_cold: bool) -> None:
             ("train compile s", ("train_time", "compile_s"), "{:.1f}")]
     if with_cold:
         cols += [("cold train s", ("cold", "train_time", "compile_s"), "{:.1f}")]
+    if any("warm_start" in r for per in results.values() for r in per.values()):
+        cols += [("warm-start train s", ("warm_start", "train_time", "compile_s"), "{:.1f}")]
     header = ["model"]
     for title, _, _ in cols:
         header += [f"{title} tjit", "ind"] if title != "tjit lib" else ["tjit lib (train)"]
@@ -487,6 +504,8 @@ def main() -> int:
     ap.add_argument("--models", help=f"comma-separated, from {','.join(ZOO)}")
     ap.add_argument("--quick", action="store_true", help=f"only {','.join(QUICK)}")
     ap.add_argument("--cold", action="store_true", help="also time the first call in fresh processes (slow)")
+    ap.add_argument("--warm-start", action="store_true", help="also time the first call in a fresh process "
+                    "after another filled the compilers' caches on disk (slow)")
     ap.add_argument("--no-bytes", action="store_true", help="count kernels without recording the bytes they move "
                     "(much faster on the larger models)")
     ap.add_argument("--batch", type=int, default=2, help="inputs per batch (default 2: the parameters' memory "
@@ -527,6 +546,9 @@ def main() -> int:
             if opts.cold:
                 progress(f"{name} / {comp}: cold process ...")
                 row["cold"] = cold(name, comp)
+            if opts.warm_start:
+                progress(f"{name} / {comp}: two processes over one cache directory ...")
+                row["warm_start"] = warm_start(name, comp)
             results[name][comp] = row
             brief = ", ".join(f"{k} {cell(row, *path, fmt=f)}" for k, path, f in (
                 ("eval kernels", ("eval", "kernels"), "{}"), ("train kernels", ("train", "kernels"), "{}"),

@@ -139,7 +139,7 @@ class CompiledFunction:
         errors before anything runs), and the arguments as run() takes them."""
         flat = self._flatten(args, kwargs)
         tensors = {name: v for name, v in flat if isinstance(v, torch.Tensor)}
-        if any(type(t) is not torch.Tensor and _being_traced(t) for t in tensors.values()):
+        if any(type(t) not in _DATA_TENSOR_TYPES and _being_traced(t) for t in tensors.values()):
             return PreparedCall(self._inlined, args, kwargs, flat, tensors)
         _check_not_donated(tensors)
         numbers = self._numbers(flat)
@@ -413,6 +413,9 @@ class _Inlined:
 
     def __call__(self, args: tuple, kwargs: dict):
         return self.fn(*args, **kwargs)
+
+
+_DATA_TENSOR_TYPES = frozenset({torch.Tensor, torch.nn.Parameter})  # (the common case, checked first: no call)
 
 
 def _being_traced(t: torch.Tensor) -> bool:

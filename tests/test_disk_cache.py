@@ -148,6 +148,17 @@ def test_a_graph_dynamo_captured_is_loaded_with_its_backward_after_dynamo_captur
             torch.testing.assert_close(got.grad, grad)
 
 
+def test_graphs_dynamo_captured_are_keyed_by_their_nodes():
+    """Until its first call, every graph Dynamo captures has the same forward (a _LazyGraphModule
+    generates its code then): keyed by that, the second graph loaded the first's entry (its
+    results, silently). The key holds the graph's nodes."""
+    x = _x(ROWS, COLS)
+    for fn in (lambda t: t[1:-1][::2] + 1, lambda t: torch.cat([t[:1] * 2, t[-1:]]), lambda t: t.sin().sum(0)):
+        loads = tjit.counters.disk_loads
+        torch.testing.assert_close(torch.compile(fn, backend="tjit")(x), fn(x))
+        assert tjit.counters.disk_loads == loads
+
+
 SETTINGS = types.ModuleType("settings")  # (a user's module: its attributes the function reads are in the key)
 SETTINGS.scale = 2.0
 

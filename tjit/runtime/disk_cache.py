@@ -175,15 +175,32 @@ class _Describer:
         return "(" + ", ".join(parts) + ")"
 
     def graph_module(self, gm: torch.fx.GraphModule) -> str:
-        """An FX graph's forward (its code is the graph's) and the attributes it reads."""
-        parts = [self.function(gm.forward.__func__)]
+        """An FX graph, node by node, and the attributes it reads. (Not its forward's code: a
+        graph Dynamo captured generates that at its first call, and until then its forward is
+        one function that every such graph shares.)"""
+        parts = []
         for node in gm.graph.nodes:
+            target = node.target if isinstance(node.target, str) else self.value(node.target, node.name)
+            arguments = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: _NodeName(n.name))
+            parts.append(f"{node.op} {node.name} {target} {self.argument(arguments, node.name)}")
             if node.op in ("get_attr", "call_module"):
                 value = gm
                 for attribute in node.target.split("."):
                     value = getattr(value, attribute)
-                parts.append(f"{node.target}={self.value(value, node.target)}")
-        return "(" + ", ".join(parts) + ")"
+                parts.append(f"  {node.target}={self.value(value, node.target)}")
+        return "graph(" + "\n".join(parts) + ")"
+
+    def argument(self, value, name: str) -> str:
+        """A node's argument: other nodes by name, containers and slices by what they hold."""
+        if isinstance(value, _NodeName):
+            return f"%{value.name}"
+        if type(value) in (tuple, list) or isinstance(value, torch.Size):
+            return f"{type(value).__name__}(" + ", ".join(self.argument(v, name) for v in value) + ")"
+        if type(value) is dict:
+            return "{" + ", ".join(f"{k!r}: {self.argument(v, name)}" for k, v in value.items()) + "}"
+        if type(value) is slice:
+            return f"slice({self.argument((value.start, value.stop, value.step), name)})"
+        return self.value(value, name)
 
     def read(self, value, name: str, attributes: set[tuple[str, ...]]) -> str:
         """A global or a closed-over variable; of a user's module, the attributes read of it."""
@@ -251,6 +268,11 @@ def _library_name(value) -> Optional[str]:
 
 
 _UNBOUND = object()
+
+
+@dataclass(frozen=True)
+class _NodeName:
+    name: str
 
 
 def _outside_state(module: Optional[str]) -> bool:

@@ -188,6 +188,9 @@ class _Describer:
                 for attribute in node.target.split("."):
                     value = getattr(value, attribute)
                 parts.append(f"  {node.target}={self.value(value, node.target)}")
+        # (how forward takes and returns its values, where it flattens pytrees itself)
+        codegen = gm.graph._codegen
+        parts.append(f"{type(codegen).__qualname__} {getattr(codegen, 'pytree_info', None)!r}")
         return "graph(" + "\n".join(parts) + ")"
 
     def argument(self, value, name: str) -> str:

@@ -108,8 +108,8 @@ def environment() -> str:
     return repr((source.hexdigest(), sys.version, torch.__version__, triton.__version__, device))
 
 
-_PLAIN_TYPES = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.layout,
-                torch.memory_format)
+_PLAIN_TYPES = (type(None), type(Ellipsis), bool, int, float, complex, str, bytes, torch.dtype, torch.device,
+                torch.layout, torch.memory_format)
 _PLAIN_CLASSES = frozenset(_PLAIN_TYPES) | {tuple, list, torch.Size}  # (guard_key names an argument's type)
 
 
@@ -197,9 +197,9 @@ class _Describer:
         """A node's argument: other nodes by name, containers and slices by what they hold."""
         if isinstance(value, _NodeName):
             return f"%{value.name}"
-        if type(value) in (tuple, list) or isinstance(value, torch.Size):
+        if isinstance(value, (tuple, list)):  # (FX's immutable_list and immutable_dict among them)
             return f"{type(value).__name__}(" + ", ".join(self.argument(v, name) for v in value) + ")"
-        if type(value) is dict:
+        if isinstance(value, dict):
             return "{" + ", ".join(f"{k!r}: {self.argument(v, name)}" for k, v in value.items()) + "}"
         if type(value) is slice:
             return f"slice({self.argument((value.start, value.stop, value.step), name)})"

@@ -81,7 +81,7 @@ def enabled() -> bool:
 def entry_key(fn: Callable, guard_key: tuple, flat: list[tuple[str, Any]], settings: tuple) -> EntryKey:
     """The full key text of a call's entry (NotCacheable when a part cannot be written out).
     flat: the call's arguments (each not a tensor must be plain data: guard_key holds it);
-    settings: the CompiledFunction's own (axis strategies, donated names)."""
+    settings: the CompiledFunction's own (donated names, size positions, dynamic dims)."""
     for name, v in flat:
         if not isinstance(v, torch.Tensor) and not _is_plain(v):
             raise NotCacheable(f"argument {name} holds a {type(_first_opaque(v)).__qualname__}, which the key "

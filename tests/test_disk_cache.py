@@ -225,13 +225,22 @@ def test_what_the_key_cannot_hold_by_content_stays_off_the_disk(disk):
     compiled = check_against_eager(scaled_by_config, _x(ROWS, COLS))
     assert "CONFIG holds a Config" in compiled.not_on_disk
     assert "disk cache: not stored: CONFIG holds a Config" in str(tjit.explain(compiled, _x(ROWS, COLS)))
-    compiled = check_against_eager(lambda x, c: x * c.scale, _x(ROWS, COLS), CONFIG)
+    compiled = check_against_eager(lambda x, c: x * (c if type(c) is int else c.scale), _x(ROWS, COLS), CONFIG)
     assert "argument c holds a Config" in compiled.not_on_disk
     compiled = check_against_eager(functools.partial(add_table, x=_x(ROWS, COLS)))
     assert "a partial is compiled, not a function" in compiled.not_on_disk
     compiled = check_against_eager(lambda x: x * float(os.environ.get("TJIT_TEST_SCALE", "2")), _x(ROWS, COLS))
     assert "it reads module os, whose state a fresh process may not share" in compiled.not_on_disk
     assert not list(disk.glob("*.entry"))
+
+
+def test_why_an_entry_is_off_the_disk_is_about_the_last_compile():
+    """A call whose key can be written out, after one whose key cannot: the reason is gone
+    (it stayed, and explain said "not stored" of an entry that was)."""
+    compiled = check_against_eager(lambda x, c: x * (c if type(c) is int else c.scale), _x(ROWS, COLS), CONFIG)
+    assert "argument c holds a Config" in compiled.not_on_disk
+    check_against_eager(compiled.fn, _x(ROWS, COLS), 3, compiled=compiled)
+    assert compiled.not_on_disk is None and "disk cache: stored in" in str(tjit.explain(compiled, _x(ROWS, COLS), 3))
 
 
 def test_the_off_switch(monkeypatch, disk):

@@ -291,6 +291,7 @@ class CompiledFunction:
     def _disk_key(self, flat, numbers: tuple[str, ...]) -> Optional[disk_cache.EntryKey]:
         """The key of the call's entry on disk (runtime/disk_cache.py); None where the disk
         cache is off or the key cannot be written out (not_on_disk says why)."""
+        self.not_on_disk = None  # (it describes this compile: an earlier entry's reason no longer holds)
         if not disk_cache.enabled():
             return None
         if self.axis_strategies:

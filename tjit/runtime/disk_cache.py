@@ -488,13 +488,18 @@ class _IdWriter(_Pickler):
     def persistent_id(self, obj):
         if type(obj) is int and obj in self.references:
             if not self.dump_references:
-                raise NotCacheable(f"an object named by id names another by id")
+                raise NotCacheable("an object named by id names another by id")
             return f"id {self.references[obj]}"  # (a str: an int here would come back to this method)
         return None
 
 
 class _IdReader(pickle.Unpickler):
-    referenced: list = []
+    """Reads the objects named by id (into `referenced`), then the entry, each reference
+    as the id of its copy."""
+
+    def __init__(self, file):
+        super().__init__(file)
+        self.referenced: list = []
 
     def persistent_load(self, pid):
         return id(self.referenced[int(pid.split(" ")[1])])

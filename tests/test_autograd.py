@@ -1121,14 +1121,16 @@ def test_a_value_computed_again_in_another_layout_passes_its_gradient_to_the_val
     """A view pushed into an expression computes the value again in the view's layout; the
     backward adds the copy's gradient, permuted back, into the value's (backward._sweep_order),
     so the value's is one sum, differentiated once. Sizes span several programs of every
-    kernel. (float32 only: in bfloat16, one element of a norm weight's gradient, a sum over
-    210 rows, can be further from the exact one than eager's by more than any tolerance
-    that would still mean something, in about 1 draw in 20, with this change or without.)"""
-    x = torch.randn(3, 70, 40)
-    w = torch.randn(40, 40) / 6 if fn is not _norm_read_only_transposed else torch.randn(70, 70) / 8
-    g, b = torch.randn(40), torch.randn(40)
+    kernel. In float64: a gradient that took a wrong route is off by O(1), while in float32
+    the matrix product's 210-term sums round differently from eager's (its operands come
+    from tjit's own kernels, in another layout), and one element in about 20 draws was
+    further from the exact gradient than twice eager's error, which says nothing of routes."""
+    t = dict(dtype=torch.float64)
+    x = torch.randn(3, 70, 40, **t)
+    w = torch.randn(40, 40, **t) / 6 if fn is not _norm_read_only_transposed else torch.randn(70, 70, **t) / 8
+    g, b = torch.randn(40, **t), torch.randn(40, **t)
     if fn is _class_token_stream:
-        g, b = torch.randn(1, 1, 40), torch.randn(1, 71, 40)
+        g, b = torch.randn(1, 1, 40, **t), torch.randn(1, 71, 40, **t)
     check_grads(fn, x, w, g, b)
 
 

@@ -323,3 +323,72 @@ def test_explain_says_which_ints_are_runtime_numbers():
         str(tjit.explain(compiled, x, w, 5))
     compiled(x, w, 5), compiled(x, w, 6)
     assert "number argument step: a runtime number (a 0-d int64" in str(tjit.explain(compiled, x, w, 7))
+
+
+def _scaled_if_float(x, w, p):
+    return x * p if isinstance(p, float) else x + p
+
+
+def _scaled_if_exactly_float(x, w, p):
+    return x * p if type(p) is float else x + p
+
+
+def _scaled_if_real(x, w, p):
+    import numbers
+    return x * p if isinstance(p, numbers.Real) else x - p
+
+
+def _a_scale_only_a_float_sets(x, w, p):
+    scale = p if isinstance(p, float) else 1.0  # (the same ops either way: only the number differs)
+    return x * scale
+
+
+def _another_tensor_unless_a_float(x, w, p):
+    return (x if isinstance(p, float) else w) * p  # (the same ops on another tensor)
+
+
+def _scaled_if_int(x, w, p):
+    return x * p if isinstance(p, int) else x + p
+
+
+TYPE_ASKED = [_scaled_if_float, _scaled_if_exactly_float, _scaled_if_real, _a_scale_only_a_float_sets,
+              _another_tensor_unless_a_float]
+
+
+@pytest.mark.parametrize("fn", TYPE_ASKED + [_scaled_if_int], ids=lambda f: f.__name__)
+def test_a_number_whose_type_the_function_asks_is_specialised(fn):
+    """A runtime number is a symbol (SymFloat, SymInt), and `isinstance(p, float)` is False
+    for it: the runtime trace took the branch eager does not take, and every value got that
+    wrong answer silently. The first trace with runtime numbers is now checked against the
+    trace of their values (frontend/number_check.py); it differs, so they are specialised."""
+    x, w = _x(), _x(seed=1)
+    values = [3, 5, -2, 5] if fn is _scaled_if_int else [0.5, 2.5, -1.25, 2.5]
+    compiled = tjit.compile(fn)
+    for p in values:
+        check_against_eager(fn, x, w, p, compiled=compiled)
+    assert compiled.literal_numbers or compiled.literal_ints
+    assert "runtime numbers give another trace than their values" in (compiled.literal_numbers or
+                                                                      compiled.literal_ints["p"])
+
+
+def _reads_data_and_a_number(x, w, p):
+    return x * (x.abs().max().item() * p) + w.sum().item()
+
+
+def _asks_the_type_of_something_else(x, w, p):
+    return x * p if isinstance(w, torch.Tensor) and isinstance(3, int) else x
+
+
+@pytest.mark.parametrize("fn", [_reads_data_and_a_number, _asks_the_type_of_something_else],
+                         ids=lambda f: f.__name__)
+def test_a_number_the_check_finds_the_same_stays_a_runtime_number(fn):
+    """The check matches numbers read from tensor data (`.item()`) in both traces by the
+    tensor they are read from, and type questions about other values change nothing: the
+    float stays a runtime number, and new values trace nothing."""
+    x, w = _x(), _x(seed=1)
+    compiled = tjit.compile(fn)
+    check_against_eager(fn, x, w, 0.5, compiled=compiled)
+    traces = tjit.counters.traces
+    for p in [2.5, -1.25]:
+        check_against_eager(fn, x, w, p, compiled=compiled)
+    assert not compiled.literal_numbers and tjit.counters.traces == traces

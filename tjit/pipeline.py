@@ -69,18 +69,23 @@ class Program(HasSteps):
 
 
 # -- the passes ------------------------------------------------------------------------------------
-def trace_and_convert(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozenset = frozenset()) -> Conversion:
+def trace_and_convert(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozenset = frozenset(),
+                      check: Optional[Callable[[Traced], None]] = None) -> Conversion:
     """trace + convert: the function's IR graph and how its results are made (the tensors
-    named in requires_grad traced as requiring grad)."""
-    conversion = trace(fn, args, kwargs, requires_grad)
+    named in requires_grad traced as requiring grad; check: called with the trace first)."""
+    conversion = trace(fn, args, kwargs, requires_grad, check)
     verify("convert", verify_graph, conversion.graph)
     return conversion
 
 
-def convert(traced: Traced, retrace: Optional[Callable[[], Conversion]] = None) -> Conversion:
+def convert(traced: Traced, retrace: Optional[Callable[[], Conversion]] = None,
+            check: Optional[Callable[[Traced], None]] = None) -> Conversion:
     """convert alone: the IR graph of a trace with concrete sizes (a shape class's symbolic
     trace specialised to a call's sizes: frontend/shape_class.py). retrace: the conversion of
-    a trace at those sizes, which the verifier compares it with."""
+    a trace at those sizes, which the verifier compares it with; check: called with the trace
+    first."""
+    if check is not None:
+        check(traced)
     conversion = convert_traced(traced)
     verify("convert", verify_graph, conversion.graph)
     if retrace is not None:

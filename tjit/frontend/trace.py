@@ -328,16 +328,25 @@ class Traced:
     returned: Optional[TreeSpec] = None  # the pytree spec of what the function returns
 
 
-def trace(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozenset = frozenset()) -> Conversion:
+def trace(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozenset = frozenset(),
+          check: Optional[Callable[[Traced], None]] = None) -> Conversion:
     """requires_grad: the tensor arguments (by flattened name) that get a gradient: they are
-    traced requiring grad, as eager runs them (Python code may branch on it)."""
+    traced requiring grad, as eager runs them (Python code may branch on it). check: called
+    with the trace before it is converted (it raises to refuse it)."""
     traced, with_tensors, tensors = _trace_graph(fn, args, kwargs, requires_grad)
+    if check is not None:
+        check(traced)
     try:
         return convert_traced(traced)
     except UnsupportedOpError as e:
         if e.where or e.target is None:
             raise
         raise type(e)(e.op, e.reason, locate_call(with_tensors, tensors, e.target)) from None
+
+
+def trace_concrete(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozenset = frozenset()) -> Traced:
+    """The function traced at its arguments' sizes, not converted."""
+    return _trace_graph(fn, args, kwargs, requires_grad)[0]
 
 
 def trace_symbolic(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozenset = frozenset(),

@@ -31,8 +31,9 @@ from .. import debug
 from ..analysis.addresses import tensors_meet
 from ..autograd.backward import may_differ_from_eager, plan_autograd, with_written_inputs, written_output_name
 from ..autograd.function import GradExecutable
-from ..errors import CompileArgumentError, SplitError, UnsupportedOpError
-from ..frontend.trace import CONTAINERS, eager_gradient_paths, flatten_arguments, holds_tensors
+from ..errors import CompileArgumentError, NumberNeededError, SplitError, UnsupportedOpError
+from ..frontend.number_check import same_as_literal_trace
+from ..frontend.trace import CONTAINERS, eager_gradient_paths, flatten_arguments, holds_tensors, trace_concrete
 from ..ir import AxisStrategy
 from ..memory.donation import DonatedTensor
 from ..frontend.shape_class import ShapeClasses
@@ -109,6 +110,8 @@ class CompiledFunction:
         # fails (literal_ints: why)
         self._first_ints: dict[str, int] = {}
         self.runtime_ints: set[str] = set()
+        # (shape class, numbers) whose trace with those runtime numbers was checked against their values
+        self._numbers_checked: set[tuple] = set()
         self.literal_ints: dict[str, str] = {}
         self.not_on_disk: Optional[str] = None  # why the last entry compiled is not in the disk cache
         # called while another function is traced (a compiled helper of a compiled function):
@@ -256,7 +259,8 @@ class CompiledFunction:
         try:
             # the forward only (tjit differentiates it), traced as eager runs it: the inputs that get a
             # gradient require grad (an op's Python wrapper may skip work for inputs that do not)
-            conversion = self._conversion(*traced, key, flat, frozenset(grad_inputs))
+            check = self._numbers_check(args, kwargs, key, flat, numbers, frozenset(grad_inputs))
+            conversion = self._conversion(*traced, key, flat, frozenset(grad_inputs), check)
             if grad_inputs:  # (a custom autograd.Function is a SplitError: Dynamo cuts the graph around it)
                 self._check_differentiable(conversion, flat, grad_inputs)
         except SplitError as e:
@@ -321,8 +325,38 @@ class CompiledFunction:
         except OSError as e:  # (a read-only or full disk: the entry stays in this process)
             self.not_on_disk = f"writing it failed: {e}"
 
-    def _conversion(self, fn, args, kwargs, key: tuple, flat, requires_grad: frozenset):
-        """The call's IR graph: from its shape class's symbolic trace, or traced for its sizes."""
+    def _numbers_check(self, args, kwargs, key: tuple, flat, numbers: tuple[str, ...],
+                       requires_grad: frozenset) -> Optional[Callable]:
+        """For the first trace with these runtime numbers in a shape class: a check that it is
+        the trace of their values (frontend/number_check.py: a function that asks a number's
+        type, `isinstance(p, float)`, takes another branch with a symbol), which raises
+        NumberNeededError where it is not, so that the numbers are specialised. None where
+        there is nothing to check: no numbers, a Dynamo graph (straight-line code), or a
+        class checked before."""
+        if not numbers or isinstance(self.fn, torch.fx.GraphModule):
+            return None
+        sizes = tuple(flat[k][0] for k in sorted(self._size_positions) if k < len(flat) and type(flat[k][1]) is int)
+        checked_as = (shape_class_key(key, flat, sizes) or key, numbers)
+        if checked_as in self._numbers_checked:
+            return None
+        values = {name: v for name, v in flat if name in numbers}
+        detached = _detached((args, kwargs))
+
+        def check(traced):
+            counters.number_checks += 1
+            why = same_as_literal_trace(traced, trace_concrete(self.fn, *detached, requires_grad), values)
+            if why is not None:
+                raise NumberNeededError(getattr(self.fn, "__name__", str(self.fn)),
+                                        f"arguments {list(numbers)} as runtime numbers give another trace than "
+                                        f"their values ({why}): the function asks their type, or reads them "
+                                        "in Python")
+            self._numbers_checked.add(checked_as)
+        return check
+
+    def _conversion(self, fn, args, kwargs, key: tuple, flat, requires_grad: frozenset,
+                    check: Optional[Callable] = None):
+        """The call's IR graph: from its shape class's symbolic trace, or traced for its sizes
+        (check: called with the trace before it is converted)."""
         args, kwargs = _detached((args, kwargs))
         sizes = tuple(flat[k][0] for k in sorted(self._size_positions) if k < len(flat) and type(flat[k][1]) is int)
         classed = shape_class_key(key, flat, sizes)
@@ -333,16 +367,16 @@ class CompiledFunction:
             counters.traces += self._shape_classes.traces - traces
             if found is not None:
                 try:
-                    conversion = convert(found, lambda: trace_and_convert(fn, args, kwargs, requires_grad))
+                    conversion = convert(found, lambda: trace_and_convert(fn, args, kwargs, requires_grad), check)
                     counters.specialised += 1
                     return conversion
-                except VerifyError:
+                except (VerifyError, NumberNeededError):
                     raise
                 except Exception as e:  # (traced for its sizes below: the error, if it is the function's)
                     debug.log(1, f"{getattr(self.fn, '__name__', self.fn)}: a specialised trace failed to convert "
                                  f"({type(e).__name__}: {e})")
         counters.traces += 1
-        return trace_and_convert(fn, args, kwargs, requires_grad)
+        return trace_and_convert(fn, args, kwargs, requires_grad, check)
 
     def _split_entry(self, key, reason: str, t0: float) -> CompiledEntry:
         """The entry of a function one trace cannot hold, or a module: Dynamo runs it (one

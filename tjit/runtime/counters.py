@@ -8,6 +8,9 @@ from dataclasses import dataclass, fields
 class Counters:
     traces: int = 0  # a function traced (make_fx) and lowered (a cache miss)
     specialised: int = 0  # a cache miss lowered from its shape class's symbolic trace, not traced
+    # a trace with number arguments as literals, made once per shape class to check the one with
+    # them as runtime numbers (frontend/number_check.py); not converted or lowered, not in traces
+    number_checks: int = 0
     cache_hits: int = 0  # a call served by an existing trace
     disk_loads: int = 0  # a cache miss served by an entry an earlier process stored (runtime/disk_cache.py)
     kernels_generated: int = 0  # distinct kernel sources loaded

@@ -464,3 +464,59 @@ def test_arguments_named_like_the_kernels_status_and_counter_words():
 
     status, counter, index = torch.randn(300, 700), torch.randn(300, 700), torch.randint(0, 300, (300,))
     check_against_eager(f, status, counter, index)
+
+
+def _doubled_if_a_plain_tensor(x, ws):
+    return x * 2 if type(x) is torch.Tensor else x * 3
+
+
+def _doubled_if_its_class_is_named_tensor(x, ws):
+    return x * 2 if x.__class__.__name__ == "Tensor" else x * 3
+
+
+def _doubled_unless_traced(x, ws):
+    return x * 2 if not torch.fx._symbolic_trace.is_fx_tracing() else x * 3
+
+
+def _doubled_unless_it_overrides_torch(x, ws):
+    return x * 2 if not torch.overrides.has_torch_function((x,)) else x * 3
+
+
+def _kind(t):
+    return type(t).__name__
+
+
+def _doubled_if_a_helper_calls_it_a_tensor(x, ws):
+    return x * 2 if _kind(x) == "Tensor" else x * 3
+
+
+def _doubled_if_the_list_holds_plain_tensors(x, ws):
+    return x * 2 if all(type(w) is torch.Tensor for w in ws) else x * 3
+
+
+@pytest.mark.parametrize("fn", [_doubled_if_a_plain_tensor, _doubled_if_its_class_is_named_tensor,
+                                _doubled_unless_traced, _doubled_unless_it_overrides_torch,
+                                _doubled_if_a_helper_calls_it_a_tensor, _doubled_if_the_list_holds_plain_tensors],
+                         ids=lambda f: f.__name__)
+def test_a_function_that_asks_what_a_tensor_is_gets_eager_answer(fn):
+    """The trace calls the function with stand-in tensors (FakeTensor): `type(x) is
+    torch.Tensor` was False there, and the function returned x * 3 where eager returns x * 2,
+    silently. A function whose code (or a helper's) asks that runs through Dynamo, which runs
+    its Python as eager does."""
+    x, ws = torch.randn(300, 70), [torch.randn(3), torch.randn(4)]
+    got = tjit.compile(fn)(x, ws)
+    torch.testing.assert_close(got, fn(x, ws), rtol=0, atol=0)
+
+
+def test_a_type_asked_of_an_argument_that_is_no_tensor_keeps_one_trace():
+    """`type(c)` of a number or a config object asks nothing a trace changes: one trace, no
+    Dynamo."""
+    def scaled(x, c):
+        return x * (c if type(c) is int else 0.5)
+
+    compiled = tjit.compile(scaled)
+    x = torch.randn(300, 70)
+    for c in (3, "a"):
+        torch.testing.assert_close(compiled(x, c), scaled(x, c), rtol=0, atol=0)
+    assert not any(isinstance(entry.executable, tjit.runtime.split.SplitFunction)
+                   for entry in compiled._cache.values())

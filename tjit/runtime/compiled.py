@@ -41,7 +41,7 @@ from ..pipeline import VerifyError, build_program, convert, trace_and_convert
 from . import disk_cache
 from .counters import counters
 from .executor import Executable, alias_view
-from .guards import OutsideState, guard_key, shape_class_key
+from .guards import OutsideState, guard_key, shape_class_key, type_questions
 from .interpreter import check_device
 from .split import SplitFunction
 
@@ -110,6 +110,7 @@ class CompiledFunction:
         # fails (literal_ints: why)
         self._first_ints: dict[str, int] = {}
         self.runtime_ints: set[str] = set()
+        self._type_questions: Optional[list] = None  # (guards.type_questions, once read)
         # (shape class, numbers) whose trace with those runtime numbers was checked against their values
         self._numbers_checked: set[tuple] = set()
         self.literal_ints: dict[str, str] = {}
@@ -242,6 +243,9 @@ class CompiledFunction:
         if self._guarded_by_dynamo:
             return self._split_entry(key, "an nn.Module: Dynamo guards its state (training mode, parameters, "
                                           "attributes) and tjit compiles the graphs it captures", t0)
+        asks = self._asks_what_a_tensor_is(args, kwargs)
+        if asks is not None and not self.donate:
+            return self._split_entry(key, asks, t0)
         flat = self._flatten(args, kwargs)
         disk_key = self._disk_key(flat, numbers)
         stored = disk_cache.load(disk_key) if disk_key is not None else None
@@ -324,6 +328,26 @@ class CompiledFunction:
             self.not_on_disk = str(e)
         except OSError as e:  # (a read-only or full disk: the entry stays in this process)
             self.not_on_disk = f"writing it failed: {e}"
+
+    def _asks_what_a_tensor_is(self, args: tuple, kwargs: dict) -> Optional[str]:
+        """Why the function runs through Dynamo rather than one trace, if its code may ask
+        what a tensor of this call is (guards.type_questions: of a parameter holding no
+        tensor, it asks nothing a trace changes): a trace would answer for its stand-in
+        tensors (FakeTensor), and Dynamo runs the function's Python as eager does."""
+        if self._type_questions is None:
+            self._type_questions = type_questions(self.fn) if self.split_data_dependent else []
+        if not self._type_questions:
+            return None
+        try:
+            values = inspect.signature(self.fn).bind(*args, **kwargs).arguments
+        except (TypeError, ValueError):  # (no signature to read: every question is about anything)
+            values = {}
+        for where, subject in self._type_questions:
+            value = values.get(subject)
+            if subject not in values or isinstance(value, torch.Tensor) or holds_tensors(value):
+                return f"its code asks what a tensor is ({where}), which a trace would answer for its stand-in " \
+                       "tensors (FakeTensor), not the caller's"
+        return None
 
     def _numbers_check(self, args, kwargs, key: tuple, flat, numbers: tuple[str, ...],
                        requires_grad: frozenset) -> Optional[Callable]:

@@ -41,6 +41,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from .. import debug
+from .guards import is_library as _is_library, nested_code
 from .loader import cache_dir
 
 MAGIC = b"tjit-entry-1\n"
@@ -48,8 +49,6 @@ MAX_TENSOR_CONSTANT_BYTES = 1 << 20  # a tensor a function reads from a global: 
 # ints that may be addresses of objects (16-byte aligned, between these): one that is no
 # object's of the entry is refused
 _ADDRESSES = (1 << 32, 1 << 48)
-# where a global's objects are identified by their name (their package's version is in the key)
-_LIBRARY_PACKAGES = frozenset({"torch", "triton", "tjit", "numpy", "sympy"})
 # modules and builtins that read what a process does not share with the one that stored an
 # entry (the environment, the clock, files, random state, object ids, the hash seed): a trace
 # bakes what they gave in, so a function that uses them is not stored
@@ -283,11 +282,6 @@ def _outside_state(module: Optional[str]) -> bool:
     return any(module == m or module.startswith(m + ".") for m in _OUTSIDE_STATE_MODULES)
 
 
-def _is_library(module: Optional[str]) -> bool:
-    root = (module or "").split(".")[0]
-    return root in _LIBRARY_PACKAGES or root in sys.stdlib_module_names
-
-
 def _cell_contents(cell):
     try:
         return cell.cell_contents
@@ -309,10 +303,7 @@ def _names_read(code: types.CodeType) -> dict[tuple[str, bool], set[tuple[str, .
     whether it is a global), each with the attribute chains read from it (() where it is
     used otherwise)."""
     found: dict[tuple[str, bool], set[tuple[str, ...]]] = {}
-    stack = [code]
-    while stack:
-        c = stack.pop()
-        stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    for c in nested_code(code):
         instructions = list(dis.get_instructions(c))
         for k, ins in enumerate(instructions):
             if ins.opname not in ("LOAD_GLOBAL", "LOAD_DEREF", "LOAD_CLASSDEREF", "LOAD_NAME"):

@@ -13,9 +13,11 @@ Dynamo (tjit.compile runs an nn.Module through it).
 """
 from __future__ import annotations
 
+import dis
 import operator
+import sys
 import types
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
@@ -94,13 +96,8 @@ class OutsideState:
     their ids while an entry is cached under it (`evicted` names the keys let go)."""
 
     def __init__(self, fn: Callable):
-        code = getattr(fn, "__code__", None)
         self.globals = getattr(fn, "__globals__", {})
-        names, stack = set(), [code] if isinstance(code, types.CodeType) else []
-        while stack:
-            c = stack.pop()
-            names.update(c.co_names)
-            stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+        names = {name for c in nested_code(getattr(fn, "__code__", None)) for name in c.co_names}
         self.names = tuple(sorted(n for n in names if n in self.globals))
         self.cells = tuple(getattr(fn, "__closure__", None) or ())
         # one C call reads the globals on every call (the first name twice, so that it returns a
@@ -136,3 +133,73 @@ def _contents(cell) -> Any:
         return cell.cell_contents
     except ValueError:  # (a variable not assigned yet)
         return _UNBOUND
+
+
+def nested_code(code: Optional[types.CodeType]) -> Iterator[types.CodeType]:
+    """code and the code nested in it (lambdas, comprehensions, inner functions); nothing for
+    an object without code (a builtin, a callable object)."""
+    stack = [code] if isinstance(code, types.CodeType) else []
+    while stack:
+        c = stack.pop()
+        yield c
+        stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+
+
+# What a function may ask that a trace answers otherwise than eager: the trace calls the
+# function with stand-in tensors (FakeTensor), so `type(x) is torch.Tensor` and `x.__class__`
+# name another class, and torch's "am I traced" questions say yes. (isinstance(x,
+# torch.Tensor) holds for both; a number's type is frontend/number_check.py's.)
+_TYPE_BUILTINS = frozenset({"type"})  # (as a global: `x.device.type` is an attribute)
+_TYPE_QUESTIONS = frozenset({"__class__", "is_fx_tracing", "has_torch_function", "has_torch_function_unary",
+                             "has_torch_function_variadic"})
+# packages whose objects are named, not read: torch's own code is written for its tracers, and
+# a library's version is in the disk cache's key
+_LIBRARIES = frozenset({"torch", "triton", "tjit", "numpy", "sympy"})
+
+
+def type_questions(fn: Callable, depth: int = 4) -> list[tuple[str, Optional[str]]]:
+    """The questions above that fn's code asks, or a function of the user's it reaches by a
+    global or closed-over name (`depth` calls deep): (where, e.g. "type() in f (file:line)";
+    the parameter of fn it asks about, when the code asks it of fn's own parameter right
+    away, `type(p)` or `p.__class__`, else None: anything). Library code is not read:
+    torch's own code is written for its tracers."""
+    found, seen, todo = [], set(), [(fn, 0)]
+    while todo:
+        f, level = todo.pop()
+        code = getattr(f, "__code__", None)
+        if code is None or code in seen or level > depth or is_library(getattr(f, "__module__", None)):
+            continue
+        seen.add(code)
+        parameters = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount] if f is fn else ()
+        for c in nested_code(code):
+            instructions = list(dis.get_instructions(c))
+            for k, ins in enumerate(instructions):
+                where = f"{ins.argval}{'()' if ins.argval in _TYPE_BUILTINS else ''} in {c.co_name} " \
+                        f"({c.co_filename}:{c.co_firstlineno})"
+                if ins.argval in _TYPE_BUILTINS and ins.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+                    subject = _loaded_parameter(instructions[k + 1:k + 3], parameters, c is code)
+                    found.append((where, subject))
+                elif ins.argval in _TYPE_QUESTIONS and ins.opname in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_ATTR",
+                                                                     "LOAD_METHOD"):
+                    subject = _loaded_parameter(instructions[k - 1:k], parameters, c is code) \
+                        if ins.argval == "__class__" else None
+                    found.append((where, subject))
+        reached = [getattr(f, "__globals__", {}).get(name) for name in code.co_names]
+        reached += [_contents(cell) for cell in getattr(f, "__closure__", None) or ()]
+        todo += [(g, level + 1) for g in reached if isinstance(g, types.FunctionType)]
+    return found
+
+
+def _loaded_parameter(instructions: list, parameters: tuple, own: bool) -> Optional[str]:
+    """The parameter the first of these instructions (skipping a PUSH_NULL) loads, in the
+    function's own code; None otherwise."""
+    loads = [ins for ins in instructions if ins.opname != "PUSH_NULL"][:1]
+    if own and loads and loads[0].opname == "LOAD_FAST" and loads[0].argval in parameters:
+        return loads[0].argval
+    return None
+
+
+def is_library(module: Optional[str]) -> bool:
+    """A module of the libraries above or of Python's standard library."""
+    root = (module or "").split(".")[0]
+    return root in _LIBRARIES or root in sys.stdlib_module_names

@@ -3,6 +3,7 @@ loaded instead of traced, and only where everything the trace read is the same.
 
 A new CompiledFunction of the same function has an empty in-memory cache, as a fresh
 process has: its first call goes to the disk. One test runs real fresh processes."""
+import dataclasses
 import functools
 import os
 import subprocess
@@ -214,31 +215,40 @@ class Config:
 CONFIG = Config()
 
 
+@dataclasses.dataclass(frozen=True)
+class FrozenConfig:  # (held by value in the in-memory key, so compiled there, but not written out)
+    scale: float = 3.0
+
+
 def scaled_by_config(x):
     return x * CONFIG.scale
 
 
 def test_what_the_key_cannot_hold_by_content_stays_off_the_disk(disk):
-    """An object of a user's class (its attributes could change between processes unseen),
-    as a global or as an argument, a partial, or state a fresh process may not share (the
-    environment) keeps the entry off the disk, and says why."""
-    compiled = check_against_eager(scaled_by_config, _x(ROWS, COLS))
-    assert "CONFIG holds a Config" in compiled.not_on_disk
-    assert "disk cache: not stored: CONFIG holds a Config" in str(tjit.explain(compiled, _x(ROWS, COLS)))
-    compiled = check_against_eager(lambda x, c: x * (c if type(c) is int else c.scale), _x(ROWS, COLS), CONFIG)
-    assert "argument c holds a Config" in compiled.not_on_disk
+    """An object of a user's class as an argument (its attributes could change between
+    processes unseen), a partial, or state a fresh process may not share (the environment)
+    keeps the entry off the disk, and says why. (A function that reads a mutable object's
+    attributes runs through Dynamo, which guards them: not stored either.)"""
+    compiled = check_against_eager(lambda x, c: x * (c if type(c) is int else c.scale), _x(ROWS, COLS),
+                                   FrozenConfig())
+    assert "argument c holds a FrozenConfig" in compiled.not_on_disk
+    assert "disk cache: not stored: argument c holds a FrozenConfig" in str(tjit.explain(compiled, _x(ROWS, COLS),
+                                                                                          FrozenConfig()))
     compiled = check_against_eager(functools.partial(add_table, x=_x(ROWS, COLS)))
     assert "a partial is compiled, not a function" in compiled.not_on_disk
     compiled = check_against_eager(lambda x: x * float(os.environ.get("TJIT_TEST_SCALE", "2")), _x(ROWS, COLS))
     assert "it reads module os, whose state a fresh process may not share" in compiled.not_on_disk
     assert not list(disk.glob("*.entry"))
+    compiled = check_against_eager(scaled_by_config, _x(ROWS, COLS))  # (Dynamo's graph is stored, and guarded)
+    assert "reads an object's state (CONFIG in scaled_by_config" in compiled._split.reason
 
 
 def test_why_an_entry_is_off_the_disk_is_about_the_last_compile():
     """A call whose key can be written out, after one whose key cannot: the reason is gone
     (it stayed, and explain said "not stored" of an entry that was)."""
-    compiled = check_against_eager(lambda x, c: x * (c if type(c) is int else c.scale), _x(ROWS, COLS), CONFIG)
-    assert "argument c holds a Config" in compiled.not_on_disk
+    compiled = check_against_eager(lambda x, c: x * (c if type(c) is int else c.scale), _x(ROWS, COLS),
+                                   FrozenConfig())
+    assert "argument c holds a FrozenConfig" in compiled.not_on_disk
     check_against_eager(compiled.fn, _x(ROWS, COLS), 3, compiled=compiled)
     assert compiled.not_on_disk is None and "disk cache: stored in" in str(tjit.explain(compiled, _x(ROWS, COLS), 3))
 

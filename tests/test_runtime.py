@@ -520,3 +520,81 @@ def test_a_type_asked_of_an_argument_that_is_no_tensor_keeps_one_trace():
         torch.testing.assert_close(compiled(x, c), scaled(x, c), rtol=0, atol=0)
     assert not any(isinstance(entry.executable, tjit.runtime.split.SplitFunction)
                    for entry in compiled._cache.values())
+
+
+class _Settings:
+    def __init__(self):
+        self.scale, self.activation = 1.5, "relu"
+
+
+SETTINGS = _Settings()
+NAMESPACE = __import__("types").SimpleNamespace(k=2)
+SETTINGS_MODULE = __import__("types").ModuleType("user_settings")  # (a user's module of settings)
+SETTINGS_MODULE.SCALE = 2.0
+
+
+def _scaled_by_a_global_object(x):
+    return x * SETTINGS.scale
+
+
+def _activation_a_global_object_names(x):
+    return torch.relu(x) if SETTINGS.activation == "relu" else torch.tanh(x)
+
+
+def _scaled_by_a_namespace(x):
+    return x * NAMESPACE.k
+
+
+def _scaled_by_a_module_attribute(x):
+    return x * SETTINGS_MODULE.SCALE
+
+
+def _reads_settings(x):
+    return x * SETTINGS.scale
+
+
+def _scaled_by_a_helper_that_reads_a_global(x):
+    return _reads_settings(x) + 1
+
+
+def _change_settings():
+    SETTINGS.scale, SETTINGS.activation, NAMESPACE.k, SETTINGS_MODULE.SCALE = 3.0, "tanh", 5, -1.0
+
+
+@pytest.mark.parametrize("fn", [_scaled_by_a_global_object, _activation_a_global_object_names, _scaled_by_a_namespace,
+                                _scaled_by_a_module_attribute, _scaled_by_a_helper_that_reads_a_global],
+                         ids=lambda f: f.__name__)
+def test_a_function_that_reads_an_objects_attributes_sees_them_change(fn):
+    """The trace baked in what `SETTINGS.scale` held, and the key held the object by identity:
+    after `SETTINGS.scale = 3.0` the function returned the old answer, silently (as
+    jax.jit would; torch.compile guards the attribute). Such a function now runs through
+    Dynamo, which guards what it reads."""
+    x = torch.randn(300, 70)
+    compiled = tjit.compile(fn)
+    saved = (SETTINGS.scale, SETTINGS.activation, NAMESPACE.k, SETTINGS_MODULE.SCALE)
+    try:
+        torch.testing.assert_close(compiled(x), fn(x))
+        _change_settings()
+        torch.testing.assert_close(compiled(x), fn(x))
+    finally:
+        SETTINGS.scale, SETTINGS.activation, NAMESPACE.k, SETTINGS_MODULE.SCALE = saved
+
+
+def test_a_compiled_method_sees_its_objects_attributes_change():
+    class Scaler:
+        def __init__(self):
+            self.s = 1.0
+
+        @tjit.compile
+        def run(self, x):
+            return x * self.s
+
+        def closure(self):
+            return tjit.compile(lambda x: x * self.s)
+
+    x, scaler = torch.randn(300, 70), Scaler()
+    closed = scaler.closure()
+    for s in (1.0, 3.0):
+        scaler.s = s
+        torch.testing.assert_close(scaler.run(x), x * s, rtol=0, atol=0)
+        torch.testing.assert_close(closed(x), x * s, rtol=0, atol=0)

@@ -41,7 +41,7 @@ from ..pipeline import VerifyError, build_program, convert, trace_and_convert
 from . import disk_cache
 from .counters import counters
 from .executor import Executable, alias_view
-from .guards import OutsideState, guard_key, shape_class_key, type_questions
+from .guards import OutsideState, guard_key, shape_class_key, state_read, type_questions
 from .interpreter import check_device
 from .split import SplitFunction
 
@@ -243,9 +243,9 @@ class CompiledFunction:
         if self._guarded_by_dynamo:
             return self._split_entry(key, "an nn.Module: Dynamo guards its state (training mode, parameters, "
                                           "attributes) and tjit compiles the graphs it captures", t0)
-        asks = self._asks_what_a_tensor_is(args, kwargs)
-        if asks is not None and not self.donate:
-            return self._split_entry(key, asks, t0)
+        why = self._runs_through_dynamo_because(args, kwargs)
+        if why is not None and not self.donate:
+            return self._split_entry(key, why, t0)
         flat = self._flatten(args, kwargs)
         disk_key = self._disk_key(flat, numbers)
         stored = disk_cache.load(disk_key) if disk_key is not None else None
@@ -329,15 +329,17 @@ class CompiledFunction:
         except OSError as e:  # (a read-only or full disk: the entry stays in this process)
             self.not_on_disk = f"writing it failed: {e}"
 
-    def _asks_what_a_tensor_is(self, args: tuple, kwargs: dict) -> Optional[str]:
-        """Why the function runs through Dynamo rather than one trace, if its code may ask
-        what a tensor of this call is (guards.type_questions: of a parameter holding no
-        tensor, it asks nothing a trace changes): a trace would answer for its stand-in
-        tensors (FakeTensor), and Dynamo runs the function's Python as eager does."""
-        if self._type_questions is None:
-            self._type_questions = type_questions(self.fn) if self.split_data_dependent else []
-        if not self._type_questions:
+    def _runs_through_dynamo_because(self, args: tuple, kwargs: dict) -> Optional[str]:
+        """Why the function runs through Dynamo rather than one trace, if it does, which runs
+        its Python as eager does and guards what it reads: where its code may ask what a
+        tensor of this call is (guards.type_questions: of a parameter holding no tensor, it
+        asks nothing a trace changes), which a trace would answer for its stand-in tensors
+        (FakeTensor); or where it reads an object's state that the key holds by identity
+        (guards.state_read)."""
+        if not self.split_data_dependent:  # (a Dynamo graph: straight-line code)
             return None
+        if self._type_questions is None:
+            self._type_questions = type_questions(self.fn)
         try:
             values = inspect.signature(self.fn).bind(*args, **kwargs).arguments
         except (TypeError, ValueError):  # (no signature to read: every question is about anything)
@@ -347,6 +349,10 @@ class CompiledFunction:
             if subject not in values or isinstance(value, torch.Tensor) or holds_tensors(value):
                 return f"its code asks what a tensor is ({where}), which a trace would answer for its stand-in " \
                        "tensors (FakeTensor), not the caller's"
+        where = state_read(self.fn, values)
+        if where is not None:
+            return f"its code reads an object's state ({where}), which a trace would bake in: Dynamo guards it " \
+                   "(as for an nn.Module)"
         return None
 
     def _numbers_check(self, args, kwargs, key: tuple, flat, numbers: tuple[str, ...],

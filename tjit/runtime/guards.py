@@ -14,6 +14,8 @@ Dynamo (tjit.compile runs an nn.Module through it).
 from __future__ import annotations
 
 import dis
+import enum
+import functools
 import operator
 import sys
 import types
@@ -157,37 +159,119 @@ _TYPE_QUESTIONS = frozenset({"__class__", "is_fx_tracing", "has_torch_function",
 _LIBRARIES = frozenset({"torch", "triton", "tjit", "numpy", "sympy"})
 
 
-def type_questions(fn: Callable, depth: int = 4) -> list[tuple[str, Optional[str]]]:
-    """The questions above that fn's code asks, or a function of the user's it reaches by a
-    global or closed-over name (`depth` calls deep): (where, e.g. "type() in f (file:line)";
-    the parameter of fn it asks about, when the code asks it of fn's own parameter right
-    away, `type(p)` or `p.__class__`, else None: anything). Library code is not read:
-    torch's own code is written for its tracers."""
-    found, seen, todo = [], set(), [(fn, 0)]
+def type_questions(fn: Callable) -> list[tuple[str, Optional[str]]]:
+    """The questions above that fn's code asks, or a function of the user's it reaches
+    (_user_functions): (where, e.g. "type() in f (file:line)"; the parameter of fn it asks
+    about, when the code asks it of fn's own parameter right away, `type(p)` or
+    `p.__class__`, else None: anything)."""
+    found = []
+    for f, c, instructions in _user_code(fn):
+        own = c is f.__code__ and f is fn
+        parameters = c.co_varnames[:c.co_argcount + c.co_kwonlyargcount]
+        for k, ins in enumerate(instructions):
+            if ins.argval in _TYPE_BUILTINS and ins.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+                found.append((_where(ins.argval + "()", c), _loaded_parameter(instructions[k + 1:k + 3], parameters, own)))
+            elif ins.argval in _TYPE_QUESTIONS and ins.opname in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_ATTR",
+                                                                 "LOAD_METHOD"):
+                subject = _loaded_parameter(instructions[k - 1:k], parameters, own) if ins.argval == "__class__" \
+                    else None
+                found.append((_where(ins.argval, c), subject))
+    return found
+
+
+def state_read(fn: Callable, arguments: dict[str, Any]) -> Optional[str]:
+    """Where fn's code, or a function of the user's it reaches (_user_functions), reads
+    mutable state that the cache key does not hold: an object of a user's class, an
+    nn.Module, a namespace, or a list or dict holding such, through a global or a
+    closed-over variable, or as one of fn's arguments (`arguments`, by parameter name); or
+    a data attribute of a user's module (`config.SCALE`). A trace bakes in what it read
+    there, and the key holds such an object by identity, so a changed attribute would give
+    the old answer; None where it reads none. (A list or dict of tensors and numbers is
+    held by identity too: one changed in place is a known gap.)"""
+    for f, c, instructions in _user_code(fn):
+        cells = dict(zip(f.__code__.co_freevars, f.__closure__ or ()))
+        for k, ins in enumerate(instructions):
+            value = _NOT_READ
+            if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME") and ins.argval in f.__globals__:
+                value = f.__globals__[ins.argval]
+                if _module_data(value, instructions[k + 1:k + 2]):
+                    return _where(f"{ins.argval}.{instructions[k + 1].argval}", c)
+            elif ins.opname in ("LOAD_DEREF", "LOAD_CLASSDEREF") and ins.argval in cells:
+                value = _contents(cells[ins.argval])
+            elif ins.opname == "LOAD_FAST" and f is fn and c is f.__code__ and ins.argval in arguments:
+                value = arguments[ins.argval]
+                if _held_by_value(value):
+                    continue
+            if value is not _NOT_READ and _is_state(value):
+                return _where(ins.argval, c)
+    return None
+
+
+_NOT_READ = object()
+_IMMUTABLE = (int, float, complex, bool, str, bytes, range, slice, type(None), type(Ellipsis), torch.dtype,
+              torch.device, torch.Size, torch.layout, torch.memory_format, enum.Enum)
+_CODE = (types.FunctionType, types.BuiltinFunctionType, types.BuiltinMethodType, type, types.ModuleType,
+         functools.partial)
+
+
+def _module_data(value, following: list) -> bool:
+    """Whether a global's load, and the instruction after it, read a data attribute of a
+    user's module (anything but code: a function, a class, a module), which the module's
+    code may bind to another value."""
+    if isinstance(value, types.ModuleType) and not is_library(value.__name__) and following \
+            and following[0].opname in ("LOAD_ATTR", "LOAD_METHOD"):
+        return not isinstance(getattr(value, following[0].argval, None), _CODE)
+    return False
+
+
+def _is_state(value) -> bool:
+    if isinstance(value, (torch.Tensor, *_IMMUTABLE)):
+        return False
+    if isinstance(value, (tuple, frozenset, list)):
+        return any(_is_state(v) for v in value)
+    if isinstance(value, dict):
+        return any(_is_state(v) for v in value.values())
+    if isinstance(value, types.MethodType):  # (a bound method reads its object)
+        return _is_state(value.__self__)
+    if isinstance(value, _CODE):
+        return False
+    if isinstance(value, (torch.nn.Module, types.SimpleNamespace, set)):
+        return True
+    return not is_library(type(value).__module__)
+
+
+def _held_by_value(value) -> bool:
+    """An argument the key holds by its value: one whose class defines equality and hashing
+    (a frozen dataclass), besides numbers, strings and containers of them."""
+    kind = type(value)
+    return kind.__eq__ is not object.__eq__ and kind.__hash__ not in (None, object.__hash__)
+
+
+def _user_code(fn: Callable, depth: int = 4) -> Iterator[tuple[Callable, types.CodeType, list]]:
+    """(function, code, its instructions) for fn's code and the code nested in it, and the
+    same for each function of the user's it reaches by a global, a closed-over variable or a
+    user module's attribute (`depth` calls deep). Library code is not read: torch's own code
+    is written for its tracers, and its state is not the user's."""
+    seen, todo = set(), [(fn, 0)]
     while todo:
         f, level = todo.pop()
         code = getattr(f, "__code__", None)
-        if code is None or code in seen or level > depth or is_library(getattr(f, "__module__", None)):
+        if not isinstance(code, types.CodeType) or code in seen or level > depth or \
+                is_library(getattr(f, "__module__", None)):
             continue
         seen.add(code)
-        parameters = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount] if f is fn else ()
         for c in nested_code(code):
-            instructions = list(dis.get_instructions(c))
-            for k, ins in enumerate(instructions):
-                where = f"{ins.argval}{'()' if ins.argval in _TYPE_BUILTINS else ''} in {c.co_name} " \
-                        f"({c.co_filename}:{c.co_firstlineno})"
-                if ins.argval in _TYPE_BUILTINS and ins.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
-                    subject = _loaded_parameter(instructions[k + 1:k + 3], parameters, c is code)
-                    found.append((where, subject))
-                elif ins.argval in _TYPE_QUESTIONS and ins.opname in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_ATTR",
-                                                                     "LOAD_METHOD"):
-                    subject = _loaded_parameter(instructions[k - 1:k], parameters, c is code) \
-                        if ins.argval == "__class__" else None
-                    found.append((where, subject))
-        reached = [getattr(f, "__globals__", {}).get(name) for name in code.co_names]
+            yield f, c, list(dis.get_instructions(c))
+        names = [n for c in nested_code(code) for n in c.co_names]
+        reached = [getattr(f, "__globals__", {}).get(name) for name in names]
+        reached += [getattr(m, name, None) for m in reached if isinstance(m, types.ModuleType)
+                    and not is_library(m.__name__) for name in names]
         reached += [_contents(cell) for cell in getattr(f, "__closure__", None) or ()]
         todo += [(g, level + 1) for g in reached if isinstance(g, types.FunctionType)]
-    return found
+
+
+def _where(name: str, code: types.CodeType) -> str:
+    return f"{name} in {code.co_name} ({code.co_filename}:{code.co_firstlineno})"
 
 
 def _loaded_parameter(instructions: list, parameters: tuple, own: bool) -> Optional[str]:

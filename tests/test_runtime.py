@@ -598,3 +598,44 @@ def test_a_compiled_method_sees_its_objects_attributes_change():
         scaler.s = s
         torch.testing.assert_close(scaler.run(x), x * s, rtol=0, atol=0)
         torch.testing.assert_close(closed(x), x * s, rtol=0, atol=0)
+
+
+WEIGHTS = [torch.randn(70), torch.randn(70)]
+TABLE = {"w": torch.randn(70), "scale": 2.0}
+
+
+def _scaled_by_a_global_list(x):
+    for w in WEIGHTS:
+        x = x * w
+    return x
+
+
+def _scaled_by_a_global_dict(x):
+    return x * TABLE["w"] * TABLE["scale"]
+
+
+def _change_the_containers():
+    WEIGHTS[0] = torch.randn(70)
+    TABLE["scale"] = 5.0
+    yield
+    WEIGHTS.append(torch.randn(70))
+    TABLE["w"] = torch.randn(70)
+    yield
+
+
+@pytest.mark.parametrize("fn", [_scaled_by_a_global_list, _scaled_by_a_global_dict], ids=lambda f: f.__name__)
+def test_a_global_list_or_dict_changed_in_place_is_a_new_key(fn):
+    """A list or dict the function reads was held by identity: after `WEIGHTS[0] = ...` the
+    function returned the old answer, silently. Its elements are in the key now (tensors by
+    identity, numbers by value)."""
+    x = torch.randn(300, 70)
+    compiled = tjit.compile(fn)
+    saved = (list(WEIGHTS), dict(TABLE))
+    try:
+        torch.testing.assert_close(compiled(x), fn(x))
+        for _ in _change_the_containers():
+            torch.testing.assert_close(compiled(x), fn(x))
+    finally:
+        WEIGHTS[:] = saved[0]
+        TABLE.clear()
+        TABLE.update(saved[1])

@@ -6,10 +6,12 @@ and the torch state the trace computes under (grad mode, autocast, the default d
 float32 matmul precision). OutsideState: the globals the function's code names and the
 variables it closes over, by identity: a trace bakes in what they held (a Python number, a
 tensor it reads as a constant, a helper function), so a name bound to another object is a
-miss and a new trace, where eager would read the new object. State further away
-(attributes of objects the function reads, globals of the functions it calls, the
-contents of a list) is not guarded: as with jax.jit, it is read when the function is traced. A module's state is guarded by
-Dynamo (tjit.compile runs an nn.Module through it).
+miss and a new trace, where eager would read the new object. State further away is not
+in the key: a function that reads a mutable object's state (state_read: an attribute of an
+object of the user's class, a namespace, a module) or asks what a tensor is
+(type_questions) runs through Dynamo instead, which guards what it reads, as it does for an
+nn.Module. A list or dict among the globals and closed-over variables is in the key by
+its elements (tensors and objects by identity, numbers by value).
 """
 from __future__ import annotations
 
@@ -106,21 +108,32 @@ class OutsideState:
         # tuple even for one name); a name unbound since raises KeyError
         self._read_globals = operator.itemgetter(*self.names, *self.names[:1]) if self.names else lambda g: ()
         self._kept: dict[tuple, tuple] = {}  # key -> the objects it names, oldest first
+        # a list or dict among them has its elements in the key too: held by identity alone, a
+        # list whose element was replaced would give the old answer (Dynamo guards them too)
+        self._containers = any(type(o) in _MUTABLE_CONTAINERS for o in self._read())
 
     def __bool__(self) -> bool:
         return bool(self.names or self.cells)
 
     def key(self) -> tuple:
+        found = self._read()
+        key = tuple(map(id, found))
+        if self._containers:
+            elements: list = []
+            key += tuple(_elements_key(o, elements) for o in found if type(o) in _MUTABLE_CONTAINERS)
+            found += tuple(elements)
+        if key not in self._kept:
+            self._kept[key] = found
+        return key
+
+    def _read(self) -> tuple:
         try:
             found = self._read_globals(self.globals)
         except KeyError:  # (the same layout, an unbound name as _UNBOUND)
             found = tuple(self.globals.get(n, _UNBOUND) for n in (*self.names, *self.names[:1]))
         if self.cells:
             found += tuple(map(_contents, self.cells))
-        key = tuple(map(id, found))
-        if key not in self._kept:
-            self._kept[key] = found
-        return key
+        return found
 
     def evicted(self) -> list[tuple]:
         """The keys let go beyond the last MAX_OUTSIDE_STATES (their entries must go too)."""
@@ -128,6 +141,27 @@ class OutsideState:
         for key in gone:
             del self._kept[key]
         return gone
+
+
+_MUTABLE_CONTAINERS = (list, dict)
+_VALUES = (int, float, complex, bool, str, bytes, type(None))
+
+
+def _elements_key(container, objects: list, depth: int = 4) -> tuple:
+    """A list's or dict's contents for the key: numbers and strings by value, nested lists,
+    dicts and tuples followed (`depth` levels), anything else by identity (appended to
+    `objects`, which the key keeps alive so that no other object takes its id)."""
+    def element(v):
+        kind = type(v)
+        if kind in _VALUES:
+            return _exact(v)
+        if kind in (list, tuple, dict) and depth > 0:
+            return kind, _elements_key(v, objects, depth - 1)
+        objects.append(v)
+        return id(v)
+    if type(container) is dict:
+        return tuple((element(k), element(v)) for k, v in container.items())
+    return tuple(map(element, container))
 
 
 def _contents(cell) -> Any:
@@ -186,8 +220,8 @@ def state_read(fn: Callable, arguments: dict[str, Any]) -> Optional[str]:
     closed-over variable, or as one of fn's arguments (`arguments`, by parameter name); or
     a data attribute of a user's module (`config.SCALE`). A trace bakes in what it read
     there, and the key holds such an object by identity, so a changed attribute would give
-    the old answer; None where it reads none. (A list or dict of tensors and numbers is
-    held by identity too: one changed in place is a known gap.)"""
+    the old answer; None where it reads none. (A list or dict of tensors and numbers is in
+    the key by its elements: OutsideState.)"""
     for f, c, instructions in _user_code(fn):
         cells = dict(zip(f.__code__.co_freevars, f.__closure__ or ()))
         for k, ins in enumerate(instructions):

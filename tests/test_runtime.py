@@ -639,3 +639,23 @@ def test_a_global_list_or_dict_changed_in_place_is_a_new_key(fn):
         WEIGHTS[:] = saved[0]
         TABLE.clear()
         TABLE.update(saved[1])
+
+
+@tjit.compile
+def _compiled_helper(z):
+    return z.sigmoid() * 2
+
+
+def _calls_a_compiled_helper(x):
+    return _compiled_helper(x * 3) + 1
+
+
+@pytest.mark.parametrize("backend", ["tjit", "eager"])
+def test_a_compiled_function_called_where_dynamo_traces_joins_the_callers_graph(backend):
+    """Dynamo traced into tjit's runtime (the helper's __call__, its executor, Triton's
+    launcher), breaking its graph at every step and compiling the pieces: the call never
+    finished. The helper's own function is traced instead, into the caller's graph."""
+    x = torch.randn(300, 70)
+    torch.testing.assert_close(torch.compile(_calls_a_compiled_helper, backend=backend)(x),
+                               _calls_a_compiled_helper(x))
+    torch.testing.assert_close(tjit.compile(_calls_a_compiled_helper)(x), _calls_a_compiled_helper(x))

@@ -135,6 +135,8 @@ class CompiledFunction:
         result, unless the function takes an `out` argument itself) receives the results in
         place: they are written straight into it when its layout is the result's, else
         copied; the call returns the out tensors."""
+        if torch.compiler.is_compiling():  # (Dynamo tracing a caller: the function's ops join its graph,
+            return self.fn(*args, **kwargs)  # where it would otherwise trace tjit's own runtime)
         out = kwargs.pop("out", None) if not self._takes_out else None
         return self.run(self.prepare(args, kwargs), out)
 

@@ -108,9 +108,14 @@ class OutsideState:
         # tuple even for one name); a name unbound since raises KeyError
         self._read_globals = operator.itemgetter(*self.names, *self.names[:1]) if self.names else lambda g: ()
         self._kept: dict[tuple, tuple] = {}  # key -> the objects it names, oldest first
-        # a list or dict among them has its elements in the key too: held by identity alone, a
-        # list whose element was replaced would give the old answer (Dynamo guards them too)
-        self._containers = any(type(o) in _MUTABLE_CONTAINERS for o in self._read())
+        # a list or dict among them whose contents the code reads has its elements in the key
+        # too: held by identity alone, a list whose element was replaced would give the old
+        # answer (a list the code only appends to, a trace-time side effect, is not read)
+        code = getattr(fn, "__code__", None)
+        read = _contents_read(code)
+        positions = list(self.names) + list(self.names[:1]) + list(getattr(code, "co_freevars", ()))
+        self._read_positions = tuple(k for k, (name, o) in enumerate(zip(positions, self._read()))
+                                     if name in read and type(o) in _MUTABLE_CONTAINERS)
 
     def __bool__(self) -> bool:
         return bool(self.names or self.cells)
@@ -118,9 +123,9 @@ class OutsideState:
     def key(self) -> tuple:
         found = self._read()
         key = tuple(map(id, found))
-        if self._containers:
+        if self._read_positions:
             elements: list = []
-            key += tuple(_elements_key(o, elements) for o in found if type(o) in _MUTABLE_CONTAINERS)
+            key += tuple(_elements_key(found[k], elements) for k in self._read_positions)
             found += tuple(elements)
         if key not in self._kept:
             self._kept[key] = found
@@ -144,6 +149,21 @@ class OutsideState:
 
 
 _MUTABLE_CONTAINERS = (list, dict)
+_MUTATORS = frozenset({"append", "extend", "insert", "clear", "update", "add", "discard", "remove", "__setitem__"})
+
+
+def _contents_read(code: Optional[types.CodeType]) -> set[str]:
+    """The global and closed-over names the code (nested code included) loads other than to
+    call a method that only writes into it (`calls.append(1)`)."""
+    read = set()
+    for c in nested_code(code):
+        instructions = list(dis.get_instructions(c))
+        for ins, following in zip(instructions, instructions[1:] + [None]):
+            if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF", "LOAD_CLASSDEREF") and not (
+                    following is not None and following.opname in ("LOAD_METHOD", "LOAD_ATTR")
+                    and following.argval in _MUTATORS):
+                read.add(ins.argval)
+    return read
 _VALUES = (int, float, complex, bool, str, bytes, type(None))
 
 

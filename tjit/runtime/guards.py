@@ -164,6 +164,8 @@ def _contents_read(code: Optional[types.CodeType]) -> set[str]:
                     and following.argval in _MUTATORS):
                 read.add(ins.argval)
     return read
+
+
 _VALUES = (int, float, complex, bool, str, bytes, type(None))
 
 
@@ -215,7 +217,7 @@ _LIBRARIES = frozenset({"torch", "triton", "tjit", "numpy", "sympy"})
 
 def type_questions(fn: Callable) -> list[tuple[str, Optional[str]]]:
     """The questions above that fn's code asks, or a function of the user's it reaches
-    (_user_functions): (where, e.g. "type() in f (file:line)"; the parameter of fn it asks
+    (_user_code): (where, e.g. "type() in f (file:line)"; the parameter of fn it asks
     about, when the code asks it of fn's own parameter right away, `type(p)` or
     `p.__class__`, else None: anything)."""
     found = []
@@ -224,7 +226,8 @@ def type_questions(fn: Callable) -> list[tuple[str, Optional[str]]]:
         parameters = c.co_varnames[:c.co_argcount + c.co_kwonlyargcount]
         for k, ins in enumerate(instructions):
             if ins.argval in _TYPE_BUILTINS and ins.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
-                found.append((_where(ins.argval + "()", c), _loaded_parameter(instructions[k + 1:k + 3], parameters, own)))
+                subject = _loaded_parameter(instructions[k + 1:k + 3], parameters, own)
+                found.append((_where(ins.argval + "()", c), subject))
             elif ins.argval in _TYPE_QUESTIONS and ins.opname in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_ATTR",
                                                                  "LOAD_METHOD"):
                 subject = _loaded_parameter(instructions[k - 1:k], parameters, own) if ins.argval == "__class__" \
@@ -234,7 +237,7 @@ def type_questions(fn: Callable) -> list[tuple[str, Optional[str]]]:
 
 
 def state_read(fn: Callable, arguments: dict[str, Any]) -> Optional[str]:
-    """Where fn's code, or a function of the user's it reaches (_user_functions), reads
+    """Where fn's code, or a function of the user's it reaches (_user_code), reads
     mutable state that the cache key does not hold: an object of a user's class, an
     nn.Module, a namespace, or a list or dict holding such, through a global or a
     closed-over variable, or as one of fn's arguments (`arguments`, by parameter name); or

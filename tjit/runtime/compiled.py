@@ -367,8 +367,7 @@ class CompiledFunction:
         class checked before."""
         if not numbers or isinstance(self.fn, torch.fx.GraphModule):
             return None
-        sizes = tuple(flat[k][0] for k in sorted(self._size_positions) if k < len(flat) and type(flat[k][1]) is int)
-        checked_as = (shape_class_key(key, flat, sizes) or key, numbers)
+        checked_as = (shape_class_key(key, flat, self._size_names(flat)) or key, numbers)
         if checked_as in self._numbers_checked:
             return None
         values = {name: v for name, v in flat if name in numbers}
@@ -389,12 +388,16 @@ class CompiledFunction:
             self._numbers_checked.add(checked_as)
         return check
 
+    def _size_names(self, flat) -> tuple[str, ...]:
+        """The int arguments that are sizes (a Dynamo graph's), by flattened name."""
+        return tuple(flat[k][0] for k in sorted(self._size_positions) if k < len(flat) and type(flat[k][1]) is int)
+
     def _conversion(self, fn, args, kwargs, key: tuple, flat, requires_grad: frozenset,
                     check: Optional[Callable] = None):
         """The call's IR graph: from its shape class's symbolic trace, or traced for its sizes
         (check: called with the trace before it is converted)."""
         args, kwargs = _detached((args, kwargs))
-        sizes = tuple(flat[k][0] for k in sorted(self._size_positions) if k < len(flat) and type(flat[k][1]) is int)
+        sizes = self._size_names(flat)
         classed = shape_class_key(key, flat, sizes)
         if classed is not None:
             traces = self._shape_classes.traces

@@ -101,7 +101,8 @@ class OutsideState:
 
     def __init__(self, fn: Callable):
         self.globals = getattr(fn, "__globals__", {})
-        names = {name for c in nested_code(getattr(fn, "__code__", None)) for name in c.co_names}
+        code = getattr(fn, "__code__", None)
+        names = {name for c in nested_code(code) for name in c.co_names}
         self.names = tuple(sorted(n for n in names if n in self.globals))
         self.cells = tuple(getattr(fn, "__closure__", None) or ())
         # one C call reads the globals on every call (the first name twice, so that it returns a
@@ -110,12 +111,13 @@ class OutsideState:
         self._kept: dict[tuple, tuple] = {}  # key -> the objects it names, oldest first
         # a list or dict among them whose contents the code reads has its elements in the key
         # too: held by identity alone, a list whose element was replaced would give the old
-        # answer (a list the code only appends to, a trace-time side effect, is not read)
-        code = getattr(fn, "__code__", None)
-        read = _contents_read(code)
+        # answer (a list the code only appends to, a trace-time side effect, is not read; the
+        # code is read only where a list or dict is found)
         positions = list(self.names) + list(self.names[:1]) + list(getattr(code, "co_freevars", ()))
-        self._read_positions = tuple(k for k, (name, o) in enumerate(zip(positions, self._read()))
-                                     if name in read and type(o) in _MUTABLE_CONTAINERS)
+        containers = [(k, name) for k, (name, o) in enumerate(zip(positions, self._read()))
+                      if type(o) in _MUTABLE_CONTAINERS]
+        read = _contents_read(code) if containers else set()
+        self._read_positions = tuple(k for k, name in containers if name in read)
 
     def __bool__(self) -> bool:
         return bool(self.names or self.cells)

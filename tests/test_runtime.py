@@ -1,8 +1,13 @@
 """Caching, counters, torch.compile integration, insight and errors."""
+import collections
 import contextlib
+import itertools
+import os
+import random
 import subprocess
 import sys
 
+import numpy
 import pytest
 import torch
 
@@ -614,31 +619,221 @@ def _scaled_by_a_global_dict(x):
     return x * TABLE["w"] * TABLE["scale"]
 
 
+def _scaled_by_container_kinds(x):
+    return x * ORDERED["scale"] * COUNTS["k"] * QUEUE[0] * NESTED[0]["s"]
+
+
+def _scaled_by_buffers(x):
+    return x * float(ARRAY[0]) * BYTES[0]
+
+
+ORDERED, COUNTS = collections.OrderedDict(scale=2.0), collections.Counter(k=3)
+QUEUE, ARRAY, BYTES = collections.deque([1.5]), numpy.array([0.5]), bytearray([2])
+NESTED = [collections.OrderedDict(s=1.25)]
+
+
 def _change_the_containers():
     WEIGHTS[0] = torch.randn(70)
     TABLE["scale"] = 5.0
+    ORDERED["scale"], COUNTS["k"], QUEUE[0], ARRAY[0], BYTES[0], NESTED[0]["s"] = 3.0, 4, 2.5, 1.5, 3, 0.75
     yield
     WEIGHTS.append(torch.randn(70))
     TABLE["w"] = torch.randn(70)
     yield
 
 
-@pytest.mark.parametrize("fn", [_scaled_by_a_global_list, _scaled_by_a_global_dict], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("fn", [_scaled_by_a_global_list, _scaled_by_a_global_dict, _scaled_by_container_kinds,
+                                _scaled_by_buffers], ids=lambda f: f.__name__)
 def test_a_global_list_or_dict_changed_in_place_is_a_new_key(fn):
     """A list or dict the function reads was held by identity: after `WEIGHTS[0] = ...` the
     function returned the old answer, silently. Its elements are in the key now (tensors by
-    identity, numbers by value)."""
+    identity, numbers by value), for their subclasses (OrderedDict, Counter) and deques too;
+    a function that reads a buffer's elements (a numpy array, a bytearray) runs through
+    Dynamo."""
     x = torch.randn(300, 70)
     compiled = tjit.compile(fn)
-    saved = (list(WEIGHTS), dict(TABLE))
+    saved = (list(WEIGHTS), dict(TABLE), dict(ORDERED), dict(COUNTS), list(QUEUE), ARRAY.copy(), bytearray(BYTES),
+             dict(NESTED[0]))
     try:
         torch.testing.assert_close(compiled(x), fn(x))
         for _ in _change_the_containers():
             torch.testing.assert_close(compiled(x), fn(x))
+        through_dynamo = [isinstance(entry.executable, tjit.runtime.split.SplitFunction)
+                          for entry in compiled._cache.values()]
+        assert all(through_dynamo) if fn is _scaled_by_buffers else not any(through_dynamo)
     finally:
         WEIGHTS[:] = saved[0]
-        TABLE.clear()
-        TABLE.update(saved[1])
+        for container, contents in zip((TABLE, ORDERED, COUNTS, NESTED[0]), (saved[1], saved[2], saved[3], saved[7])):
+            container.clear()
+            container.update(contents)
+        QUEUE[0], ARRAY[:], BYTES[:] = saved[4][0], saved[5], saved[6]
+
+
+def _scaled_by_pythons_random(x):
+    return x * random.random() + random.gauss(0, 1)
+
+
+def _scaled_by_numpys_random(x):
+    return x * float(numpy.random.rand())
+
+
+def _scaled_by_the_environment(x):
+    return x * float(os.environ.get("TJIT_TEST_SCALE", "1"))
+
+
+@pytest.mark.parametrize("fn", [_scaled_by_pythons_random, _scaled_by_numpys_random, _scaled_by_the_environment],
+                         ids=lambda f: f.__name__)
+def test_a_function_that_reads_random_numbers_or_the_environment_reads_them_at_every_call(fn, monkeypatch):
+    """`x * random.random()` multiplied by the number its trace drew, at every call (and
+    `os.environ` as the trace read it). Such a function now runs through Dynamo, which draws
+    from Python's and numpy's generators at every call, as eager does: seeded alike, both give
+    the same numbers."""
+    x, compiled = torch.randn(300, 70), tjit.compile(fn)
+    for seed in (1, 2, 3):
+        monkeypatch.setenv("TJIT_TEST_SCALE", str(seed))
+        results = []
+        for run in (fn, compiled):
+            random.seed(seed), numpy.random.seed(seed)
+            results.append(run(x))
+        torch.testing.assert_close(results[1], results[0])
+
+
+CALLS, CACHE, COUNT = [], {}, 0
+
+
+def _appends_to_a_global_list(x, state):
+    CALLS.append(x.shape[0])
+    return x * 2
+
+
+def _stores_a_tensor_in_a_global_dict(x, state):
+    CACHE["y"] = x.exp()
+    return x * 2
+
+
+def _counts_in_a_global(x, state):
+    global COUNT
+    COUNT += 1
+    return x * COUNT
+
+
+def _appends_to_its_argument(x, state):
+    state.append(x.sum())
+    return x * 2
+
+
+def _appends_to_its_default_list(x, state, seen=CALLS):
+    seen.append(x.shape[0])
+    return x * 2
+
+
+def _counts_in_its_argument(x, state):
+    state["n"] = state.get("n", 0) + 1
+    return x + 1
+
+
+def _closure_counter():
+    count = 0
+
+    def counts_in_a_closed_over_variable(x, state):
+        nonlocal count
+        count += 1
+        return x * count
+    return counts_in_a_closed_over_variable
+
+
+def _states():
+    """The outside state the functions above write: snapshots to compare."""
+    return list(CALLS), {k: v.clone() for k, v in CACHE.items()}, COUNT
+
+
+@pytest.mark.parametrize("make, argument", [
+    (lambda: _appends_to_a_global_list, dict), (lambda: _stores_a_tensor_in_a_global_dict, dict),
+    (lambda: _counts_in_a_global, dict), (lambda: _appends_to_its_argument, list),
+    (lambda: _counts_in_its_argument, dict), (_closure_counter, dict), (lambda: _appends_to_its_default_list, dict)],
+    ids=["global list", "global dict", "global int", "argument list", "argument dict", "closed-over int",
+         "default list"])
+def test_a_function_that_changes_python_state_changes_it_on_every_call_as_eager_does(make, argument):
+    """A trace runs the function's Python once: `CALLS.append(...)` happened at the first
+    call only, and `CACHE["y"] = x.exp()` left the trace's stand-in tensor (a FakeTensor) in
+    the dict. Such a function now runs through Dynamo, which replays the writes after each
+    call."""
+    global COUNT
+    results = []
+    for run in (make(), tjit.compile(make())):
+        CALLS.clear(), CACHE.clear()
+        COUNT, state = 0, argument()
+        outputs = [run(torch.randn(300 + k, 70, generator=torch.Generator().manual_seed(k)), state)
+                   for k in range(3)]
+        results.append((outputs, _states(), state))
+    (eager, eager_state, eager_argument), (compiled, compiled_state, compiled_argument) = results
+    torch.testing.assert_close(compiled, eager)
+    torch.testing.assert_close(compiled_state, eager_state)
+    torch.testing.assert_close(compiled_argument, eager_argument)
+    assert all(type(v) is torch.Tensor for v in compiled_state[1].values())
+
+
+def test_a_function_that_takes_from_an_iterator_takes_the_next_value_at_every_call():
+    """`next(it)` ran once, in the trace: every call multiplied by the iterator's first
+    value. An iterator is state (where it stands), read through Dynamo now."""
+    steps = itertools.count(1)
+
+    def scaled_by_a_closed_over_iterator(x):
+        return x * next(steps)
+
+    def scaled_by_an_argument_iterator(x, it):
+        return x * next(it)
+
+    x, it = torch.randn(300, 70), iter([2.0, 3.0, 4.0])
+    closed, argument = tjit.compile(scaled_by_a_closed_over_iterator), tjit.compile(scaled_by_an_argument_iterator)
+    for k in (1, 2, 3):
+        torch.testing.assert_close(closed(x), x * k, rtol=0, atol=0)
+        torch.testing.assert_close(argument(x, it), x * (k + 1), rtol=0, atol=0)
+
+
+def _seeds_and_draws(x):
+    torch.manual_seed(7)
+    return x + torch.rand(x.shape)
+
+
+def test_a_function_that_seeds_torchs_generator_seeds_it_at_every_call():
+    """`torch.manual_seed(7)` ran in the trace only: the second call drew other numbers than
+    the first, where eager draws the same ones."""
+    x, compiled = torch.randn(300, 70), tjit.compile(_seeds_and_draws)
+    first, second = compiled(x), compiled(x)
+    torch.testing.assert_close(second, first, rtol=0, atol=0)
+    after_compiled = torch.rand(5)
+    _seeds_and_draws(x)
+    torch.testing.assert_close(after_compiled, torch.rand(5), rtol=0, atol=0)  # (the generator stands where eager's does)
+
+
+def test_a_function_that_prints_prints_on_every_call(capsys):
+    def prints(x):
+        print("called with", tuple(x.shape))
+        return x * 2
+
+    compiled = tjit.compile(prints)
+    for n in (300, 300, 301):
+        torch.testing.assert_close(compiled(torch.ones(n, 70)), torch.full((n, 70), 2.0))
+    assert capsys.readouterr().out.splitlines() == ["called with (300, 70)"] * 2 + ["called with (301, 70)"]
+
+
+def _writes_its_own_tensors(x, index):
+    parts = []
+    for k in range(2):
+        parts.append(x * k)
+    out = torch.cat(parts)
+    out[index] += 1
+    out[:, 0] = 0
+    return out
+
+
+def test_writes_into_local_lists_and_tensors_do_not_send_a_function_to_dynamo():
+    x, index = torch.randn(300, 70), torch.tensor([1, 5, 299])
+    compiled = tjit.compile(_writes_its_own_tensors)
+    torch.testing.assert_close(compiled(x, index), _writes_its_own_tensors(x, index))
+    assert not any(isinstance(entry.executable, tjit.runtime.split.SplitFunction)
+                   for entry in compiled._cache.values())
 
 
 @tjit.compile

@@ -41,7 +41,7 @@ from ..pipeline import VerifyError, build_program, convert, trace_and_convert
 from . import disk_cache
 from .counters import counters
 from .executor import Executable, alias_view
-from .guards import OutsideState, guard_key, shape_class_key, state_read, type_questions
+from .guards import OutsideState, guard_key, shape_class_key, state_read, state_written, type_questions, volatile_read
 from .interpreter import check_device
 from .split import SplitFunction
 
@@ -336,14 +336,17 @@ class CompiledFunction:
         its Python as eager does and guards what it reads: where its code may ask what a
         tensor of this call is (guards.type_questions: of a parameter holding no tensor, it
         asks nothing a trace changes), which a trace would answer for its stand-in tensors
-        (FakeTensor); or where it reads an object's state that the key holds by identity
-        (guards.state_read)."""
+        (FakeTensor); where it reads an object's state that the key holds by identity
+        (guards.state_read); where it reads what changes between calls, random numbers, the
+        clock (guards.volatile_read); or where it changes Python state (guards.state_written)."""
         if not self.split_data_dependent:  # (a Dynamo graph: straight-line code)
             return None
         if self._type_questions is None:
             self._type_questions = type_questions(self.fn)
         try:
-            values = inspect.signature(self.fn).bind(*args, **kwargs).arguments
+            bound = inspect.signature(self.fn).bind(*args, **kwargs)
+            bound.apply_defaults()  # (a default is an argument too: `def f(x, seen=[])`)
+            values = bound.arguments
         except (TypeError, ValueError):  # (no signature to read: every question is about anything)
             values = {}
         for where, subject in self._type_questions:
@@ -355,6 +358,14 @@ class CompiledFunction:
         if where is not None:
             return f"its code reads an object's state ({where}), which a trace would bake in: Dynamo guards it " \
                    "(as for an nn.Module)"
+        where = volatile_read(self.fn)
+        if where is not None:
+            return f"its code reads what changes between calls ({where}), which a trace would bake in: Dynamo " \
+                   "reads it at every call"
+        where = state_written(self.fn, values)
+        if where is not None:
+            return f"its code changes Python state ({where}), which a trace would do once: Dynamo replays it " \
+                   "after every call, as eager does it"
         return None
 
     def _numbers_check(self, args, kwargs, key: tuple, flat, numbers: tuple[str, ...],

@@ -8,21 +8,27 @@ variables it closes over, by identity: a trace bakes in what they held (a Python
 tensor it reads as a constant, a helper function), so a name bound to another object is a
 miss and a new trace, where eager would read the new object. State further away is not
 in the key: a function that reads a mutable object's state (state_read: an attribute of an
-object of the user's class, a namespace, a module) or asks what a tensor is
-(type_questions) runs through Dynamo instead, which guards what it reads, as it does for an
-nn.Module. A list or dict among the globals and closed-over variables is in the key by
+object of the user's class, a namespace, a module, an iterator), asks what a tensor is
+(type_questions), reads what changes between calls (volatile_read: random numbers, the
+clock) or changes Python state (state_written: a global, a list it appends to, a print)
+runs through Dynamo instead, which guards what it reads and replays what it writes, as it
+does for an nn.Module. A list or dict among the globals and closed-over variables is in the key by
 its elements (tensors and objects by identity, numbers by value).
 """
 from __future__ import annotations
 
+import array
+import collections
 import dis
 import enum
 import functools
+import inspect
 import operator
 import sys
 import types
 from typing import Any, Callable, Iterator, Optional
 
+import numpy
 import torch
 
 _UNBOUND = object()  # (a global name the code reads that is not bound, or an empty cell)
@@ -115,7 +121,7 @@ class OutsideState:
         # code is read only where a list or dict is found)
         positions = list(self.names) + list(self.names[:1]) + list(getattr(code, "co_freevars", ()))
         containers = [(k, name) for k, (name, o) in enumerate(zip(positions, self._read()))
-                      if type(o) in _MUTABLE_CONTAINERS]
+                      if isinstance(o, _MUTABLE_CONTAINERS)]
         read = _contents_read(code) if containers else set()
         self._read_positions = tuple(k for k, name in containers if name in read)
 
@@ -150,7 +156,7 @@ class OutsideState:
         return gone
 
 
-_MUTABLE_CONTAINERS = (list, dict)
+_MUTABLE_CONTAINERS = (list, dict, collections.deque)  # (and their subclasses: OrderedDict, Counter)
 _MUTATORS = frozenset({"append", "extend", "insert", "clear", "update", "add", "discard", "remove", "__setitem__"})
 
 
@@ -179,11 +185,11 @@ def _elements_key(container, objects: list, depth: int = 4) -> tuple:
         kind = type(v)
         if kind in _VALUES:
             return _exact(v)
-        if kind in (list, tuple, dict) and depth > 0:
+        if isinstance(v, (tuple, *_MUTABLE_CONTAINERS)) and depth > 0:
             return kind, _elements_key(v, objects, depth - 1)
         objects.append(v)
         return id(v)
-    if type(container) is dict:
+    if isinstance(container, dict):
         return tuple((element(k), element(v)) for k, v in container.items())
     return tuple(map(element, container))
 
@@ -248,27 +254,172 @@ def state_read(fn: Callable, arguments: dict[str, Any]) -> Optional[str]:
     the old answer; None where it reads none. (A list or dict of tensors and numbers is in
     the key by its elements: OutsideState.)"""
     for f, c, instructions in _user_code(fn):
-        cells = dict(zip(f.__code__.co_freevars, f.__closure__ or ()))
+        parameters = arguments if f is fn and c is f.__code__ else {}
         for k, ins in enumerate(instructions):
-            value = _NOT_READ
-            if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME") and ins.argval in f.__globals__:
-                value = f.__globals__[ins.argval]
-                if _module_data(value, instructions[k + 1:k + 2]):
-                    return _where(f"{ins.argval}.{instructions[k + 1].argval}", c)
-            elif ins.opname in ("LOAD_DEREF", "LOAD_CLASSDEREF") and ins.argval in cells:
-                value = _contents(cells[ins.argval])
-            elif ins.opname == "LOAD_FAST" and f is fn and c is f.__code__ and ins.argval in arguments:
-                value = arguments[ins.argval]
-                if _held_by_value(value):
-                    continue
+            value = _loaded(ins, f, parameters)
+            if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME") and _module_data(value, instructions[k + 1:k + 2]):
+                return _where(f"{ins.argval}.{instructions[k + 1].argval}", c)
+            if ins.opname == "LOAD_FAST" and _held_by_value(value):
+                continue
             if value is not _NOT_READ and _is_state(value):
                 return _where(ins.argval, c)
     return None
 
 
+def volatile_read(fn: Callable) -> Optional[str]:
+    """Where fn's code, or a function of the user's it reaches (_user_code), reads what
+    changes from call to call without any argument or variable changing: Python's or
+    numpy's random numbers, the clock, the environment (`x * random.random()`,
+    `time.time()`, `os.environ["S"]`). A trace would bake in the value it read; Dynamo reads
+    it at every call. None where it reads none."""
+    for f, c, instructions in _user_code(fn):
+        for k, ins in enumerate(instructions):
+            value = _loaded(ins, f)
+            if value is _NOT_READ:
+                continue
+            following = instructions[k + 1] if k + 1 < len(instructions) else None
+            if isinstance(value, types.ModuleType) and value.__name__ not in _VOLATILE_MODULES:
+                if following is None or following.opname not in ("LOAD_ATTR", "LOAD_METHOD"):
+                    continue
+                name, value = f"{ins.argval}.{following.argval}", getattr(value, following.argval, None)
+            else:
+                name = ins.argval
+            if _volatile(value):
+                return _where(name, c)
+    return None
+
+
+# modules whose every use reads what changes between calls; os's functions and objects too
+# (os.environ, os.getenv), but not its other modules (os.path)
+_VOLATILE_MODULES = frozenset({"random", "time", "datetime", "secrets", "uuid", "numpy.random"})
+
+
+def _volatile(value) -> bool:
+    if isinstance(value, types.ModuleType):
+        modules = [value.__name__]
+    else:
+        modules = [getattr(value, "__module__", None), type(getattr(value, "__self__", None)).__module__,
+                   type(value).__module__]
+    return any(m and (m in ("os", "posix") or m in _VOLATILE_MODULES or m.startswith("numpy.random."))
+               for m in modules if isinstance(m, str))
+
+
+def state_written(fn: Callable, arguments: dict[str, Any]) -> Optional[str]:
+    """Where fn's code, or a function of the user's it reaches (_user_code), changes Python
+    state that outlives the call: binds a global or a variable it closes over, calls a
+    method that writes into a list, dict or set held by a global, a closed-over variable or
+    one of fn's arguments (`calls.append(1)`), assigns or deletes an item of one
+    (`cache["y"] = x * 3`), or prints. A trace runs the code once: eager does it on every
+    call, and a tensor the trace stored would be its stand-in (FakeTensor). Dynamo replays
+    such writes after each call (and runs a print eagerly). None where it writes none."""
+    for f, c, instructions in _user_code(fn):
+        outer = set(f.__code__.co_freevars)
+        parameters = arguments if f is fn and c is f.__code__ else {}
+
+        def container(ins) -> bool:  # (whether the load reads a list, dict or set of the outside)
+            return isinstance(_loaded(ins, f, parameters), _WRITABLE_CONTAINERS)
+
+        for k, ins in enumerate(instructions):
+            if ins.opname in ("STORE_GLOBAL", "DELETE_GLOBAL") or (
+                    ins.opname in ("STORE_DEREF", "DELETE_DEREF") and ins.argval in outer):
+                return _where(f"binding {ins.argval}", c)
+            if ins.opname in ("LOAD_METHOD", "LOAD_ATTR") and ins.argval in _WRITING_METHODS and k > 0 \
+                    and container(instructions[k - 1]):
+                return _where(f"{instructions[k - 1].argval}.{ins.argval}()", c)
+            if ins.opname in ("STORE_SUBSCR", "DELETE_SUBSCR"):
+                root = _subscript_container(instructions, k)
+                if root is None:  # (not found: any list, dict or set of the outside the code loads)
+                    root = next(filter(container, instructions), None)
+                if root is not None and container(root):
+                    return _where(f"an item of {root.argval} written", c)
+            if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME") and ins.argval == "print" and "print" not in f.__globals__:
+                return _where("print()", c)
+            if _sets_random_state(f, parameters, instructions, k):
+                return _where(f"{ins.argval}()", c)
+    return None
+
+
+_WRITABLE_CONTAINERS = (list, dict, set, bytearray, collections.deque)
+_WRITING_METHODS = _MUTATORS | {"pop", "popitem", "popleft", "appendleft", "extendleft", "setdefault", "sort",
+                                "reverse", "rotate", "difference_update", "intersection_update",
+                                "symmetric_difference_update", "__delitem__"}
+
+
+# torch's functions that set its random number generators' state, by module and name (Dynamo
+# wraps torch.manual_seed when it is imported): a trace would set it once, and the kernels draw
+# from wherever the generator then stands
+_RANDOM_STATE_SETTERS = frozenset({("torch.random", name) for name in ("manual_seed", "seed", "set_rng_state")} |
+                                  {("torch.cuda.random", name) for name in ("manual_seed", "manual_seed_all", "seed",
+                                                                           "seed_all", "set_rng_state",
+                                                                           "set_rng_state_all")})
+_GENERATOR_SETTERS = frozenset({"manual_seed", "seed", "set_state"})
+
+
+def _sets_random_state(f: Callable, parameters: dict, instructions: list, k: int) -> bool:
+    """Whether instructions[k] names a function of _RANDOM_STATE_SETTERS (`torch.manual_seed`,
+    a global bound to one, `torch.random.manual_seed` two attributes deep) or a method of
+    _GENERATOR_SETTERS of a torch.Generator (`gen.manual_seed`)."""
+    ins = instructions[k]
+    if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+        return _sets_state(f.__globals__.get(ins.argval))
+    if ins.opname not in ("LOAD_ATTR", "LOAD_METHOD") or k == 0:
+        return False
+    holder = _loaded(instructions[k - 1], f, parameters)
+    if instructions[k - 1].opname == "LOAD_ATTR" and k > 1:  # (`torch.random`.manual_seed)
+        holder = getattr(_loaded(instructions[k - 2], f), instructions[k - 1].argval, None)
+    if isinstance(holder, torch.Generator):
+        return ins.argval in _GENERATOR_SETTERS
+    return isinstance(holder, types.ModuleType) and _sets_state(getattr(holder, ins.argval, None))
+
+
+def _sets_state(value) -> bool:
+    """Whether value is one of _RANDOM_STATE_SETTERS (through any wrappers)."""
+    if not callable(value):
+        return False
+    try:
+        found = inspect.unwrap(value)
+    except ValueError:  # (a cycle of __wrapped__)
+        return False
+    return (getattr(found, "__module__", None), getattr(found, "__qualname__", None)) in _RANDOM_STATE_SETTERS
+
+
+def _subscript_container(instructions: list, k: int):
+    """The load at the root of the container expression that STORE_SUBSCR or DELETE_SUBSCR
+    at instructions[k] writes into (`cache` in `cache[key, 1] = v`, `self` in
+    `self.cache[key] = v`), found by walking back over the stack effects of the straight-line
+    code before it; None where a jump or an unknown instruction is in the way."""
+    wanted = 2  # (the container is the second item from the top: the key is above it)
+    for ins in reversed(instructions[:k]):
+        if ins.opcode in dis.hasjrel or ins.opcode in dis.hasjabs or \
+                ins.opname.startswith(("SWAP", "COPY", "ROT_", "DUP_TOP")):  # (`cache[k] += 1` reorders)
+            return None
+        try:
+            wanted -= dis.stack_effect(ins.opcode, ins.arg)
+        except ValueError:
+            return None
+        if wanted <= 0:
+            return ins if wanted == 0 and ins.opname.startswith("LOAD_") and ins.opname != "LOAD_ATTR" else None
+        if ins.is_jump_target:  # (what is below on the stack came by more than one path)
+            return None
+    return None
+
+
 _NOT_READ = object()
+
+
+def _loaded(ins, f: Callable, parameters: Optional[dict] = None) -> Any:
+    """The value the instruction loads where it loads a global, a variable f closes over or
+    one of `parameters` (name -> value); _NOT_READ for any other instruction."""
+    if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME") and ins.argval in f.__globals__:
+        return f.__globals__[ins.argval]
+    if ins.opname in ("LOAD_DEREF", "LOAD_CLASSDEREF") and ins.argval in f.__code__.co_freevars:
+        return _contents(f.__closure__[f.__code__.co_freevars.index(ins.argval)])
+    if ins.opname == "LOAD_FAST" and parameters and ins.argval in parameters:
+        return parameters[ins.argval]
+    return _NOT_READ
 _IMMUTABLE = (int, float, complex, bool, str, bytes, range, slice, type(None), type(Ellipsis), torch.dtype,
               torch.device, torch.Size, torch.layout, torch.memory_format, enum.Enum)
+_BUFFERS = (bytearray, memoryview, array.array, numpy.ndarray)  # (read by element, written in place)
 _CODE = (types.FunctionType, types.BuiltinFunctionType, types.BuiltinMethodType, type, types.ModuleType,
          functools.partial)
 
@@ -294,8 +445,8 @@ def _is_state(value) -> bool:
         return _is_state(value.__self__)
     if isinstance(value, _CODE):
         return False
-    if isinstance(value, (torch.nn.Module, types.SimpleNamespace, set)):
-        return True
+    if isinstance(value, (torch.nn.Module, types.SimpleNamespace, set, *_BUFFERS)) or hasattr(type(value), "__next__"):
+        return True  # (an iterator's state is where it stands: `next(it)`; a buffer's is its bytes)
     return not is_library(type(value).__module__)
 
 

@@ -246,7 +246,10 @@ class CompiledFunction:
             return self._split_entry(key, "an nn.Module: Dynamo guards its state (training mode, parameters, "
                                           "attributes) and tjit compiles the graphs it captures", t0)
         why = self._runs_through_dynamo_because(args, kwargs)
-        if why is not None and not self.donate:
+        if why is not None and self.donate:  # (Dynamo's graphs do not donate; one trace would differ from eager)
+            raise CompileArgumentError(f"donate={self.donate}: {getattr(self.fn, '__name__', self.fn)} cannot be "
+                                       f"compiled as one trace: {why}; compile it without donate")
+        if why is not None:
             return self._split_entry(key, why, t0)
         flat = self._flatten(args, kwargs)
         disk_key = self._disk_key(flat, numbers)

@@ -114,6 +114,33 @@ def test_compiled_optimizer_step_matches_eager(name, foreach):
                 torch.testing.assert_close(opt.state[p][key], value, msg=lambda m: f"{name} state {key}: {m}")
 
 
+def test_a_whole_training_step_compiled_matches_eager():
+    """torch.compile of a step that runs forward, `loss.backward()` and `opt.step()`. Dynamo's
+    graph breaks at backward, and its frame hook is still on when the autograd engine calls
+    tjit's backward: Dynamo traced tjit's runtime as user code, and the step failed inside
+    the graphs it made of it (a reshape of a kernel's buffer). tjit's backwards now run
+    outside Dynamo."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.LayerNorm(40), torch.nn.Linear(40, 70), torch.nn.GELU(),
+                                torch.nn.Linear(70, 40))
+    ref = __import__("copy").deepcopy(model)
+    opt, ref_opt = (torch.optim.AdamW(m.parameters(), lr=0.01) for m in (model, ref))
+
+    def step(model, opt, x):
+        opt.zero_grad()
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()
+        return loss
+
+    compiled = torch.compile(step, backend="tjit")
+    for k in range(3):
+        x = torch.randn(300, 40, generator=torch.Generator().manual_seed(k))
+        torch.testing.assert_close(compiled(model, opt, x), step(ref, ref_opt, x))
+        for p, q in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p, q, msg=lambda m: f"step {k}: {m}")
+
+
 @pytest.mark.parametrize("foreach", [True, False], ids=["foreach", "single_tensor"])
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_an_optimizer_step_updates_every_parameter_in_one_launch(name, foreach):

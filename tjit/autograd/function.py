@@ -9,6 +9,7 @@ compiled on the first backward for each layout of the incoming gradients.
 """
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Callable, Optional
 
@@ -86,6 +87,7 @@ class GradExecutable:
         for name in self.written.values():
             _check_writable(name, tensors[name])
         names = tuple(tensors)
+        _backwards_outside_dynamo()
         outs = _Compiled.apply(self, names, *tensors.values())
         if self.written:
             for name, value in zip(self.output_names, outs):
@@ -276,6 +278,22 @@ def _backward_runs_once() -> bool:
     return keeps is not None and not keeps()
 
 
+def _backwards_outside_dynamo() -> None:
+    """Make Dynamo leave tjit's backwards alone, once it is loaded (a trace loads it, so it is
+    by the first forward). torch's autograd engine calls a Function's backward from whatever
+    runs `loss.backward()`, and inside a function torch.compile compiles (a training step
+    whose graph breaks at backward) Dynamo's frame hook is active there: it traced tjit's
+    runtime as user code, compiling its pieces into graphs of their own. (Dynamo's disable
+    wrapper turns the hook off for the call and everything it calls.)"""
+    if _Compiled.backward is not _BACKWARDS[0] or "torch._dynamo" not in sys.modules:
+        return
+    import torch._dynamo
+    with _LOCK:
+        if _Compiled.backward is _BACKWARDS[0]:
+            _Rebase.backward = staticmethod(torch._dynamo.disable(_BACKWARDS[1], recursive=True))
+            _Compiled.backward = staticmethod(torch._dynamo.disable(_BACKWARDS[0], recursive=True))
+
+
 def _outputs(memory: dict):
     return [(k, t) for k, t in memory.items() if isinstance(k, tuple) and k[0] == "output"]
 
@@ -345,3 +363,7 @@ class _Rebase(torch.autograd.Function):
         # zeros, not None: for a view, autograd's CopySlices drops the whole base's gradient
         # when the view's is undefined
         return torch.zeros_like(grad), grad
+
+
+_BACKWARDS = (_Compiled.backward, _Rebase.backward)  # (as defined; _backwards_outside_dynamo wraps them)
+_LOCK = threading.Lock()

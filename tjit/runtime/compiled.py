@@ -357,18 +357,16 @@ class CompiledFunction:
             if subject not in values or isinstance(value, torch.Tensor) or holds_tensors(value):
                 return f"its code asks what a tensor is ({where}), which a trace would answer for its stand-in " \
                        "tensors (FakeTensor), not the caller's"
-        where = state_read(self.fn, values)
-        if where is not None:
-            return f"its code reads an object's state ({where}), which a trace would bake in: Dynamo guards it " \
-                   "(as for an nn.Module)"
-        where = volatile_read(self.fn)
-        if where is not None:
-            return f"its code reads what changes between calls ({where}), which a trace would bake in: Dynamo " \
-                   "reads it at every call"
-        where = state_written(self.fn, values)
-        if where is not None:
-            return f"its code changes Python state ({where}), which a trace would do once: Dynamo replays it " \
-                   "after every call, as eager does it"
+        checks = ((lambda: state_read(self.fn, values), "reads an object's state ({}), which a trace would bake "
+                                                        "in: Dynamo guards it (as for an nn.Module)"),
+                  (lambda: volatile_read(self.fn), "reads what changes between calls ({}), which a trace would "
+                                                   "bake in: Dynamo reads it at every call"),
+                  (lambda: state_written(self.fn, values), "changes Python state ({}), which a trace would do "
+                                                           "once: Dynamo replays it after every call, as eager does"))
+        for check, why in checks:  # (each walks the code; the first that finds something answers)
+            where = check()
+            if where is not None:
+                return "its code " + why.format(where)
         return None
 
     def _numbers_check(self, args, kwargs, key: tuple, flat, numbers: tuple[str, ...],

@@ -9,6 +9,8 @@ backpropagates the same random incoming gradients through both.
 """
 from __future__ import annotations
 
+import collections
+import dataclasses
 import math
 import os
 import subprocess
@@ -214,6 +216,7 @@ def test_list_argument_without_grad_follows_new_values():
 
 
 # -- result types ------------------------------------------------------------------------------------
+Pair = collections.namedtuple("Pair", "first second")
 RETURN_TYPES = {
     "max": lambda x: x.max(1),
     "min_keepdim": lambda x: torch.min(x, 0, keepdim=True),
@@ -222,6 +225,9 @@ RETURN_TYPES = {
     "aminmax": lambda x: torch.aminmax(x, dim=1),
     "values_attribute": lambda x: x.max(1).values * 2 + x.min(0).indices.sum(),
     "nested": lambda x: {"a": [x.max(1)], "b": (torch.cummin(x, 1), 3)},
+    # a named tuple of the user's: FX wrote it as a call of its class, which tjit refused as no aten op
+    "users_named_tuple": lambda x: Pair(x.max(1).values, x * 2),
+    "users_named_tuple_nested": lambda x: {"p": [Pair(x.exp(), Pair(x.sum(0), 3))]},
 }
 NO_GRAD_RETURN_TYPES = {  # library calls: no gradient through them yet
     "sort": lambda x: x.sort(1),
@@ -234,6 +240,30 @@ NO_GRAD_RETURN_TYPES = {  # library calls: no gradient through them yet
 @pytest.mark.parametrize("name", RETURN_TYPES)
 def test_results_have_eager_types(name):
     check(RETURN_TYPES[name], torch.randn(6, 7))
+
+
+@dataclasses.dataclass
+class Outputs:
+    hidden: torch.Tensor
+    loss: torch.Tensor
+    steps: int = 3
+
+
+def _returns_a_dataclass(x):
+    return Outputs(x.tanh() * 2, x.square().mean())
+
+
+def test_a_dataclass_result_is_built_as_eager_builds_it():
+    """A dataclass holding tensors among the results: the trace refused it (FX writes it as a
+    call of its class). Such a function runs through Dynamo, which builds the object around
+    its graph's tensors."""
+    x, y = (torch.randn(300, 70, generator=torch.Generator().manual_seed(0)).requires_grad_() for _ in range(2))
+    got, expected = tjit.compile(_returns_a_dataclass)(x), _returns_a_dataclass(y)
+    assert type(got) is Outputs and got.steps == expected.steps
+    torch.testing.assert_close((got.hidden, got.loss), (expected.hidden, expected.loss))
+    (got.hidden.sum() + got.loss).backward()
+    (expected.hidden.sum() + expected.loss).backward()
+    torch.testing.assert_close(x.grad, y.grad)
 
 
 @pytest.mark.parametrize("name", NO_GRAD_RETURN_TYPES)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import types
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -20,7 +21,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_leaves, tree_map, tree_unflatten
 
-from ..errors import (CustomFunctionError, DataDependentError, EagerError, GradientStateError, LayoutError,
+from ..errors import (CustomFunctionError, DataDependentError, EagerError, GradientStateError, LayoutError, SplitError,
                       UnsupportedOpError)
 from .batch_norm import batch_norm_decompositions
 from .convert import Conversion, Converter
@@ -301,6 +302,21 @@ def holds_tensors(value) -> bool:
     return isinstance(value, CONTAINERS) and any(isinstance(v, torch.Tensor) for v in tree_leaves(value))
 
 
+def _object_holding_tensors(value) -> bool:
+    """An object (a dataclass's, a user class's) with a tensor among its attributes."""
+    attributes = getattr(value, "__dict__", None)
+    return isinstance(attributes, dict) and not isinstance(value, (torch.Tensor, type, types.ModuleType)) and \
+        any(isinstance(v, torch.Tensor) or holds_tensors(v) for v in attributes.values())
+
+
+def _holds_named_tuples(value) -> bool:
+    if isinstance(value, tuple) and hasattr(type(value), "_fields"):
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(map(_holds_named_tuples, value))
+    return isinstance(value, dict) and any(map(_holds_named_tuples, value.values()))
+
+
 def _entries(name: str, value) -> list[tuple[str, Any]]:
     if holds_tensors(value):
         return [(f"{name}_{k}", v) for k, v in enumerate(tree_leaves(value))]
@@ -405,8 +421,14 @@ def _trace_graph(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozens
         written_grad_inputs.extend(_write_back(copies, traced, tensor_names))
         returned_written.update({k: name for k, leaf in enumerate(tree_leaves(result)) for name, copy in copies.items()
                                  if leaf is copy and name in written_grad_inputs})
+        objects = [type(v).__name__ for v in tree_leaves(result) if _object_holding_tensors(v)]
+        if objects:
+            raise SplitError(name, f"it returns a {objects[0]} that holds tensors, which one trace's output cannot "
+                                   "hold (Dynamo's graphs return its tensors, and Dynamo builds the object)")
         returned.append(tree_flatten(result)[1])
-        return result
+        # (the graph's output is built from its leaves: FX writes a named tuple of the user's as
+        # a call of its class, which is no op; the spec above gives it back)
+        return tuple(tree_leaves(result)) if _holds_named_tuples(result) else result
 
     watch = GradModeWatch()
     name = getattr(fn, "__name__", str(fn))

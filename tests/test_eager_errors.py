@@ -296,14 +296,47 @@ def test_a_call_missing_an_argument_raises_eagers_type_error():
     check_against_eager(add, torch.randn(3), torch.randn(3))
 
 
-def test_a_type_error_inside_the_function_stays_a_refusal():
-    """A TypeError raised by the function's own code (not by the call) is tjit's refusal to
-    trace it, as before: eager may well run it (here: a tensor method tjit's trace cannot
-    take with these arguments), so no eager error is claimed."""
-    def wrong(a):
-        return a.view("not a shape")
-    with pytest.raises(tjit.UnsupportedOpError, match="TypeError"):
-        tjit.compile(wrong)(torch.randn(3))
+def _needs_four_rows(x):
+    if x.shape[0] != 4:
+        raise ValueError("needs 4 rows")
+    return x * 2
+
+
+EAGER_ERRORS = {
+    "the function's own": (_needs_four_rows, (torch.randn(3, 4),)),
+    "a method's arguments": (lambda a: a.view("not a shape"), (torch.randn(3),)),
+    "sizes that do not broadcast": (lambda a, b: a + b, (torch.randn(3, 4), torch.randn(5))),
+    "a dimension out of range": (lambda a: a.sum(5), (torch.randn(3, 4),)),
+    "a view across strides": (lambda a: a.t().view(-1), (torch.randn(3, 4),)),
+    "a matrix product's sizes": (lambda a, b: a @ b, (torch.randn(3, 4), torch.randn(5, 2))),
+}
+
+
+@pytest.mark.parametrize("case", EAGER_ERRORS)
+def test_an_error_eager_raises_for_the_arguments_is_eagers(case):
+    """The function's own errors were tjit's refusal (UnsupportedOpError, "tracing failed:
+    ValueError: ..."), or the error of a reference implementation that differs from eager's
+    (a ValueError where eager's view raises RuntimeError). Where a trace fails, the function
+    runs eagerly on copies of the arguments; its exception, where it raises one, is raised,
+    and the arguments are untouched."""
+    fn, args = EAGER_ERRORS[case]
+    with pytest.raises(Exception) as eager:
+        fn(*args)
+    before = [a.clone() for a in args]
+    with pytest.raises(type(eager.value)) as raised:
+        tjit.compile(fn)(*args)
+    assert type(raised.value) is type(eager.value) and str(raised.value) == str(eager.value)
+    for a, b in zip(args, before):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_a_trace_that_fails_where_eager_runs_stays_a_refusal():
+    """A function eager runs and tjit's trace cannot take (it returns a generator) is tjit's
+    refusal, naming what the trace stopped at."""
+    def generates(a):
+        yield a * 2
+    with pytest.raises(tjit.UnsupportedOpError, match="tracing failed"):
+        tjit.compile(generates)(torch.randn(3))
 
 
 @pytest.mark.parametrize("dtype, exponent", [(torch.int8, 300), (torch.int8, 128), (torch.int32, 2 ** 31 + 5),

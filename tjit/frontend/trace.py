@@ -452,12 +452,38 @@ def _trace_graph(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozens
                 continue
             if isinstance(e, TypeError) and not _fits_signature(fn, args, kwargs):
                 raise TypeError(str(e)) from None  # eager's: the call itself does not fit (a missing argument)
-            error = DataDependentError if _needs_tensor_data(e) else UnsupportedOpError
-            raise error(name, f"tracing failed: {type(e).__name__}: {str(e).strip()}") from e
+            if _needs_tensor_data(e):
+                raise DataDependentError(name, f"tracing failed: {type(e).__name__}: {str(e).strip()}") from e
+            eager = _eager_error(fn, args, kwargs)
+            if eager is not None:  # (the function's own error for these arguments: `raise ValueError(...)`)
+                eager.add_note(f"(eager raises this for these arguments; tjit's trace of {name} stopped at it too)")
+                raise eager
+            raise UnsupportedOpError(name, f"tracing failed: {type(e).__name__}: {str(e).strip()}") from e
     check_no_data_dependence(gm, name)
     traced = Traced(gm, tensor_names, frozenset(requires_grad), fakes, watch.gradient_unknown,
                     tuple(written_grad_inputs), returned_written, returned[-1] if returned else None)
     return traced, with_tensors, tensors
+
+
+def _eager_error(fn: Callable, args: tuple, kwargs: dict) -> Optional[Exception]:
+    """The exception eager raises for these arguments, run on copies of their tensors (leaves
+    where they are leaves, so that an in-place write is refused as it would be) with torch's
+    random generators put back after; None where it raises none: then the trace's failure is
+    tjit's. (Called where a trace failed, so the function's Python runs once more: a function
+    that changes Python state runs through Dynamo and is not traced.)"""
+    def copy(v):
+        if not isinstance(v, torch.Tensor):
+            return v
+        return v.detach().clone().requires_grad_(v.requires_grad) if v.is_leaf else v.clone()
+    copies = tree_map(copy, (args, kwargs))
+    cuda = sorted({t.device.index or 0 for t in tree_leaves(copies) if isinstance(t, torch.Tensor) and t.is_cuda})
+    try:  # (random numbers drawn from generators put back as they were: the call has not happened)
+        with warnings.catch_warnings(), torch.random.fork_rng(devices=cuda):
+            warnings.simplefilter("ignore")
+            fn(*copies[0], **copies[1])
+    except Exception as e:  # noqa: BLE001 (the function's own error, whatever it is)
+        return e
+    return None
 
 
 def _writes_a_leaf(e: Exception) -> bool:

@@ -698,6 +698,41 @@ def test_a_function_that_reads_random_numbers_or_the_environment_reads_them_at_e
         torch.testing.assert_close(results[1], results[0])
 
 
+ROWS = random.Random(7)
+
+
+def _slices_at_a_random_row(x, choices):
+    return x[choices.randrange(200):] * choices.random()
+
+
+def _slices_at_a_global_streams_row(x, choices):
+    return x[ROWS.randrange(200):] * 2
+
+
+def _slices_at_a_row_from_a_stream_it_seeds(x, choices):
+    r = random.Random(choices.random())  # (Dynamo fails on this line: an internal error)
+    return x[r.randrange(200):] * 2
+
+
+@pytest.mark.parametrize("fn", [_slices_at_a_random_row, _slices_at_a_global_streams_row,
+                                _slices_at_a_row_from_a_stream_it_seeds], ids=lambda f: f.__name__)
+def test_a_function_that_draws_from_a_random_object_runs_eagerly(fn):
+    """`rng.random()` of a random.Random object: a trace drew once, and so does Dynamo (it
+    bakes the draw into its graph and guards the object), so every call sliced the same rows;
+    Dynamo fails outright on `random.Random(rng.random())`. Such a function runs eagerly,
+    with a warning: seeded alike, eager and the compiled function slice alike at every call."""
+    x, compiled = torch.randn(300, 70), tjit.compile(fn)
+    theirs, ours = random.Random(5), random.Random(5)
+    for _ in range(3):
+        ROWS.seed(11)
+        expected = fn(x, theirs)
+        ROWS.seed(11)
+        with pytest.warns(UserWarning, match="runs .* eagerly: its code draws from a random.Random object") \
+                if not compiled._cache else contextlib.nullcontext():
+            got = compiled(x, ours)
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
 CALLS, CACHE, COUNT = [], {}, 0
 
 

@@ -22,6 +22,7 @@ import functools
 import inspect
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence
 
@@ -41,7 +42,8 @@ from ..pipeline import VerifyError, build_program, convert, trace_and_convert
 from . import disk_cache
 from .counters import counters
 from .executor import Executable, alias_view
-from .guards import OutsideState, guard_key, shape_class_key, state_read, state_written, type_questions, volatile_read
+from .guards import (OutsideState, guard_key, random_objects_read, shape_class_key, state_read, state_written,
+                     type_questions, volatile_read)
 from .interpreter import check_device
 from .split import SplitFunction
 
@@ -245,12 +247,12 @@ class CompiledFunction:
         if self._guarded_by_dynamo:
             return self._split_entry(key, "an nn.Module: Dynamo guards its state (training mode, parameters, "
                                           "attributes) and tjit compiles the graphs it captures", t0)
-        why = self._runs_through_dynamo_because(args, kwargs)
+        why, eager = self._outside_one_trace_because(args, kwargs)
         if why is not None and self.donate:  # (Dynamo's graphs do not donate; one trace would differ from eager)
             raise CompileArgumentError(f"donate={self.donate}: {getattr(self.fn, '__name__', self.fn)} cannot be "
                                        f"compiled as one trace: {why}; compile it without donate")
         if why is not None:
-            return self._split_entry(key, why, t0)
+            return self._split_entry(key, why, t0, eager)
         flat = self._flatten(args, kwargs)
         disk_key = self._disk_key(flat, numbers)
         stored = disk_cache.load(disk_key) if disk_key is not None else None
@@ -334,16 +336,18 @@ class CompiledFunction:
         except OSError as e:  # (a read-only or full disk: the entry stays in this process)
             self.not_on_disk = f"writing it failed: {e}"
 
-    def _runs_through_dynamo_because(self, args: tuple, kwargs: dict) -> Optional[str]:
+    def _outside_one_trace_because(self, args: tuple, kwargs: dict) -> tuple[Optional[str], bool]:
         """Why the function runs through Dynamo rather than one trace, if it does, which runs
         its Python as eager does and guards what it reads: where its code may ask what a
         tensor of this call is (guards.type_questions: of a parameter holding no tensor, it
         asks nothing a trace changes), which a trace would answer for its stand-in tensors
         (FakeTensor); where it reads an object's state that the key holds by identity
         (guards.state_read); where it reads what changes between calls, random numbers, the
-        clock (guards.volatile_read); or where it changes Python state (guards.state_written)."""
+        clock (guards.volatile_read); or where it changes Python state (guards.state_written).
+        And whether it runs eagerly instead: where it draws from a random.Random object, which
+        Dynamo bakes in too (guards.random_objects_read)."""
         if not self.split_data_dependent:  # (a Dynamo graph: straight-line code)
-            return None
+            return None, False
         if self._type_questions is None:
             self._type_questions = type_questions(self.fn)
         try:
@@ -356,18 +360,23 @@ class CompiledFunction:
             value = values.get(subject)
             if subject not in values or isinstance(value, torch.Tensor) or holds_tensors(value):
                 return f"its code asks what a tensor is ({where}), which a trace would answer for its stand-in " \
-                       "tensors (FakeTensor), not the caller's"
-        checks = ((lambda: state_read(self.fn, values), "reads an object's state ({}), which a trace would bake "
-                                                        "in: Dynamo guards it (as for an nn.Module)"),
-                  (lambda: volatile_read(self.fn), "reads what changes between calls ({}), which a trace would "
-                                                   "bake in: Dynamo reads it at every call"),
-                  (lambda: state_written(self.fn, values), "changes Python state ({}), which a trace would do "
-                                                           "once: Dynamo replays it after every call, as eager does"))
+                       "tensors (FakeTensor), not the caller's", False
+        where = random_objects_read(self.fn, values)
+        if where is not None:
+            return f"its code draws from a random.Random object ({where}), whose numbers one trace and Dynamo " \
+                   "would both bake in: it runs eagerly", True
+        checks = ((lambda: state_read(self.fn, values),
+                   "reads an object's state ({}), which a trace would bake in: Dynamo guards it (as for an nn.Module)"),
+                  (lambda: volatile_read(self.fn, values),
+                   "reads what changes between calls ({}), which a trace would bake in: Dynamo reads it at every call"),
+                  (lambda: state_written(self.fn, values),
+                   "changes Python state ({}), which a trace would do once: Dynamo replays it after every call, as "
+                   "eager does"))
         for check, why in checks:  # (each walks the code; the first that finds something answers)
             where = check()
             if where is not None:
-                return "its code " + why.format(where)
-        return None
+                return "its code " + why.format(where), False
+        return None, False
 
     def _numbers_check(self, args, kwargs, key: tuple, flat, numbers: tuple[str, ...],
                        requires_grad: frozenset) -> Optional[Callable]:
@@ -429,14 +438,18 @@ class CompiledFunction:
         counters.traces += 1
         return trace_and_convert(fn, args, kwargs, requires_grad, check)
 
-    def _split_entry(self, key, reason: str, t0: float) -> CompiledEntry:
+    def _split_entry(self, key, reason: str, t0: float, eager: bool = False) -> CompiledEntry:
         """The entry of a function one trace cannot hold, or a module: Dynamo runs it (one
-        SplitFunction for every key: Dynamo keeps its own guards)."""
-        if self._split is None:
-            self._split = SplitFunction(self.fn, reason)
-        entry = CompiledEntry(self._split, time.perf_counter() - t0, 0.0, 0.0, 0)
+        SplitFunction for every key: Dynamo keeps its own guards), or eager does (eager)."""
+        if eager:
+            split = SplitFunction(self.fn, reason, eager=True)
+            warnings.warn(f"tjit runs {getattr(self.fn, '__name__', self.fn)} eagerly: {reason}", stacklevel=4)
+        else:
+            self._split = split = self._split or SplitFunction(self.fn, reason)
+        entry = CompiledEntry(split, time.perf_counter() - t0, 0.0, 0.0, 0)
         self._cache[key] = entry
-        debug.log(1, f"{getattr(self.fn, '__name__', self.fn)} runs split by Dynamo: {reason}")
+        debug.log(1, f"{getattr(self.fn, '__name__', self.fn)} runs {'eagerly' if eager else 'split by Dynamo'}: "
+                     f"{reason}")
         return entry
 
     def _check_differentiable(self, conversion, flat, grad_inputs) -> None:

@@ -24,6 +24,7 @@ import enum
 import functools
 import inspect
 import operator
+import random
 import sys
 import types
 from typing import Any, Callable, Iterator, Optional
@@ -266,27 +267,42 @@ def state_read(fn: Callable, arguments: dict[str, Any]) -> Optional[str]:
     return None
 
 
-def volatile_read(fn: Callable) -> Optional[str]:
+def volatile_read(fn: Callable, arguments: dict[str, Any]) -> Optional[str]:
     """Where fn's code, or a function of the user's it reaches (_user_code), reads what
-    changes from call to call without any argument or variable changing: Python's or
-    numpy's random numbers, the clock, the environment (`x * random.random()`,
-    `time.time()`, `os.environ["S"]`). A trace would bake in the value it read; Dynamo reads
-    it at every call. None where it reads none."""
+    changes from call to call without any argument or variable being bound anew: Python's
+    or numpy's random numbers, the clock, the environment (`x * random.random()`,
+    `rng.random()` of a generator among its globals, cells or `arguments`, `time.time()`,
+    `os.environ["S"]`). A trace would bake in the value it read; Dynamo reads it at every
+    call. None where it reads none."""
+    return next((where for where, value in _outside_loads(fn, arguments) if _volatile(value)), None)
+
+
+def random_objects_read(fn: Callable, arguments: dict[str, Any]) -> Optional[str]:
+    """Where fn's code (as volatile_read) draws from a random.Random object of its globals,
+    cells or arguments (`rng.random()`, `rng.randint(...)`), which Dynamo bakes in as a
+    trace would: the function runs eagerly. (Python's own `random.random()` Dynamo draws at
+    every call.)"""
+    return next((where for where, value in _outside_loads(fn, arguments) if isinstance(value, random.Random)),
+                None)
+
+
+def _outside_loads(fn: Callable, arguments: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+    """(where, value) for each load in fn's code or a function of the user's it reaches
+    (_user_code) of a global, a closed-over variable or one of fn's `arguments`, or of an
+    attribute of such a module (`np.random`)."""
     for f, c, instructions in _user_code(fn):
+        parameters = arguments if f is fn and c is f.__code__ else {}
         for k, ins in enumerate(instructions):
-            value = _loaded(ins, f)
+            value = _loaded(ins, f, parameters)
             if value is _NOT_READ:
                 continue
             following = instructions[k + 1] if k + 1 < len(instructions) else None
             if isinstance(value, types.ModuleType) and value.__name__ not in _VOLATILE_MODULES:
                 if following is None or following.opname not in ("LOAD_ATTR", "LOAD_METHOD"):
                     continue
-                name, value = f"{ins.argval}.{following.argval}", getattr(value, following.argval, None)
+                yield _where(f"{ins.argval}.{following.argval}", c), getattr(value, following.argval, None)
             else:
-                name = ins.argval
-            if _volatile(value):
-                return _where(name, c)
-    return None
+                yield _where(ins.argval, c), value
 
 
 # modules whose every use reads what changes between calls; os's functions and objects too

@@ -35,9 +35,10 @@ class SplitFunction:
     fn: Callable
     reason: str  # why one trace could not hold fn: the data-dependent op
     graphs: list[SplitGraph] = field(default_factory=list)
+    eager: bool = False  # run by eager instead, without Dynamo (reason says why)
 
     def __post_init__(self):
-        self._run = torch.compile(self.fn, backend=self._backend, dynamic=False)
+        self._run = self.fn if self.eager else torch.compile(self.fn, backend=self._backend, dynamic=False)
 
     def __call__(self, args: tuple, kwargs: dict):
         return self._run(*args, **kwargs)

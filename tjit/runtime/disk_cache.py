@@ -26,7 +26,6 @@ one that is not stored.
 from __future__ import annotations
 
 import builtins
-import dis
 import functools
 import hashlib
 import io
@@ -41,7 +40,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from .. import debug
-from .guards import is_library as _is_library, nested_code
+from .guards import instructions_of, is_library as _is_library, nested_code
 from .loader import cache_dir
 
 MAGIC = b"tjit-entry-1\n"
@@ -304,7 +303,7 @@ def _names_read(code: types.CodeType) -> dict[tuple[str, bool], set[tuple[str, .
     used otherwise)."""
     found: dict[tuple[str, bool], set[tuple[str, ...]]] = {}
     for c in nested_code(code):
-        instructions = list(dis.get_instructions(c))
+        instructions = instructions_of(c)
         for k, ins in enumerate(instructions):
             if ins.opname not in ("LOAD_GLOBAL", "LOAD_DEREF", "LOAD_CLASSDEREF", "LOAD_NAME"):
                 continue

@@ -12,7 +12,8 @@ object of the user's class, a namespace, a module, an iterator), asks what a ten
 (type_questions), reads what changes between calls (volatile_read: random numbers, the
 clock) or changes Python state (state_written: a global, a list it appends to, a print)
 runs through Dynamo instead, which guards what it reads and replays what it writes, as it
-does for an nn.Module. A list or dict among the globals and closed-over variables is in the key by
+does for an nn.Module; one that draws from a random.Random object (random_objects_read)
+runs eagerly. A list or dict among the globals and closed-over variables is in the key by
 its elements (tensors and objects by identity, numbers by value).
 """
 from __future__ import annotations
@@ -166,8 +167,8 @@ def _contents_read(code: Optional[types.CodeType]) -> set[str]:
     call a method that only writes into it (`calls.append(1)`)."""
     read = set()
     for c in nested_code(code):
-        instructions = list(dis.get_instructions(c))
-        for ins, following in zip(instructions, instructions[1:] + [None]):
+        instructions = instructions_of(c)
+        for ins, following in zip(instructions, instructions[1:] + (None,)):
             if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF", "LOAD_CLASSDEREF") and not (
                     following is not None and following.opname in ("LOAD_METHOD", "LOAD_ATTR")
                     and following.argval in _MUTATORS):
@@ -200,6 +201,13 @@ def _contents(cell) -> Any:
         return cell.cell_contents
     except ValueError:  # (a variable not assigned yet)
         return _UNBOUND
+
+
+@functools.lru_cache(maxsize=4096)
+def instructions_of(code: types.CodeType) -> tuple[dis.Instruction, ...]:
+    """The code's instructions, read once per code object: each compile walks the user's code
+    several times (the questions below, the disk cache's key)."""
+    return tuple(dis.get_instructions(code))
 
 
 def nested_code(code: Optional[types.CodeType]) -> Iterator[types.CodeType]:
@@ -487,7 +495,7 @@ def _user_code(fn: Callable, depth: int = 4) -> Iterator[tuple[Callable, types.C
             continue
         seen.add(code)
         for c in nested_code(code):
-            yield f, c, list(dis.get_instructions(c))
+            yield f, c, instructions_of(c)
         names = [n for c in nested_code(code) for n in c.co_names]
         reached = [getattr(f, "__globals__", {}).get(name) for name in names]
         reached += [getattr(m, name, None) for m in reached if isinstance(m, types.ModuleType)

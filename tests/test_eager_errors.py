@@ -318,14 +318,15 @@ def test_an_error_eager_raises_for_the_arguments_is_eagers(case):
     ValueError: ..."), or the error of a reference implementation that differs from eager's
     (a ValueError where eager's view raises RuntimeError). Where a trace fails, the function
     runs eagerly on copies of the arguments; its exception, where it raises one, is raised,
-    and the arguments are untouched."""
+    and the arguments are untouched. It is a TjitError too (EagerError for a RuntimeError,
+    EagerValueError for a ValueError, ...)."""
     fn, args = EAGER_ERRORS[case]
     with pytest.raises(Exception) as eager:
         fn(*args)
     before = [a.clone() for a in args]
     with pytest.raises(type(eager.value)) as raised:
         tjit.compile(fn)(*args)
-    assert type(raised.value) is type(eager.value) and str(raised.value) == str(eager.value)
+    assert isinstance(raised.value, tjit.TjitError) and str(raised.value) == str(eager.value)
     for a, b in zip(args, before):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 

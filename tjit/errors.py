@@ -67,3 +67,22 @@ class CompileArgumentError(TjitError, TypeError):
 class EagerError(TjitError, RuntimeError):
     """An error eager PyTorch raises for the same call (an in-place write into memory its
     inputs overlap), raised by tjit at trace time with eager's message, before anything runs."""
+
+
+_EAGER_KINDS: dict[type, type] = {RuntimeError: EagerError}  # eager's exception type -> its TjitError form
+
+
+def as_eager_error(e: Exception) -> Exception:
+    """Eager's own exception for a call, as tjit raises it: an instance of a class that is both
+    a TjitError and e's type (EagerError for a RuntimeError, EagerValueError for a
+    ValueError, ...), with e's message, so that `except ValueError` and `except
+    tjit.TjitError` both catch it. e itself where no such class can be made (an exception
+    type whose layout or constructor does not allow it)."""
+    kind = type(e)
+    try:
+        if kind not in _EAGER_KINDS:
+            _EAGER_KINDS[kind] = type(f"Eager{kind.__name__}", (TjitError, kind),
+                                      {"__module__": __name__, "__doc__": f"eager's {kind.__name__}, raised by tjit"})
+        return _EAGER_KINDS[kind](*e.args)
+    except TypeError:
+        return e

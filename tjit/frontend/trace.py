@@ -22,7 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_leaves, tree_map, tree_unflatten
 
 from ..errors import (CustomFunctionError, DataDependentError, EagerError, GradientStateError, LayoutError, SplitError,
-                      UnsupportedOpError)
+                      UnsupportedOpError, as_eager_error)
 from .batch_norm import batch_norm_decompositions
 from .convert import Conversion, Converter
 from .foreach import foreach_decompositions
@@ -456,8 +456,9 @@ def _trace_graph(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozens
                 raise DataDependentError(name, f"tracing failed: {type(e).__name__}: {str(e).strip()}") from e
             eager = _eager_error(fn, args, kwargs)
             if eager is not None:  # (the function's own error for these arguments: `raise ValueError(...)`)
-                eager.add_note(f"(eager raises this for these arguments; tjit's trace of {name} stopped at it too)")
-                raise eager
+                error = as_eager_error(eager)
+                error.add_note(f"(eager raises this for these arguments; tjit's trace of {name} stopped at it too)")
+                raise error from (eager if error is not eager else None)
             raise UnsupportedOpError(name, f"tracing failed: {type(e).__name__}: {str(e).strip()}") from e
     check_no_data_dependence(gm, name)
     traced = Traced(gm, tensor_names, frozenset(requires_grad), fakes, watch.gradient_unknown,

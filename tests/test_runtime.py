@@ -731,6 +731,8 @@ def test_a_function_that_draws_from_a_random_object_runs_eagerly(fn):
                 if not compiled._cache else contextlib.nullcontext():
             got = compiled(x, ours)
         torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    assert str(tjit.explain(compiled, x, ours)).startswith("runs eagerly, neither traced nor run by Dynamo: its code "
+                                                             "draws from a random.Random object")
 
 
 CALLS, CACHE, COUNT = [], {}, 0

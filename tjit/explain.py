@@ -124,6 +124,7 @@ class SplitExplanation:
     graph runs eagerly. The data-dependent ops themselves run eagerly between the graphs."""
     reason: str
     graphs: list  # Explanation, or str: why the graph runs eagerly
+    eager: bool = False  # the whole function runs eagerly, without Dynamo (reason says why)
 
     @property
     def kernels(self) -> list[KernelReport]:
@@ -134,6 +135,8 @@ class SplitExplanation:
         return [c for g in self.graphs if isinstance(g, Explanation) for c in g.library_calls]
 
     def __str__(self) -> str:
+        if self.eager:
+            return f"runs eagerly, neither traced nor run by Dynamo: {self.reason}"
         lines = [f"split by Dynamo into {len(self.graphs)} graph(s), what one trace cannot hold runs eagerly between "
                  f"them; first: {self.reason}"]
         for k, g in enumerate(self.graphs):
@@ -212,6 +215,8 @@ def _device_type(args, kwargs) -> str:
 def _explain_split(split: SplitFunction, args, kwargs) -> SplitExplanation:
     """Dynamo finds the graphs by running the function: it runs on copies of the arguments."""
     import torch
+    if split.eager:
+        return SplitExplanation(split.reason, [], eager=True)
     copies = torch.utils._pytree.tree_map(
         lambda v: v.detach().clone().requires_grad_(v.requires_grad) if isinstance(v, torch.Tensor) else v, (args, kwargs))
     known = len(split.graphs)

@@ -419,16 +419,17 @@ def _trace_graph(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozens
             result = _call_with(fn, args, kwargs, flat, values)
             watch.note_custom_functions(result)
         written_grad_inputs.extend(_write_back(copies, traced, tensor_names))
-        returned_written.update({k: name for k, leaf in enumerate(tree_leaves(result)) for name, copy in copies.items()
+        leaves, spec = tree_flatten(result)
+        returned_written.update({k: name for k, leaf in enumerate(leaves) for name, copy in copies.items()
                                  if leaf is copy and name in written_grad_inputs})
-        objects = [type(v).__name__ for v in tree_leaves(result) if _object_holding_tensors(v)]
+        objects = [type(v).__name__ for v in leaves if _object_holding_tensors(v)]
         if objects:
             raise SplitError(name, f"it returns a {objects[0]} that holds tensors, which one trace's output cannot "
                                    "hold (Dynamo's graphs return its tensors, and Dynamo builds the object)")
-        returned.append(tree_flatten(result)[1])
+        returned.append(spec)
         # (the graph's output is built from its leaves: FX writes a named tuple of the user's as
         # a call of its class, which is no op; the spec above gives it back)
-        return tuple(tree_leaves(result)) if _holds_named_tuples(result) else result
+        return tuple(leaves) if _holds_named_tuples(result) else result
 
     watch = GradModeWatch()
     name = getattr(fn, "__name__", str(fn))

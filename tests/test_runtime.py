@@ -769,6 +769,24 @@ def _counts_in_its_argument(x, state):
     return x + 1
 
 
+def _record(into, value):
+    into.append(value)
+
+
+def _count(into):
+    into["n"] = into.get("n", 0) + 1
+    return into["n"]
+
+
+def _appends_to_its_argument_in_a_helper(x, state):
+    _record(state, x.sum())
+    return x * 2
+
+
+def _counts_in_its_argument_in_a_helper(x, state):
+    return x * _count(state)
+
+
 def _closure_counter():
     count = 0
 
@@ -787,14 +805,16 @@ def _states():
 @pytest.mark.parametrize("make, argument", [
     (lambda: _appends_to_a_global_list, dict), (lambda: _stores_a_tensor_in_a_global_dict, dict),
     (lambda: _counts_in_a_global, dict), (lambda: _appends_to_its_argument, list),
-    (lambda: _counts_in_its_argument, dict), (_closure_counter, dict), (lambda: _appends_to_its_default_list, dict)],
+    (lambda: _counts_in_its_argument, dict), (_closure_counter, dict), (lambda: _appends_to_its_default_list, dict),
+    (lambda: _appends_to_its_argument_in_a_helper, list), (lambda: _counts_in_its_argument_in_a_helper, dict)],
     ids=["global list", "global dict", "global int", "argument list", "argument dict", "closed-over int",
-         "default list"])
+         "default list", "argument list in a helper", "argument dict in a helper"])
 def test_a_function_that_changes_python_state_changes_it_on_every_call_as_eager_does(make, argument):
     """A trace runs the function's Python once: `CALLS.append(...)` happened at the first
     call only, and `CACHE["y"] = x.exp()` left the trace's stand-in tensor (a FakeTensor) in
     the dict. Such a function now runs through Dynamo, which replays the writes after each
-    call."""
+    call. A helper that appended to the list it was passed appended to none of the caller's:
+    the trace's argument was another list."""
     global COUNT
     results = []
     for run in (make(), tjit.compile(make())):
@@ -865,10 +885,18 @@ def _writes_its_own_tensors(x, index):
     return out
 
 
-def test_writes_into_local_lists_and_tensors_do_not_send_a_function_to_dynamo():
+def _writes_its_own_list_in_a_helper(x, index):
+    parts = []
+    for k in range(2):
+        _record(parts, x * k)
+    return torch.cat(parts)[index]
+
+
+@pytest.mark.parametrize("fn", [_writes_its_own_tensors, _writes_its_own_list_in_a_helper])
+def test_writes_into_local_lists_and_tensors_do_not_send_a_function_to_dynamo(fn):
     x, index = torch.randn(300, 70), torch.tensor([1, 5, 299])
-    compiled = tjit.compile(_writes_its_own_tensors)
-    torch.testing.assert_close(compiled(x, index), _writes_its_own_tensors(x, index))
+    compiled = tjit.compile(fn)
+    torch.testing.assert_close(compiled(x, index), fn(x, index))
     assert not any(isinstance(entry.executable, tjit.runtime.split.SplitFunction)
                    for entry in compiled._cache.values())
 

@@ -335,31 +335,58 @@ def state_written(fn: Callable, arguments: dict[str, Any]) -> Optional[str]:
     one of fn's arguments (`calls.append(1)`), assigns or deletes an item of one
     (`cache["y"] = x * 3`), or prints. A trace runs the code once: eager does it on every
     call, and a tensor the trace stored would be its stand-in (FakeTensor). Dynamo replays
-    such writes after each call (and runs a print eagerly). None where it writes none."""
+    such writes after each call (and runs a print eagerly). A helper that writes into a
+    container it was passed (`def record(acc, v): acc.append(v)`) counts where the code also
+    loads such a container of the outside, which it may have passed. None where it writes
+    none."""
+    helper_write, outside_loaded = None, False
     for f, c, instructions in _user_code(fn):
         outer = set(f.__code__.co_freevars)
-        parameters = arguments if f is fn and c is f.__code__ else {}
+        own = f is fn and c is f.__code__
+        parameters = arguments if own else {}
+        passed = set() if own else set(c.co_varnames[:_parameter_count(c)])
 
         def container(ins) -> bool:  # (whether the load reads a list, dict or set of the outside)
             return isinstance(_loaded(ins, f, parameters), _WRITABLE_CONTAINERS)
 
+        outside_loaded = outside_loaded or any(map(container, instructions))
         for k, ins in enumerate(instructions):
             if ins.opname in ("STORE_GLOBAL", "DELETE_GLOBAL") or (
                     ins.opname in ("STORE_DEREF", "DELETE_DEREF") and ins.argval in outer):
                 return _where(f"binding {ins.argval}", c)
-            if ins.opname in ("LOAD_METHOD", "LOAD_ATTR") and ins.argval in _WRITING_METHODS and k > 0 \
-                    and container(instructions[k - 1]):
-                return _where(f"{instructions[k - 1].argval}.{ins.argval}()", c)
-            if ins.opname in ("STORE_SUBSCR", "DELETE_SUBSCR"):
-                root = _subscript_container(instructions, k)
-                if root is None:  # (not found: any list, dict or set of the outside the code loads)
-                    root = next(filter(container, instructions), None)
-                if root is not None and container(root):
-                    return _where(f"an item of {root.argval} written", c)
+            root = _written_container(instructions, k)
+            if root is _UNKNOWN:  # (any list, dict or set of the outside the code loads)
+                root = next(filter(container, instructions), None)
+            if root is not None and container(root):
+                return _where(f"{root.argval}.{ins.argval}()" if ins.opname in ("LOAD_METHOD", "LOAD_ATTR")
+                              else f"an item of {root.argval} written", c)
+            if root is not None and root.opname == "LOAD_FAST" and root.argval in passed and helper_write is None:
+                helper_write = _where(f"{root.argval} written, an argument of {c.co_name}", c)
             if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME") and ins.argval == "print" and "print" not in f.__globals__:
                 return _where("print()", c)
             if _sets_random_state(f, parameters, instructions, k):
                 return _where(f"{ins.argval}()", c)
+    return helper_write if outside_loaded else None
+
+
+def _parameter_count(code: types.CodeType) -> int:
+    return code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & inspect.CO_VARARGS) + \
+        bool(code.co_flags & inspect.CO_VARKEYWORDS)
+
+
+_UNKNOWN = object()
+
+
+def _written_container(instructions: list, k: int):
+    """Where instructions[k] writes into a container (a writing method's name, or an item's
+    assignment or deletion), the load that put the container on the stack (`cache` in
+    `cache.append` or `cache[key] = v`), or _UNKNOWN where the walk back cannot tell; None
+    where it writes into none."""
+    ins = instructions[k]
+    if ins.opname in ("LOAD_METHOD", "LOAD_ATTR") and ins.argval in _WRITING_METHODS and k > 0:
+        return instructions[k - 1]
+    if ins.opname in ("STORE_SUBSCR", "DELETE_SUBSCR"):
+        return _subscript_container(instructions, k) or _UNKNOWN
     return None
 
 

@@ -875,6 +875,25 @@ def test_a_function_that_prints_prints_on_every_call(capsys):
     assert capsys.readouterr().out.splitlines() == ["called with (300, 70)"] * 2 + ["called with (301, 70)"]
 
 
+def _prints_and_writes_its_argument(h):
+    print("called")
+    return h.relu_() * 2
+
+
+def test_explain_of_a_function_dynamo_runs_writes_into_copies_as_the_call_would():
+    """explain runs such a function (Dynamo finds its graphs by running it) on copies of the
+    arguments; it made every copy a leaf, so an in-place write into an argument that is the
+    result of earlier ops, which the call allows, failed with the leaf error."""
+    w = torch.randn(300, 70, requires_grad=True)
+    compiled = tjit.compile(_prints_and_writes_its_argument)
+    h = w * 1.5
+    before = h.detach().clone()
+    explained = str(tjit.explain(compiled, h))
+    assert explained.startswith("split by Dynamo") and "graph 0:" in explained and "kernel" in explained
+    torch.testing.assert_close(h, before, rtol=0, atol=0)  # (the caller's tensor untouched)
+    torch.testing.assert_close(compiled(h), before.relu() * 2)
+
+
 def _writes_its_own_tensors(x, index):
     parts = []
     for k in range(2):

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 from typing import Optional
 
+from .frontend.trace import argument_copies
 from .ir import Graph
 from .lower import LibraryPlan
 from .lower.codegen import KernelPlan
@@ -214,11 +215,9 @@ def _device_type(args, kwargs) -> str:
 
 def _explain_split(split: SplitFunction, args, kwargs) -> SplitExplanation:
     """Dynamo finds the graphs by running the function: it runs on copies of the arguments."""
-    import torch
     if split.eager:
         return SplitExplanation(split.reason, [], eager=True)
-    copies = torch.utils._pytree.tree_map(
-        lambda v: v.detach().clone().requires_grad_(v.requires_grad) if isinstance(v, torch.Tensor) else v, (args, kwargs))
+    copies = argument_copies(args, kwargs)
     known = len(split.graphs)
     split(*copies)
     graphs = []

@@ -467,17 +467,24 @@ def _trace_graph(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozens
     return traced, with_tensors, tensors
 
 
+def argument_copies(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """(args, kwargs) with each tensor copied: a leaf as a new leaf (requiring grad where it
+    does), a result of earlier ops as a clone, a result too (an in-place write into it is
+    allowed, as into the caller's), without touching the caller's tensors."""
+    def copy(v):
+        if not isinstance(v, torch.Tensor):
+            return v
+        return v.detach().clone().requires_grad_(v.requires_grad) if v.is_leaf else v.clone()
+    return tree_map(copy, (args, kwargs))
+
+
 def _eager_error(fn: Callable, args: tuple, kwargs: dict) -> Optional[Exception]:
     """The exception eager raises for these arguments, run on copies of their tensors (leaves
     where they are leaves, so that an in-place write is refused as it would be) with torch's
     random generators put back after; None where it raises none: then the trace's failure is
     tjit's. (Called where a trace failed, so the function's Python runs once more: a function
     that changes Python state runs through Dynamo and is not traced.)"""
-    def copy(v):
-        if not isinstance(v, torch.Tensor):
-            return v
-        return v.detach().clone().requires_grad_(v.requires_grad) if v.is_leaf else v.clone()
-    copies = tree_map(copy, (args, kwargs))
+    copies = argument_copies(args, kwargs)
     cuda = sorted({t.device.index or 0 for t in tree_leaves(copies) if isinstance(t, torch.Tensor) and t.is_cuda})
     try:  # (random numbers drawn from generators put back as they were: the call has not happened)
         with warnings.catch_warnings(), torch.random.fork_rng(devices=cuda):

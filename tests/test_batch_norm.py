@@ -231,3 +231,51 @@ def test_looped_training_reads_input_and_gradient_twice():
     assert len(ex.kernels) == 1
     assert ex.kernels[0].bytes_read < 2.01 * tensor and ex.kernels[0].bytes_written < 1.01 * tensor
     assert len(ex.backward.kernels) == 1 and ex.backward.kernels[0].bytes_read < 4.01 * tensor
+
+
+class _HandWrittenNorm(torch.nn.Module):
+    """A batch norm written by hand, as custom layers are: its running statistics updated
+    in place under torch.no_grad()."""
+
+    def __init__(self, channels):
+        super().__init__()
+        self.weight, self.bias = torch.nn.Parameter(torch.rand(channels) + 0.5), torch.nn.Parameter(torch.randn(channels))
+        self.register_buffer("running_mean", torch.zeros(channels))
+        self.register_buffer("running_var", torch.ones(channels))
+
+    def forward(self, x):
+        if self.training:
+            mean, var = x.mean((0, 2, 3)), x.var((0, 2, 3), unbiased=False)
+            with torch.no_grad():
+                self.running_mean.mul_(0.9).add_(0.1 * mean)
+                self.running_var.mul_(0.9).add_(var, alpha=0.1)
+        else:
+            mean, var = self.running_mean, self.running_var
+        x = (x - mean[:, None, None]) / (var[:, None, None] + 1e-5).sqrt()
+        return x * self.weight[:, None, None] + self.bias[:, None, None]
+
+
+def test_a_hand_written_norm_that_updates_its_statistics_under_no_grad_is_compiled(fresh_seed):
+    """Its training graph ran eagerly (tjit refused every write under no_grad in a function
+    with grad inputs); now it is compiled, and trains and updates its statistics as eager."""
+    import copy
+    import warnings
+    eager = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), _HandWrittenNorm(8), torch.nn.ReLU())
+    ours = copy.deepcopy(eager)
+    compiled = torch.compile(ours, backend="tjit")
+    for step in range(2):
+        x = torch.randn(4, 3, 22, 21)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # (a graph run eagerly warns)
+            got = compiled(x)
+        expected = eager(x)
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+        incoming = torch.randn(expected.shape)
+        got.backward(incoming)
+        expected.backward(incoming)
+    for (name, a), b in zip(ours.named_parameters(), eager.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-4, msg=lambda m: f"{name}.grad\n{m}")
+    torch.testing.assert_close(list(ours.buffers()), list(eager.buffers()))
+    eager.eval(), ours.eval()
+    x = torch.randn(4, 3, 22, 21)
+    torch.testing.assert_close(compiled(x), eager(x), rtol=1e-4, atol=1e-5)

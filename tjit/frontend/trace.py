@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch._dispatch.python import enable_python_dispatcher
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_leaves, tree_map, tree_unflatten
@@ -216,11 +217,15 @@ class GradModeWatch(TorchFunctionMode):
     """Follows what the aten graph does not show of autograd, in a function traced in grad mode.
 
     A `torch.no_grad()` block: each result computed with grad mode off is detached in the
-    trace (aten.detach: tjit's backward stops there, as eager's does). A write into an
-    existing tensor under no_grad cannot be shown that way (the written tensor may carry a
-    gradient whose path eager cuts there), nor can a custom autograd.Function (eager runs its
-    Python backward, not the derivative of its forward): `gradient_unknown` holds the error
-    to raise (its type and reason) for a function with grad inputs. A read or write of a
+    trace (aten.detach: tjit's backward stops there, as eager's does), and so is each tensor
+    an op there reads that requires grad. So a write there into a tensor that carries no
+    gradient (a running statistic updated by hand: `self.running_mean.mul_(0.9).add_(0.1 *
+    mean)`) writes values no gradient flows through, as in eager. A write into the memory of
+    a tensor that carries a gradient cannot be shown that way (eager's later reads pass their
+    gradient to the tensor's history, unchanged by the write), nor can a custom
+    autograd.Function (eager runs its Python backward, not the derivative of its forward):
+    `gradient_unknown` holds the error to raise (its type and reason) for a function with
+    grad inputs. A read or write of a
     tensor's .grad, or a gradient hook (register_hook, retain_grad), raises
     GradientStateError at once, in any grad mode: the traced copies of the inputs carry no
     gradients, and tjit's backward runs no hooks."""
@@ -229,6 +234,13 @@ class GradModeWatch(TorchFunctionMode):
         super().__init__()
         self.grad_enabled = torch.is_grad_enabled()  # the caller's mode: the trace runs in it
         self.gradient_unknown: Optional[tuple[type, str]] = None
+        self._carrying_gradients: set[int] = set()  # the storages of the tensors seen that require grad
+
+    def note_gradients(self, values) -> None:
+        """Notes the memory of each tensor among `values` that requires grad (an input, or a
+        result of an op in grad mode): a write under no_grad into it is not followed."""
+        self._carrying_gradients.update(_storage(v) for v in tree_leaves(values)
+                                        if isinstance(v, torch.Tensor) and v.requires_grad)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -242,11 +254,17 @@ class GradModeWatch(TorchFunctionMode):
             return func(*args, **kwargs)
         if torch.is_grad_enabled():
             self.note_custom_functions((args, kwargs))
-            return func(*args, **kwargs)
+            result = func(*args, **kwargs)
+            self.note_gradients(result)
+            return result
+        args, kwargs = tree_map(lambda v: v.detach() if isinstance(v, torch.Tensor) and v.requires_grad else v,
+                                (args, kwargs))
         with WritesSeen() as writes:
             result = func(*args, **kwargs)
-        if writes.seen:
-            self.gradient_unknown = (UnsupportedOpError, "a write into a tensor under torch.no_grad()")
+        if any(_storage(t) in self._carrying_gradients for t in writes.written):
+            self.gradient_unknown = (UnsupportedOpError, "a write under torch.no_grad() into the memory of a tensor "
+                                                         "that carries a gradient (a parameter rescaled in place)")
+        if writes.written:
             return result
         return tree_map(lambda v: v.detach() if isinstance(v, torch.Tensor) else v, result)
 
@@ -259,16 +277,26 @@ class GradModeWatch(TorchFunctionMode):
                                                               "eager runs its Python backward, which tjit does not trace")
 
 
+def _storage(t: torch.Tensor) -> int:
+    return StorageWeakRef(t.untyped_storage()).cdata
+
+
 class WritesSeen(TorchDispatchMode):
-    """Notes whether an aten op that writes into one of its arguments ran."""
+    """Notes the tensors that the aten ops that ran wrote into (their arguments marked as
+    written in their schemas)."""
 
     def __init__(self):
         super().__init__()
-        self.seen = False
+        self.written: list[torch.Tensor] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.seen = self.seen or func._schema.is_mutable
-        return func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        if func._schema.is_mutable:
+            for k, argument in enumerate(func._schema.arguments):
+                value = args[k] if k < len(args) else kwargs.get(argument.name)
+                if argument.alias_info is not None and argument.alias_info.is_write:
+                    self.written += [t for t in tree_leaves(value) if isinstance(t, torch.Tensor)]
+        return func(*args, **kwargs)
 
 
 def flatten_arguments(fn: Callable, args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
@@ -413,6 +441,7 @@ def _trace_graph(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozens
         if writes_grad_inputs:
             copies = {name: values[name].clone() for name in tensor_names if name in requires_grad}
             values.update(copies)
+        watch.note_gradients([values[name] for name in tensor_names])
         # the modes watch the function's own calls only: around make_fx's set-up (fake copies of
         # the inputs) they would see hundreds of calls per trace
         with watch, FunctionalCells():

@@ -256,6 +256,7 @@ BINARY_RULES = {
     "fmod": _rounded_quotient("trunc"),
     "rem": _rounded_quotient("floor"),
     "atan2": _atan2,
+    "straight_through": lambda a, g, y, p, q: (g, None),
 }
 
 TERNARY_RULES = {

@@ -20,8 +20,8 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..analysis.addresses import disjoint, pairwise_disjoint, within
 from ..errors import DataDependentError, LayoutError, UnsupportedOpError
-from ..ir import (Const, Contiguous, DType, Extern, ExternCall, Graph, GraphNode, Input, Mutation, Operand, View, ViewOp,
-                  nested_axes, toposort)
+from ..ir import (Const, Contiguous, DType, Elementwise, Extern, ExternCall, Graph, GraphNode, Input, Mutation, Operand,
+                  View, ViewOp, nested_axes, toposort)
 from .build import ValueBuilder
 from .library import WriteThroughView, in_memory, library_call, view_of_contents
 from .scalars import (RuntimeScalar, arithmetic, is_arithmetic, is_symbolic_number, read_number,
@@ -257,7 +257,10 @@ class Converter(ValueBuilder):
                 found = self.elementwise("stop_gradient", [found], found.dtype)
             return found
         if isinstance(val, torch.Tensor) and storage_key(val) in self.storages:
-            return self.read_storage(val)
+            found = self.read_storage(val)
+            # (the storage's contents carry the gradients of what wrote them: not read through x.detach())
+            return self.elementwise("stop_gradient", [found], found.dtype) if found.dtype.is_float and \
+                self._detached(node) else found
         return self.env[node]
 
     def _detached(self, node: fx.Node) -> bool:
@@ -382,12 +385,39 @@ class Converter(ValueBuilder):
                                     if disjoint(v, view) and not _reads_input(known, name, view)}
             self.forwarded[name][view] = value
             return value
+        # a write through x.detach() is not seen by eager's autograd: x's later reads pass their
+        # gradient to x's history, not to what was written (reads through the detached view do)
+        unseen = value.dtype.is_float and self._detached(target)
         if val.numel() and (key in self.storages or self._other_views_read_later(target, key)):
-            self.storages[key] = self.storage_after_write(target, key, value)
+            contents = self.storage_after_write(target, key, value)
+            if unseen:
+                contents = self._written_unseen(key, contents, value)
+            self.storages[key] = contents
             return value
         for node in self.same_tensor_nodes(target, key):
-            self.env[node] = value
+            before = self.env.get(node)
+            if node is target or not value.dtype.is_float:
+                self.env[node] = value
+            elif self._detached(node):  # (another tensor read through x.detach(): the values, not their gradient)
+                self.env[node] = self.elementwise("stop_gradient", [value], value.dtype)
+            elif unseen and before is not None:
+                self.env[node] = self.elementwise("straight_through", [before, value], value.dtype)
+            else:
+                self.env[node] = value
         return value
+
+    def _written_unseen(self, key: int, contents: GraphNode, value: GraphNode) -> GraphNode:
+        """An intermediate storage's contents after a write through x.detach() (see assign):
+        the new contents, whose gradient goes to the old."""
+        before = self.storages.get(key)
+        if before is None:
+            before = self._owner_contents(key)
+        if before is None or self._carries_gradient(value):  # (the written values' own gradient reaches
+            # only the detached view's later reads, which read the contents here)
+            raise UnsupportedOpError(str(self.current.target), "an in-place write through x.detach() into an "
+                                     "intermediate that other views read"
+                                     + (" of values that carry a gradient" if before is not None else ""))
+        return in_memory(self, self.elementwise("straight_through", [before, contents], contents.dtype))
 
     def _check_input_write(self, name: str, key: int) -> None:
         """Writes into an input that only library calls can compute, or that the function
@@ -525,6 +555,13 @@ class Converter(ValueBuilder):
                 known[id(n)] = isinstance(n.op, Input) and n.op.name in self.requires_grad or \
                     any(known[id(s)] for s in n.src)
         return any(known[id(v)] for v in values)
+
+    def _carries_gradient(self, value: GraphNode) -> bool:
+        """Whether a gradient flows through the value: it reads an input that gets one, other
+        than through a stop_gradient."""
+        stopped = lambda n: isinstance(n.op, Elementwise) and n.op.op == "stop_gradient"  # noqa: E731
+        return any(isinstance(n.op, Input) and n.op.name in self.requires_grad
+                   for n in toposort([value], stop=stopped))
 
     def flat(self, value: GraphNode, val: torch.Tensor) -> GraphNode:
         """A dense value laid out as `val` is in its storage, as the storage's flat contents."""

@@ -7,6 +7,7 @@ other non-tensor arguments are specialised: they are part of the cache key.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import types
@@ -17,7 +18,6 @@ from typing import Any, Callable, Optional
 import torch
 from torch._dispatch.python import enable_python_dispatcher
 from torch.fx.experimental.proxy_tensor import make_fx
-from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_leaves, tree_map, tree_unflatten
@@ -25,7 +25,7 @@ from torch.utils._pytree import TreeSpec, tree_flatten, tree_leaves, tree_map, t
 from ..errors import (CustomFunctionError, DataDependentError, EagerError, GradientStateError, LayoutError, SplitError,
                       UnsupportedOpError, as_eager_error)
 from .batch_norm import batch_norm_decompositions
-from .convert import Conversion, Converter
+from .convert import Conversion, Converter, storage_key
 from .foreach import foreach_decompositions
 from .rnn_cells import FunctionalCells
 from .scalars import is_symbolic_number
@@ -235,11 +235,12 @@ class GradModeWatch(TorchFunctionMode):
         self.grad_enabled = torch.is_grad_enabled()  # the caller's mode: the trace runs in it
         self.gradient_unknown: Optional[tuple[type, str]] = None
         self._carrying_gradients: set[int] = set()  # the storages of the tensors seen that require grad
+        self._data_of_results: set[int] = set()  # the storages of results with a history read through .data
 
     def note_gradients(self, values) -> None:
         """Notes the memory of each tensor among `values` that requires grad (an input, or a
         result of an op in grad mode): a write under no_grad into it is not followed."""
-        self._carrying_gradients.update(_storage(v) for v in tree_leaves(values)
+        self._carrying_gradients.update(storage_key(v) for v in tree_leaves(values)
                                         if isinstance(v, torch.Tensor) and v.requires_grad)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -252,16 +253,23 @@ class GradModeWatch(TorchFunctionMode):
                                                                 "the gradient")
         if not self.grad_enabled or func is torch._C._set_grad_enabled:  # (tracing toggles grad mode too)
             return func(*args, **kwargs)
+        if getattr(func, "__self__", None) is torch.Tensor.data and args[0].grad_fn is not None:
+            self._data_of_results.add(storage_key(args[0]))
         if torch.is_grad_enabled():
             self.note_custom_functions((args, kwargs))
-            result = func(*args, **kwargs)
+            with WritesSeen() if self._data_of_results else contextlib.nullcontext() as writes:
+                result = func(*args, **kwargs)
+            if writes is not None and any(storage_key(t) in self._data_of_results for t in writes.written):
+                self.gradient_unknown = (UnsupportedOpError, "a write through x.data into a result of ops with a "
+                                                             "gradient: eager's backward would read the written "
+                                                             "values where the ops saved the old ones")
             self.note_gradients(result)
             return result
         args, kwargs = tree_map(lambda v: v.detach() if isinstance(v, torch.Tensor) and v.requires_grad else v,
                                 (args, kwargs))
         with WritesSeen() as writes:
             result = func(*args, **kwargs)
-        if any(_storage(t) in self._carrying_gradients for t in writes.written):
+        if any(storage_key(t) in self._carrying_gradients for t in writes.written):
             self.gradient_unknown = (UnsupportedOpError, "a write under torch.no_grad() into the memory of a tensor "
                                                          "that carries a gradient (a parameter rescaled in place)")
         if writes.written:
@@ -275,10 +283,6 @@ class GradModeWatch(TorchFunctionMode):
             if isinstance(v, torch.Tensor) and isinstance(v.grad_fn, torch.autograd.function.BackwardCFunction):
                 self.gradient_unknown = (CustomFunctionError, f"a custom autograd.Function ({type(v.grad_fn).__name__}): "
                                                               "eager runs its Python backward, which tjit does not trace")
-
-
-def _storage(t: torch.Tensor) -> int:
-    return StorageWeakRef(t.untyped_storage()).cdata
 
 
 class WritesSeen(TorchDispatchMode):

@@ -62,6 +62,8 @@ class OpDef:
     # src[0] is an index that must lie in [0, src[1]) (src[1] a literal): the kernel reports
     # one out of range (IndexError, as eager's indexed reads raise) and passes it on as it is
     checks_index: bool = False
+    # operands only the gradient rule reads (its value ignores them)
+    gradient_only: tuple[int, ...] = ()
     grad: Union[GradRule, _NoGrad, None] = None
     aten: tuple[str, ...] = ()  # aten ops (by name) that are this op, computed in torch's result type
 
@@ -132,6 +134,9 @@ _DEFS = [
     OpDef("where", 3, any_type="tl.where({0}, {1}, {2})", opmath=False),
     OpDef("cast", 1, operand_typed=True),  # its Triton depends on both types: lower/elementwise.py _cast
     OpDef("stop_gradient", 1, any_type=_IDENTITY, grad=NO_GRAD),  # the identity (a value chosen for precision)
+    # the value of its second operand, whose gradient goes to its first: contents written through
+    # x.detach(), which eager's autograd does not see (x's later reads pass their gradient to x's history)
+    OpDef("straight_through", 2, any_type="{1}", opmath=False, gradient_only=(0,)),
     # -- math of floats
     _float_unary("exp", "tl.exp({0})"),
     _float_unary("exp2", "tl.exp2({0})"),

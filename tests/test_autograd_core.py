@@ -523,6 +523,43 @@ def test_a_write_through_data_into_a_result_with_a_history_is_refused():
     check_grads(lambda x, w: x * w.data, randn(300, 70), randn(70))  # (a read through .data is compiled)
 
 
+def _writes_rows_with_a_gradient_into_a_buffer(buf, x):
+    buf[:5] = x[:5] * 2
+    return buf * 3
+
+
+def _adds_a_gradient_into_a_buffer(buf, x):
+    buf.add_(x)
+    return buf.sum(0)
+
+
+@pytest.mark.parametrize("fn", [_writes_rows_with_a_gradient_into_a_buffer, _adds_a_gradient_into_a_buffer])
+def test_values_with_a_gradient_written_into_an_input_without_one_are_refused(fn):
+    """Eager's buffer carries the written values' gradient after the write (CopySlices,
+    AddBackward), in the function's later reads and the caller's. tjit's read back the
+    written memory (x's gradient 6 off for the rows, silently) and left the caller's buffer
+    without a history; refused, and through Dynamo the graph runs eagerly, as eager."""
+    buf, x = torch.zeros(300, 70), randn(300, 70).requires_grad_()
+    with pytest.raises(tjit.UnsupportedOpError, match="carry a gradient into input 'buf'"):
+        tjit.compile(fn)(buf.clone(), x)
+    ours, theirs, x2 = buf.clone(), buf.clone(), x.detach().clone().requires_grad_()
+    with pytest.warns(UserWarning, match="eagerly"):
+        got = torch.compile(fn, backend="tjit")(ours, x2)
+    expected = fn(theirs, x)
+    (got.sum() + ours.sum()).backward()
+    (expected.sum() + theirs.sum()).backward()
+    torch.testing.assert_close(x2.grad, x.grad)
+
+
+def test_values_without_a_gradient_written_into_an_input_are_compiled():
+    def writes_a_mask_and_a_detached_value(buf, mask, x):
+        mask.copy_(x > 0)
+        buf.copy_(x.detach() * 2)
+        return x * mask + buf
+    check_grads(writes_a_mask_and_a_detached_value, torch.zeros(300, 70), torch.zeros(300, 70), randn(300, 70),
+                requires={2})
+
+
 def test_backward_reads_only_what_the_forward_saved():
     """Attention scores as BLOOM makes them (a broadcast bias added, viewed per head, a mask
     added): the softmax's exp is computed in two shapes, and while the saved values were

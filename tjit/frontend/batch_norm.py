@@ -63,12 +63,12 @@ def batch_norm(input: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], 
         invstd = torch.rsqrt(var + eps)
         output = (input.to(acc) - mean) * invstd
         mean, var, invstd = (t.reshape(-1) for t in (mean, var, invstd))
-        if running_mean is not None:
-            new_mean = (mean * momentum + running_mean.to(acc) * (1 - momentum)).to(running_mean.dtype)
+        if running_mean is not None:  # (eager's running statistics carry no gradient)
+            new_mean = (mean.detach() * momentum + running_mean.to(acc) * (1 - momentum)).to(running_mean.dtype)
         if running_var is not None:
             n = input.numel() // input.shape[1]
             # eager's var_sum / (n - 1): with one value per channel 0 / 0, NaN
-            unbiased = var * (n / (n - 1)) if n > 1 else var * float("nan")
+            unbiased = var.detach() * (n / (n - 1)) if n > 1 else var.detach() * float("nan")
             new_var = (unbiased * momentum + running_var.to(acc) * (1 - momentum)).to(running_var.dtype)
         if not functional:
             for buffer, new in ((running_mean, new_mean), (running_var, new_var)):

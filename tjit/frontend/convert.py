@@ -376,6 +376,11 @@ class Converter(ValueBuilder):
         if key in self.input_storage:
             name = self.storage_owner(target, val)
             self._check_input_write(name, key)
+            if name not in self.requires_grad and self._carries_gradient(value):
+                raise UnsupportedOpError(str(self.current.target), f"an in-place write of values that carry a "
+                                         f"gradient into input {name!r}, which does not require grad: after eager's "
+                                         "write the input carries their gradient (a grad_fn), which tjit cannot "
+                                         "give it yet")
             view = self.input_view(name, val)
             self.materialize_readers_of(name, view)
             self.version[name] += 1
@@ -557,10 +562,12 @@ class Converter(ValueBuilder):
         return any(known[id(v)] for v in values)
 
     def _carries_gradient(self, value: GraphNode) -> bool:
-        """Whether a gradient flows through the value: it reads an input that gets one, other
-        than through a stop_gradient."""
-        stopped = lambda n: isinstance(n.op, Elementwise) and n.op.op == "stop_gradient"  # noqa: E731
-        return any(isinstance(n.op, Input) and n.op.name in self.requires_grad
+        """Whether the value carries a gradient as eager's tensor would (requires grad): it is
+        computed from an input that gets one, other than through a stop_gradient or a value
+        of a type without gradients (a comparison's)."""
+        stopped = lambda n: not (n.dtype.is_float or n.dtype.is_complex) or \
+            isinstance(n.op, Elementwise) and n.op.op == "stop_gradient"  # noqa: E731
+        return any(isinstance(n.op, Input) and n.op.name in self.requires_grad and not stopped(n)
                    for n in toposort([value], stop=stopped))
 
     def flat(self, value: GraphNode, val: torch.Tensor) -> GraphNode:

@@ -223,9 +223,11 @@ class GradModeWatch(TorchFunctionMode):
     mean)`) writes values no gradient flows through, as in eager. A write into the memory of
     a tensor that carries a gradient cannot be shown that way (eager's later reads pass their
     gradient to the tensor's history, unchanged by the write), nor can a custom
-    autograd.Function (eager runs its Python backward, not the derivative of its forward):
-    `gradient_unknown` holds the error to raise (its type and reason) for a function with
-    grad inputs. A read or write of a
+    autograd.Function (eager runs its Python backward, not the derivative of its forward),
+    nor a write through `.data` into a result of ops (eager's backward then reads the written
+    values where those ops saved the old ones; a write through detach() eager counts, and
+    the converter follows it): `gradient_unknown` holds the error to raise (its type and
+    reason) for a function with grad inputs. A read or write of a
     tensor's .grad, or a gradient hook (register_hook, retain_grad), raises
     GradientStateError at once, in any grad mode: the traced copies of the inputs carry no
     gradients, and tjit's backward runs no hooks."""
@@ -240,8 +242,9 @@ class GradModeWatch(TorchFunctionMode):
     def note_gradients(self, values) -> None:
         """Notes the memory of each tensor among `values` that requires grad (an input, or a
         result of an op in grad mode): a write under no_grad into it is not followed."""
-        self._carrying_gradients.update(storage_key(v) for v in tree_leaves(values)
+        self._carrying_gradients.update(_memory(v) for v in tree_leaves(values)
                                         if isinstance(v, torch.Tensor) and v.requires_grad)
+        self._carrying_gradients.discard(None)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -253,13 +256,14 @@ class GradModeWatch(TorchFunctionMode):
                                                                 "the gradient")
         if not self.grad_enabled or func is torch._C._set_grad_enabled:  # (tracing toggles grad mode too)
             return func(*args, **kwargs)
-        if getattr(func, "__self__", None) is torch.Tensor.data and args[0].grad_fn is not None:
-            self._data_of_results.add(storage_key(args[0]))
+        if getattr(func, "__self__", None) is torch.Tensor.data and args[0].grad_fn is not None and \
+                _memory(args[0]) is not None:
+            self._data_of_results.add(_memory(args[0]))
         if torch.is_grad_enabled():
             self.note_custom_functions((args, kwargs))
             with WritesSeen() if self._data_of_results else contextlib.nullcontext() as writes:
                 result = func(*args, **kwargs)
-            if writes is not None and any(storage_key(t) in self._data_of_results for t in writes.written):
+            if writes is not None and any(_memory(t) in self._data_of_results for t in writes.written):
                 self.gradient_unknown = (UnsupportedOpError, "a write through x.data into a result of ops with a "
                                                              "gradient: eager's backward would read the written "
                                                              "values where the ops saved the old ones")
@@ -269,7 +273,7 @@ class GradModeWatch(TorchFunctionMode):
                                 (args, kwargs))
         with WritesSeen() as writes:
             result = func(*args, **kwargs)
-        if any(storage_key(t) in self._carrying_gradients for t in writes.written):
+        if any(_memory(t) in self._carrying_gradients for t in writes.written):
             self.gradient_unknown = (UnsupportedOpError, "a write under torch.no_grad() into the memory of a tensor "
                                                          "that carries a gradient (a parameter rescaled in place)")
         if writes.written:
@@ -283,6 +287,11 @@ class GradModeWatch(TorchFunctionMode):
             if isinstance(v, torch.Tensor) and isinstance(v.grad_fn, torch.autograd.function.BackwardCFunction):
                 self.gradient_unknown = (CustomFunctionError, f"a custom autograd.Function ({type(v.grad_fn).__name__}): "
                                                               "eager runs its Python backward, which tjit does not trace")
+
+
+def _memory(t: torch.Tensor) -> Optional[int]:
+    """The tensor's storage (convert.storage_key); None for a layout without one (sparse)."""
+    return storage_key(t) if t.layout == torch.strided else None
 
 
 class WritesSeen(TorchDispatchMode):

@@ -496,15 +496,24 @@ def _detached_view_before_a_write_of_a_row(x):
     return d * x[:, :5]
 
 
+def _detached_before_a_write_of_rows(x):
+    y = x * 1.5
+    d = y.detach()
+    y[:5].mul_(x[:5])
+    e = d.detach()  # (taken after the write: its values too)
+    return (y * y).sum() + (d * d).sum() * 5.5 + (e * e).sum() * 6.5
+
+
 @pytest.mark.parametrize("fn", [_written_through_detach, _written_through_a_view_of_detach,
                                 _columns_zeroed_through_detach, _detach_written_with_a_gradient,
                                 _written_then_read_through_detach, _detached_before_a_write,
-                                _detached_view_before_a_write_of_a_row])
+                                _detached_view_before_a_write_of_a_row, _detached_before_a_write_of_rows])
 def test_writes_and_reads_through_detach_pass_gradients_as_eager(fn):
     """Eager's autograd does not see a write through x.detach(): x's later reads pass their
     gradient to x's history. tjit passed it to the written values instead (4 to 10 off,
     silently); a tensor read through x.detach() after a write into x passed the write's
-    gradient too (20 to 27 off)."""
+    gradient too (20 to 27 off), or kept the values from before a write of some rows
+    (found by a random program fuzzer)."""
     check_grads(fn, randn(300, 70))
 
 
@@ -534,21 +543,40 @@ def _adds_a_gradient_into_a_buffer(buf, x):
 
 
 @pytest.mark.parametrize("fn", [_writes_rows_with_a_gradient_into_a_buffer, _adds_a_gradient_into_a_buffer])
-def test_values_with_a_gradient_written_into_an_input_without_one_are_refused(fn):
+def test_values_with_a_gradient_written_into_an_input_without_one_pass_it_on_as_eager(fn):
     """Eager's buffer carries the written values' gradient after the write (CopySlices,
-    AddBackward), in the function's later reads and the caller's. tjit's read back the
-    written memory (x's gradient 6 off for the rows, silently) and left the caller's buffer
-    without a history; refused, and through Dynamo the graph runs eagerly, as eager."""
+    AddBackward), in the function's later reads and the caller's. tjit read the written
+    memory back (x's gradient 6 off for the rows, silently) and returned the buffer without
+    a history. Now it is traced through a copy, written back whole, and rebased onto the new
+    contents, as an input requiring grad is."""
     buf, x = torch.zeros(300, 70), randn(300, 70).requires_grad_()
-    with pytest.raises(tjit.UnsupportedOpError, match="carry a gradient into input 'buf'"):
-        tjit.compile(fn)(buf.clone(), x)
     ours, theirs, x2 = buf.clone(), buf.clone(), x.detach().clone().requires_grad_()
-    with pytest.warns(UserWarning, match="eagerly"):
-        got = torch.compile(fn, backend="tjit")(ours, x2)
-    expected = fn(theirs, x)
-    (got.sum() + ours.sum()).backward()
-    (expected.sum() + theirs.sum()).backward()
+    got, expected = tjit.compile(fn)(ours, x2), fn(theirs, x)
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(ours, theirs)
+    assert ours.requires_grad and ours.grad_fn is not None
+    (got.sum() + (ours * 2).sum()).backward()  # (the caller's later use of the buffer)
+    (expected.sum() + (theirs * 2).sum()).backward()
     torch.testing.assert_close(x2.grad, x.grad)
+
+
+def test_a_buffer_read_through_detach_after_values_with_a_gradient_are_written_matches_eager():
+    def fn(x, buf):
+        y = x * 1.5
+        seen = buf.detach()
+        buf[:, :3] = y[:, :3]  # (buf carries y's gradient after, seen the values only)
+        return (buf * buf).sum() * 1.5 + (seen * seen).sum() * 4.5
+    check_grads(fn, randn(300, 70), randn(300, 70), requires={0})
+
+
+def test_values_with_a_gradient_written_through_detach_into_an_input_are_refused():
+    """Eager: only that detached tensor carries their gradient, the input none; tjit's later
+    reads of the input passed it on (found by a random program fuzzer)."""
+    def fn(x, w, buf):
+        buf.detach().add_(w)
+        return (buf * buf).sum() + (x * w).sum()
+    with pytest.raises(tjit.UnsupportedOpError, match="through x.detach.. of values that carry a gradient"):
+        tjit.compile(fn)(randn(300, 70), randn(300, 70).requires_grad_(), randn(300, 70))
 
 
 def test_values_without_a_gradient_written_into_an_input_are_compiled():

@@ -243,8 +243,6 @@ class Converter(ValueBuilder):
 
     def value(self, node: fx.Node):
         val = node.meta.get("val")
-        if node.target is torch.ops.aten.detach.default:  # shares the input's memory, not its gradient
-            return self.env[node]
         if isinstance(val, torch.Tensor) and (val.is_conj() or val.is_neg()):
             return self.env[node]  # a lazily conjugated (negated) view: a library call made its values
         in_input = isinstance(val, torch.Tensor) and storage_key(val) in self.input_storage
@@ -373,14 +371,15 @@ class Converter(ValueBuilder):
         check_in_place(str(self.current.target), val, self._tensor_operands(self.current, skip=target))
         value = self.expand_to(self.cast(value, DType.from_torch(val.dtype)), tuple(val.shape))
         key = storage_key(val)
+        # a write through x.detach() is not seen by eager's autograd: x's later reads pass their
+        # gradient to x's history, not to what was written (reads through the detached view do)
+        unseen = value.dtype.is_float and self._detached(target)
         if key in self.input_storage:
             name = self.storage_owner(target, val)
             self._check_input_write(name, key)
-            if name not in self.requires_grad and self._carries_gradient(value):
-                raise UnsupportedOpError(str(self.current.target), f"an in-place write of values that carry a "
-                                         f"gradient into input {name!r}, which does not require grad: after eager's "
-                                         "write the input carries their gradient (a grad_fn), which tjit cannot "
-                                         "give it yet")
+            if unseen and self._carries_gradient(value):  # (eager: only that detached tensor carries it)
+                raise UnsupportedOpError(str(self.current.target), f"an in-place write through x.detach() of values "
+                                         f"that carry a gradient into input {name!r}")
             view = self.input_view(name, val)
             self.materialize_readers_of(name, view)
             self.version[name] += 1
@@ -390,9 +389,6 @@ class Converter(ValueBuilder):
                                     if disjoint(v, view) and not _reads_input(known, name, view)}
             self.forwarded[name][view] = value
             return value
-        # a write through x.detach() is not seen by eager's autograd: x's later reads pass their
-        # gradient to x's history, not to what was written (reads through the detached view do)
-        unseen = value.dtype.is_float and self._detached(target)
         if val.numel() and (key in self.storages or self._other_views_read_later(target, key)):
             contents = self.storage_after_write(target, key, value)
             if unseen:

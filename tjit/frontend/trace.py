@@ -443,23 +443,28 @@ def _trace_graph(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozens
             raise LayoutError(f"input {name}", "a lazily negated view (its negative bit is set, as x.conj().imag's "
                                                "is): kernels read memory as it is")
     returned = []  # the pytree spec of what fn returns (make_fx's output loses named tuples)
-    written_grad_inputs = []  # (with writes_grad_inputs) the inputs requiring grad that fn wrote
+    # the inputs traced through copies of their own (_write_back): those requiring grad, where
+    # the function writes into one; those that do not, where it writes values with a gradient
+    copied: set[str] = set()
+    written_grad_inputs = []  # the copied inputs that fn wrote
     returned_written = {}  # result position -> the written input it is (`return x.relu_()`)
 
     def with_tensors(*traced):
         it = iter(traced)
         values = {name: (next(it) if isinstance(v, torch.Tensor) else v) for name, v in flat}
         values.update(zip(sizes, it))
-        copies = {}
-        if writes_grad_inputs:
-            copies = {name: values[name].clone() for name in tensor_names if name in requires_grad}
-            values.update(copies)
+        copies = {name: values[name].clone() for name in tensor_names if name in copied}
+        values.update(copies)
         watch.note_gradients([values[name] for name in tensor_names])
         # the modes watch the function's own calls only: around make_fx's set-up (fake copies of
         # the inputs) they would see hundreds of calls per trace
         with watch, FunctionalCells():
             result = _call_with(fn, args, kwargs, flat, values)
             watch.note_custom_functions(result)
+        gained = [name for name in tensor_names if name not in requires_grad and name not in copied
+                  and values[name].requires_grad]
+        if gained:  # (eager's input now carries the written values' gradient: autograd rebased it)
+            raise _GainedAGradient(gained)
         written_grad_inputs.extend(_write_back(copies, traced, tensor_names))
         leaves, spec = tree_flatten(result)
         returned_written.update({k: name for k, leaf in enumerate(leaves) for name, copy in copies.items()
@@ -473,13 +478,12 @@ def _trace_graph(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozens
         # a call of its class, which is no op; the spec above gives it back)
         return tuple(leaves) if _holds_named_tuples(result) else result
 
-    watch = GradModeWatch()
     name = getattr(fn, "__name__", str(fn))
     # in the caller's grad mode: under torch.no_grad() (an optimizer step) eager updates
     # parameters that require grad in place, which grad mode forbids
     grad_mode = torch.enable_grad() if torch.is_grad_enabled() else torch.no_grad()
-    writes_grad_inputs = False
     while True:
+        watch = GradModeWatch()
         try:
             with grad_mode:
                 gm, fakes = fake_trace(with_tensors, [t.detach().requires_grad_(name in requires_grad)
@@ -488,9 +492,13 @@ def _trace_graph(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozens
             break
         except (UnsupportedOpError, EagerError):  # (EagerError: eager's error for these inputs, from a decomposition)
             raise
+        except _GainedAGradient as e:
+            copied.update(e.names)
+            returned.clear()
+            continue
         except Exception as e:
-            if not writes_grad_inputs and _writes_a_leaf(e):
-                writes_grad_inputs = True  # the trace's inputs are leaves; the caller's need not be
+            if not copied.issuperset(requires_grad) and _writes_a_leaf(e):
+                copied.update(requires_grad)  # the trace's inputs are leaves; the caller's need not be
                 returned.clear()
                 continue
             if isinstance(e, TypeError) and not _fits_signature(fn, args, kwargs):
@@ -544,11 +552,21 @@ def _writes_a_leaf(e: Exception) -> bool:
     return isinstance(e, RuntimeError) and "leaf Variable that requires grad" in str(e)
 
 
+class _GainedAGradient(Exception):
+    """The function wrote values with a gradient into inputs that require none (`buf.add_(x)`):
+    they are traced again through copies (_write_back), as inputs requiring grad are."""
+
+    def __init__(self, names: list[str]):
+        super().__init__(f"inputs {names} written with values that carry a gradient")
+        self.names = names
+
+
 def _write_back(copies: dict, traced: tuple, tensor_names: list) -> list[str]:
-    """Each input requiring grad that the function wrote (through its stand-in copy) gets the
-    copy's final contents, in one write the trace records outside grad mode (the gradient of
-    the new contents flows through the copy: tjit's autograd returns the input as a result of
-    the call, marked dirty, as eager rebases its history). The names of those inputs."""
+    """Each copied input that the function wrote (through its stand-in copy) gets the copy's
+    final contents, in one write the trace records outside grad mode (the gradient of the new
+    contents flows through the copy: tjit's autograd returns the input as a result of the
+    call, marked dirty, as eager rebases its history, where the input requires grad or the
+    written values carry a gradient). The names of those inputs."""
     written = []
     for name, copy in copies.items():
         if copy._version:

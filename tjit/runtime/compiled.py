@@ -675,16 +675,17 @@ def _check_no_shared_memory(fn, flat, grad_inputs, shared_inputs) -> None:
 
 
 def _check_written_alone(fn, flat, written: tuple[str, ...]) -> None:
-    """An input requiring grad that the function writes is traced through a copy of its own
-    (trace._write_back), so another argument in its memory would not see the writes: that
-    is refused (the same tensor passed twice, or overlapping views of it)."""
+    """An input requiring grad that the function writes, or one it writes values with a
+    gradient into, is traced through a copy of its own (trace._write_back), so another
+    argument in its memory would not see the writes: that is refused (the same tensor passed
+    twice, or overlapping views of it)."""
     tensors = dict(flat)
     for name in written:
         others = _sharing_memory(tensors, name)
         if others:
             raise UnsupportedOpError(getattr(fn, "__name__", str(fn)), f"the function writes into input {name!r}, "
-                                     f"which requires grad and shares memory with {others}; pass separate tensors "
-                                     "(e.g. .clone())")
+                                     f"whose new contents carry a gradient, and which shares memory with {others}; "
+                                     "pass separate tensors (e.g. .clone())")
 
 
 def _by_output(conversion, eager) -> Optional[dict]:

@@ -402,6 +402,21 @@ def test_detach_and_no_grad_inside_the_function():
         torch.testing.assert_close(tjit.compile(writes_under_no_grad)(randn(3)).shape, torch.Size([3]))
 
 
+def _reads_itself_under_no_grad(x, w):
+    with torch.no_grad():
+        same = x.contiguous()  # (x itself: it keeps its gradient)
+        typed = w.to(torch.float32)  # (w itself)
+        other = x.t().contiguous()  # (a copy: no gradient)
+    return (same * same).sum() + (typed * w).sum() + (other * 2).sum()
+
+
+def test_an_op_under_no_grad_that_returns_its_input_returns_it_with_its_gradient():
+    """Eager's x.contiguous() of a contiguous x is x itself, even under no_grad: its
+    gradient flows. tjit detached every result under no_grad (found by a random program
+    fuzzer; x's gradient was missing its term)."""
+    check_grads(_reads_itself_under_no_grad, randn(300, 70), randn(300, 70))
+
+
 def _updates_its_statistics(x, w, running_mean, running_var):
     """A norm whose running statistics are updated by hand (custom batch-norm layers): the
     second update reads var, which requires grad, and running_var is read after it."""

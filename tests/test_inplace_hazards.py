@@ -153,15 +153,15 @@ def apply_window(x, spec, extent):
 @given(view_chains())
 def test_random_in_place_views_match_eager(case):
     """Eager refuses partial overlaps it can see (dense views); where it cannot tell (a
-    transposed window of a window) its answer depends on the order it visits elements, and
-    tjit gives the answer as if the read view had been cloned first, which is also eager's
-    wherever the views do not overlap."""
+    transposed window of a window) its answer depends on the order it visits elements. tjit
+    reads every input before it writes, which is eager's answer wherever no element is read
+    after the op wrote it in eager's order; where one is, tjit refuses (it gave the answer as
+    if the read view had been cloned first, silently another than eager's)."""
     shape, write, read, op = case
     extent = [(side - 3) // 2 + 1 for side in shape]
 
-    def update(x, clone_source=False):
+    def update(x):
         target, source = apply_window(x, write, extent), apply_window(x, read, extent)
-        source = source.clone() if clone_source else source
         if op == "add":
             return target.add_(source)
         if op == "mul":
@@ -180,10 +180,13 @@ def test_random_in_place_views_match_eager(case):
             tjit.compile(update)(tjit_x)
         assert torch.equal(tjit_x, x), "refused, and the input left untouched"
         return
-    expected = clone_args([x])[0]
-    update(expected, clone_source=True)
-    tjit.compile(update)(tjit_x)
-    torch.testing.assert_close(tjit_x, expected, equal_nan=True)
+    try:
+        tjit.compile(update)(tjit_x)
+    except tjit.UnsupportedOpError as e:
+        assert "earlier in eager's order" in str(e)
+        assert torch.equal(tjit_x, x), "refused, and the input left untouched"
+        return
+    torch.testing.assert_close(tjit_x, eager_x, equal_nan=True)
 
 
 def _decay_then_update(x, v, g):
@@ -479,3 +482,28 @@ def test_a_small_value_of_hazardous_reads_is_staged_instead_of_the_reads(name, f
     cf = check_against_eager(fn, x)
     assert launches(cf, x) == 2
     assert tjit.explain(cf, x).memory.slab_size <= 4 * shape[0] * 2  # (the column, not the rows)
+
+
+def _adds_rows_it_may_have_written(t):
+    t = t * 1
+    t[::3].add_(t[:43])  # (row 3 is written, as the second row of t[::3], before it is read as the fourth of t[:43])
+    return t
+
+
+def _adds_rows_it_does_not_write(t):
+    t = t * 1
+    t[::3].add_(t[1::3])
+    t[::3].mul_(t[::3])
+    t[:, :-1].add_(t[:, 1:])  # (each column read before the op writes it)
+    return t
+
+
+def test_an_in_place_write_whose_input_reads_what_it_wrote_in_eagers_order_is_refused(fresh_seed):
+    """Eager's overlap check calls non-dense layouts too hard and allows them; its result then
+    depends on the order it visits elements (here row 3 is read after it was written), where
+    tjit read every input first: 4.9 off, silently (found by a random program fuzzer). The
+    same layout, layouts that do not meet, or reads ahead of the writes compile."""
+    x = torch.randn(129, 70)
+    with pytest.raises(tjit.UnsupportedOpError, match="earlier in eager's order"):
+        tjit.compile(_adds_rows_it_may_have_written)(x)
+    torch.testing.assert_close(tjit.compile(_adds_rows_it_does_not_write)(x), _adds_rows_it_does_not_write(x))

@@ -94,14 +94,27 @@ def meets_only_where_tied(read: View, write: View, tied: Sequence[int]) -> bool:
     return meets <= isl.Map.read_from_str(context(), f"{{ [{', '.join(ins)}] -> [{', '.join(outs)}] : {equal} }}")
 
 
+def read_after_written(read: View, write: View) -> bool:
+    """Over one index space (an elementwise in-place op: index k reads read(k) and writes
+    write(k)), visited in increasing write address, as eager visits it: some index reads an
+    address that an index visited before it wrote. (`x[::3].add_(x[:43])`: index 3 reads row
+    3, which index 1 wrote; `x[:, :-1].add_(x[:, 1:])` reads each address before it is
+    written.)"""
+    import islpy as isl
+    meets = access_map(read).apply_range(access_map(write).reverse())  # { k -> i : write(i) = read(k) }
+    below = isl.Map.read_from_str(context(), "{ [a] -> [b] : b < a }")
+    earlier = access_map(write).apply_range(below).apply_range(access_map(write).reverse())  # write(i) < write(k)
+    return not (meets & earlier).is_empty()
+
+
 def tensors_meet(a, b) -> bool:
     """Two torch tensors share a byte of memory (of any dtypes: compared byte by byte)."""
     if a.device != b.device or a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
         return False
-    return not disjoint(_bytes(a), _bytes(b))
+    return not disjoint(bytes_reached(a), bytes_reached(b))
 
 
-def _bytes(t) -> View:
+def bytes_reached(t) -> View:
     """The bytes a tensor reaches, as a view of its storage's bytes."""
     size = t.element_size()
     return View(tuple(t.shape) + (size,), tuple(s * size for s in t.stride()) + (1,), t.storage_offset() * size)

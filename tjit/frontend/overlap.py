@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from ..errors import EagerError
+from ..errors import EagerError, UnsupportedOpError
+from ..ir.view import View
 
 INTERNAL_OVERLAP = ("unsupported operation: more than one element of the written-to tensor refers to a single "
                     "memory location. Please clone() the tensor before performing the operation.")
@@ -55,9 +56,39 @@ def partially_overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def check_in_place(op: str, written: torch.Tensor, inputs: list[torch.Tensor]) -> None:
     """Raise eager's error when an in-place `op` writing `written` and reading `inputs`
-    is one eager refuses."""
+    is one eager refuses; refuse one whose result eager leaves to the order it visits
+    elements in (read_after_written)."""
     if has_internal_overlap(written):
         raise EagerError(f"{op}: {INTERNAL_OVERLAP}")
     for t in inputs:
         if t is not written and partially_overlaps(written, t):
             raise EagerError(f"{op}: {PARTIAL_OVERLAP}")
+        if t is not written and read_after_written(written, t):
+            raise UnsupportedOpError(op, "an in-place write whose input reads memory that the op writes earlier in "
+                                         "eager's order (`x[::3].add_(x[:43])` reads row 3 after writing it): eager, "
+                                         "which finds the case too hard to check, reads the new values there; tjit "
+                                         "reads every input before it writes. clone() the input")
+
+
+def read_after_written(written: torch.Tensor, t: torch.Tensor) -> bool:
+    """An input `t` of an elementwise in-place op, in the written tensor's storage, that
+    reads an address the op writes before it reads it, when visiting elements in increasing
+    address of the written tensor, as eager does (analysis.addresses.read_after_written): the
+    case eager's check calls too hard (a layout that is not dense) and allows, whose answer
+    differs from reading every input first. Inputs of another element size meeting the
+    written bytes at all count too; sizes that are symbols are not checked."""
+    if written.numel() == 0 or t.numel() == 0 or \
+            StorageWeakRef(written.untyped_storage()).cdata != StorageWeakRef(t.untyped_storage()).cdata:
+        return False
+    numbers = [*written.shape, *written.stride(), written.storage_offset(), *t.shape, *t.stride(), t.storage_offset()]
+    if not all(isinstance(n, int) for n in numbers) or t.dim() > written.dim():
+        return False
+    from ..analysis import addresses
+    if t.element_size() != written.element_size():
+        return not addresses.disjoint(addresses.bytes_reached(written), addresses.bytes_reached(t))
+    # the input broadcast to the written shape, as the op reads it
+    lead = written.dim() - t.dim()
+    strides = [0] * lead + [0 if n == 1 else s for n, s in zip(t.shape, t.stride())]
+    read = View(tuple(written.shape), tuple(strides), t.storage_offset())
+    return addresses.read_after_written(read, View(tuple(written.shape), tuple(written.stride()),
+                                                   written.storage_offset()))

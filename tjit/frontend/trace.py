@@ -269,8 +269,15 @@ class GradModeWatch(TorchFunctionMode):
                                                              "values where the ops saved the old ones")
             self.note_gradients(result)
             return result
-        args, kwargs = tree_map(lambda v: v.detach() if isinstance(v, torch.Tensor) and v.requires_grad else v,
-                                (args, kwargs))
+        originals = {}  # id(detached copy) -> the tensor it was made from
+
+        def detached(v):
+            if isinstance(v, torch.Tensor) and v.requires_grad:
+                copy = v.detach()
+                originals[id(copy)] = v
+                return copy
+            return v
+        args, kwargs = tree_map(detached, (args, kwargs))
         with WritesSeen() as writes:
             result = func(*args, **kwargs)
         if any(_memory(t) in self._carrying_gradients for t in writes.written):
@@ -278,7 +285,8 @@ class GradModeWatch(TorchFunctionMode):
                                                          "that carries a gradient (a parameter rescaled in place)")
         if writes.written:
             return result
-        return tree_map(lambda v: v.detach() if isinstance(v, torch.Tensor) else v, result)
+        # (an op that returns its input itself, x.contiguous() of a contiguous x, returns it with its gradient)
+        return tree_map(lambda v: originals.get(id(v), v.detach()) if isinstance(v, torch.Tensor) else v, result)
 
     def note_custom_functions(self, values) -> None:
         """Notes a value among `values` made by a custom autograd.Function (its forward ran

@@ -413,11 +413,14 @@ class Converter(ValueBuilder):
         before = self.storages.get(key)
         if before is None:
             before = self._owner_contents(key)
-        if before is None or self._carries_gradient(value):  # (the written values' own gradient reaches
-            # only the detached view's later reads, which read the contents here)
+        if self._carries_gradient(value):  # (their gradient reaches only the detached tensor's later
+            # reads, which read the contents here)
+            raise UnsupportedOpError(str(self.current.target), "an in-place write through x.detach() of values that "
+                                     "carry a gradient into an intermediate that other views read")
+        if before is None:
             raise UnsupportedOpError(str(self.current.target), "an in-place write through x.detach() into an "
-                                     "intermediate that other views read"
-                                     + (" of values that carry a gradient" if before is not None else ""))
+                                     "intermediate that other views read, whose storage no tensor of the trace "
+                                     "holds whole")
         return in_memory(self, self.elementwise("straight_through", [before, contents], contents.dtype))
 
     def _check_input_write(self, name: str, key: int) -> None:

@@ -526,9 +526,9 @@ def _trace_graph(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozens
 
 
 def argument_copies(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """(args, kwargs) with each tensor copied: a leaf as a new leaf (requiring grad where it
-    does), a result of earlier ops as a clone, a result too (an in-place write into it is
-    allowed, as into the caller's), without touching the caller's tensors."""
+    """(args, kwargs) with each tensor copied, the caller's left untouched: a leaf as a new
+    leaf (requiring grad where it does), a result of earlier ops as its clone, which is a
+    result too (an in-place write into it is allowed, as into the caller's)."""
     def copy(v):
         if not isinstance(v, torch.Tensor):
             return v

@@ -545,12 +545,21 @@ def _eager_error(fn: Callable, args: tuple, kwargs: dict) -> Optional[Exception]
     copies = argument_copies(args, kwargs)
     cuda = sorted({t.device.index or 0 for t in tree_leaves(copies) if isinstance(t, torch.Tensor) and t.is_cuda})
     try:  # (random numbers drawn from generators put back as they were: the call has not happened)
-        with warnings.catch_warnings(), torch.random.fork_rng(devices=cuda):
+        with warnings.catch_warnings(), torch.random.fork_rng(devices=cuda), _grad_mode_kept():
             warnings.simplefilter("ignore")
             fn(*copies[0], **copies[1])
     except Exception as e:  # noqa: BLE001 (the function's own error, whatever it is)
         return e
     return None
+
+
+def _grad_mode_kept():
+    """The caller's grad mode, back after running a function that may stop midway (an error,
+    or locate_call's stop at an op): a Dynamo graph turns grad mode off and on again by plain
+    calls (torch._C._set_grad_enabled), with no block that restores it when an exception
+    leaves between them. A graph refused inside its no_grad region left grad mode off, and
+    the graph then run eagerly computed its first ops without gradients."""
+    return torch.set_grad_enabled(torch.is_grad_enabled())
 
 
 def _writes_a_leaf(e: Exception) -> bool:
@@ -708,7 +717,7 @@ def locate_call(fn: Callable, tensors: list, target) -> str:
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     try:
         fakes = [mode.from_tensor(t) for t in tensors]
-        with mode, Locator():
+        with mode, Locator(), _grad_mode_kept():
             fn(*fakes)
     except _Found as found:
         return str(found)

@@ -250,16 +250,18 @@ class Converter(ValueBuilder):
         if name is not None and val.dtype == self.input_meta[name].dtype:
             if self._read_as_copy(name):
                 return self._logical_copy(name) if self.placeholder_names.get(node) == name else self.env[node]
-            found = self.read_input_storage(node, val)
-            if found.dtype.is_float and self._detached(node):  # a view of x.detach()
-                found = self.elementwise("stop_gradient", [found], found.dtype)
-            return found
+            return self._read_through(node, self.read_input_storage(node, val))
         if isinstance(val, torch.Tensor) and storage_key(val) in self.storages:
-            found = self.read_storage(val)
-            # (the storage's contents carry the gradients of what wrote them: not read through x.detach())
-            return self.elementwise("stop_gradient", [found], found.dtype) if found.dtype.is_float and \
-                self._detached(node) else found
+            return self._read_through(node, self.read_storage(val))
         return self.env[node]
+
+    def _read_through(self, node: fx.Node, found: GraphNode) -> GraphNode:
+        """A read of memory (an input's, or a written intermediate storage's contents, which
+        carry the gradients of what wrote them) as the node reads it: without a gradient
+        through a view of x.detach()."""
+        if found.dtype.is_float and self._detached(node):
+            return self.elementwise("stop_gradient", [found], found.dtype)
+        return found
 
     def _detached(self, node: fx.Node) -> bool:
         """The value is read through a detach (x.detach().t(), ...): it carries no gradient."""

@@ -242,9 +242,8 @@ class GradModeWatch(TorchFunctionMode):
     def note_gradients(self, values) -> None:
         """Notes the memory of each tensor among `values` that requires grad (an input, or a
         result of an op in grad mode): a write under no_grad into it is not followed."""
-        self._carrying_gradients.update(_memory(v) for v in tree_leaves(values)
-                                        if isinstance(v, torch.Tensor) and v.requires_grad)
-        self._carrying_gradients.discard(None)
+        found = (_memory(v) for v in tree_leaves(values) if isinstance(v, torch.Tensor) and v.requires_grad)
+        self._carrying_gradients.update(m for m in found if m is not None)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

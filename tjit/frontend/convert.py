@@ -11,6 +11,7 @@ Three things happen here besides a per-op translation (the op table is in aten_o
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
@@ -264,19 +265,13 @@ class Converter(ValueBuilder):
         return found
 
     def _detached(self, node: fx.Node) -> bool:
-        """The value is read through a detach (x.detach().t(), ...): it carries no gradient."""
-        stack, seen = [node], set()
-        while stack:
-            n = stack.pop()
-            if n.target is torch.ops.aten.detach.default:
+        """The value is read through a detach (x.detach().t(), ...): it carries no gradient.
+        Followed back through the tensors the node's memory comes from (_memory_source): an
+        in-place op's other operands (`y.add_(y.detach())`) are not what it returns."""
+        while node is not None:
+            if node.target is torch.ops.aten.detach.default:
                 return True
-            if n in seen or n.op != "call_function":
-                continue
-            seen.add(n)
-            val = n.meta.get("val")
-            key = storage_key(val) if isinstance(val, torch.Tensor) else None
-            stack.extend(a for a in n.all_input_nodes
-                         if isinstance(a.meta.get("val"), torch.Tensor) and storage_key(a.meta["val"]) == key)
+            node = _memory_source(node)
         return False
 
     def input_view(self, name: str, val: torch.Tensor) -> View:
@@ -315,7 +310,7 @@ class Converter(ValueBuilder):
         names = self.storage_inputs[key]
         if len(names) == 1 or not self._apart(key):
             return self.input_storage[key]
-        name = self._argument_of(node, key)
+        name = self._argument_of(node)
         if name is None:  # (no view op leads back: an attribute of the module in that memory)
             within_ones = [n for n in names if within(_absolute_view(val), _absolute_view(self.input_meta[n]))]
             name = within_ones[0] if len(within_ones) == 1 or not self.requires_grad & set(names) else None
@@ -331,16 +326,11 @@ class Converter(ValueBuilder):
                 key not in _written_storages(self.gm) or pairwise_disjoint([_absolute_view(m) for m in metas]))
         return self.apart[key]
 
-    def _argument_of(self, node: Optional[fx.Node], key: int) -> Optional[str]:
-        """The argument a view of storage `key` is taken from, following its view ops (and the
+    def _argument_of(self, node: Optional[fx.Node]) -> Optional[str]:
+        """The argument a view is taken from, following its view ops (and the
         in-place ops that return their first argument) back."""
-        def source(n: fx.Node) -> Optional[fx.Node]:  # its first argument, where that is in the storage
-            first = n.args[0] if n.op == "call_function" and n.args else None
-            val = first.meta.get("val") if isinstance(first, fx.Node) else None
-            return first if isinstance(val, torch.Tensor) and storage_key(val) == key else None
-
-        while node is not None and source(node) is not None:
-            node = source(node)
+        while node is not None and _memory_source(node) is not None:
+            node = _memory_source(node)
         return self.placeholder_names.get(node)
 
     def shared_inputs(self) -> list[list[str]]:
@@ -691,6 +681,22 @@ def _library(target):
     def call(cv, node, *args, **kwargs):
         return library_call(cv, node, target, args, kwargs)
     return call
+
+
+def _memory_source(node: fx.Node) -> Optional[fx.Node]:
+    """The tensor whose memory the node's tensor is: a view op's or an in-place op's first
+    argument (detach, t, add_, ...), where that is in the same storage; through the item of a
+    view op with several results (split, unbind) to that op's argument. None for a tensor of
+    memory of its own."""
+    if node.op != "call_function" or not node.args or not isinstance(node.args[0], fx.Node):
+        return None
+    first = node.args[0]
+    if node.target is operator.getitem and isinstance(first.meta.get("val"), (list, tuple)):
+        first = first.args[0] if first.op == "call_function" and first.args else None
+    val, source = node.meta.get("val"), first.meta.get("val") if isinstance(first, fx.Node) else None
+    if isinstance(val, torch.Tensor) and isinstance(source, torch.Tensor) and storage_key(val) == storage_key(source):
+        return first
+    return None
 
 
 def _absolute_view(t: torch.Tensor) -> View:

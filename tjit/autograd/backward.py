@@ -94,7 +94,7 @@ def may_differ_from_eager(conversion, grad_inputs) -> bool:
     graph = conversion.graph
     needs = _needs_grad(graph, set(grad_inputs))
     reached = _reached_through_floats(list(graph.outputs.values()), needs)
-    if any(id(graph.input_node(name)) not in reached for name in grad_inputs):
+    if any(all(id(n) not in reached for n in graph.input_nodes(name)) for name in grad_inputs):
         return True  # (an input whose only use is a fill's shape: eager gives it a zero gradient)
     computed = [s for s in conversion.outputs if s.kind == "computed" and graph.outputs[s.name].dtype.is_float]
     if len(computed) > 1:
@@ -113,11 +113,13 @@ def plan_autograd(graph: Graph, grad_inputs, eager: Optional[dict[str, frozenset
     """eager: per output, None if it does not require grad in eager, else the inputs eager's
     backward gives a gradient from it, when that was asked because the IR may disagree (see
     may_differ_from_eager); the outputs that require grad are then eager's."""
-    mutated = {m.name for m in graph.mutations}
-    refused = sorted(name for name in mutated & set(grad_inputs) if written_output_name(name) not in graph.outputs)
+    mutated = {m.name: m.version for m in graph.mutations}  # (each input's last version)
+    seen = {m.name for m in graph.mutations if not m.unseen}  # (the others stay leaves, as eager's do)
+    refused = sorted(name for name in seen & set(grad_inputs) if written_output_name(name) not in graph.outputs)
     if refused:
         raise UnsupportedOpError("in-place write", f"the function writes into input(s) {refused}, which require "
-                                 "grad (eager refuses in-place writes into leaves that require grad)")
+                                 "grad, with grad mode on (eager refuses in-place writes into leaves that require "
+                                 "grad)")
     needs = _needs_grad(graph, set(grad_inputs))
     if eager is None:
         outputs = tuple(name for name, node in graph.outputs.items() if id(node) in needs)
@@ -131,7 +133,7 @@ def plan_autograd(graph: Graph, grad_inputs, eager: Optional[dict[str, frozenset
     roots = [n for dense, scattered in grads.values()
              for n in [dense] + [v for s in scattered for v in (s.index, s.values)] if n is not None]
     read = _read_by_backward(roots + recomputing.viewed_values, recomputing.vb.origin)
-    _choose_saved(plan, read, mutated - _written(graph))
+    _choose_saved(plan, read, {name: last for name, last in mutated.items() if name not in _written(graph)})
     return plan
 
 
@@ -173,7 +175,7 @@ def backward_graph(plan: AutogradPlan, layouts: dict[str, GradLayout],
     reached = _reached_through_floats([plan.graph.outputs[n] for n in arriving], needs)
     eager = {name for n in arriving for name in plan.eager_reaches.get(n, ())}
     zeros = tuple(name for name in plan.grad_inputs if name not in grads
-                  and (id(plan.graph.input_node(name)) in reached or name in eager))
+                  and (any(id(n) in reached for n in plan.graph.input_nodes(name)) or name in eager))
     graph = vb.b.finish(names, outputs)
     graph.view_chains = vb.view_chains({id(n) for n in graph.nodes()})
     return BackwardGraph(graph, alg.constants, zeros)
@@ -368,8 +370,9 @@ def _sweep(alg: Algebra, plan: AutogradPlan, layouts: dict[str, GradLayout], val
             return None  # (a value with no elements passes no gradient on: its sources' part is zero)
         dense = [c for c in contributions if isinstance(c, GraphNode)]
         scattered = [c for c in contributions if isinstance(c, ScatterGrad)]
-        if isinstance(node.op, Input):
-            found[node.op.name] = (total_gradient(alg, dense, node.dtype, depths), scattered)
+        if isinstance(node.op, Input):  # (and its reads after writes autograd does not see: every version)
+            found.setdefault(node.op.name, ([], [], node.dtype))[0].extend(dense)
+            found[node.op.name][1].extend(scattered)
             return None
         for s in scattered:  # moved back through views and copies to the input they read
             moved = scatter_into_source(alg, node, s)
@@ -413,7 +416,8 @@ def _sweep(alg: Algebra, plan: AutogradPlan, layouts: dict[str, GradLayout], val
         for src, g in zip(node.src, grads):
             if g is not None and id(src) in needs:
                 pending.setdefault(id(src), []).append(g)
-    return found
+    return {name: (total_gradient(alg, dense, dtype, depths), scattered)
+            for name, (dense, scattered, dtype) in found.items()}
 
 
 def _permuted_from(node: GraphNode, view_sources: dict, needs: set[int]) -> Optional[tuple[GraphNode, list]]:
@@ -468,9 +472,10 @@ def _read_by_backward(roots: list[GraphNode], origin: dict[int, list[GraphNode]]
     return list({id(f): f for copy in copies for f in origin[id(copy)]}.values())
 
 
-def _choose_saved(plan: AutogradPlan, read: list[GraphNode], mutated: set[str]) -> None:
-    """mutated: the inputs written in place whose values from before the write cannot be kept
-    (an input whose new contents are a result is kept as a copy, like an intermediate)."""
+def _choose_saved(plan: AutogradPlan, read: list[GraphNode], mutated: dict[str, int]) -> None:
+    """mutated: the inputs written in place, with their last versions: their values from
+    before the last write cannot be kept by reference (an input whose new contents are a
+    result is kept as a copy, like an intermediate)."""
     import networkx as nx  # (here: importing it costs 0.15 s, which a call without gradients need not pay)
     graph = plan.graph
     written = _written(graph)
@@ -534,10 +539,10 @@ def _is_buffer(node: GraphNode) -> bool:
     return isinstance(node.op, Contiguous)
 
 
-def _cost(node: GraphNode, output_of: dict[int, str], mutated: set[str], written: set[str]) -> int:
+def _cost(node: GraphNode, output_of: dict[int, str], mutated: dict[str, int], written: set[str]) -> int:
     """Bytes to keep the node for backward, scaled so ties prefer inputs (but those written in
     place, kept as copies), then outputs."""
-    if isinstance(node.op, Input) and node.op.name in mutated:
+    if isinstance(node.op, Input) and node.op.version < mutated.get(node.op.name, -1):
         return INFINITE
     if not node.src and not isinstance(node.op, Input):  # literals are never saved
         return INFINITE

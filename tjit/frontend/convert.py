@@ -376,10 +376,13 @@ class Converter(ValueBuilder):
             self.materialize_readers_of(name, view)
             self.version[name] += 1
             self.written_views[name].append(view)
-            self.mutations.append(Mutation(name, view, value, self.version[name]))
+            self.mutations.append(Mutation(name, view, value, self.version[name], unseen))
             self.forwarded[name] = {v: known for v, known in self.forwarded[name].items()
                                     if disjoint(v, view) and not _reads_input(known, name, view)}
-            self.forwarded[name][view] = value
+            if not (unseen and name in self.requires_grad):
+                # (a leaf written under no_grad is read back from memory: that read passes its
+                # gradient to the leaf, and the backward can read it there too)
+                self.forwarded[name][view] = value
             return value
         if val.numel() and (key in self.storages or self._other_views_read_later(target, key)):
             contents = self.storage_after_write(target, key, value)
@@ -394,7 +397,7 @@ class Converter(ValueBuilder):
             elif self._detached(node):  # (another tensor read through x.detach(): the values, not their gradient)
                 self.env[node] = self.elementwise("stop_gradient", [value], value.dtype)
             elif unseen and before is not None:
-                self.env[node] = self.elementwise("straight_through", [before, value], value.dtype)
+                self.env[node] = self.straight_through(before, value)
             else:
                 self.env[node] = value
         return value
@@ -413,7 +416,12 @@ class Converter(ValueBuilder):
             raise UnsupportedOpError(str(self.current.target), "an in-place write through x.detach() into an "
                                      "intermediate that other views read, whose storage no tensor of the trace "
                                      "holds whole")
-        return in_memory(self, self.elementwise("straight_through", [before, contents], contents.dtype))
+        return in_memory(self, self.straight_through(before, contents))
+
+    def straight_through(self, before: GraphNode, after: GraphNode) -> GraphNode:
+        """The contents `after` a write eager's autograd does not see, whose gradient goes to
+        the contents `before` it."""
+        return self.elementwise("straight_through", [before, after], after.dtype)
 
     def _check_input_write(self, name: str, key: int) -> None:
         """Writes into an input that only library calls can compute, or that the function
@@ -466,21 +474,18 @@ class Converter(ValueBuilder):
     def same_tensor_nodes(self, target: fx.Node, key: int) -> list[fx.Node]:
         """An in-place write into an intermediate that no other view of reads later rebinds
         it, and the other FX values that are the very same tensor."""
-        tval = self.meta(target)
-        same = (tuple(tval.shape), tuple(tval.stride()), tval.storage_offset())
-        return [target] + [other for other in self._storage_nodes(key) if other is not target
-                           and (tuple(other.meta["val"].shape), tuple(other.meta["val"].stride()),
-                                other.meta["val"].storage_offset()) == same]
+        same = _layout(self.meta(target))
+        return [target] + [other for other in self._storage_nodes(key)
+                           if other is not target and _layout(other.meta["val"]) == same]
 
     def _storage_nodes(self, key: int) -> list[fx.Node]:
         return [n for n in self.gm.graph.nodes
                 if isinstance(n.meta.get("val"), torch.Tensor) and storage_key(n.meta["val"]) == key]
 
     def _other_views_read_later(self, target: fx.Node, key: int) -> bool:
-        here, tval = self.position[self.current], self.meta(target)
-        same = (tuple(tval.shape), tuple(tval.stride()), tval.storage_offset())
-        return any((tuple(n.meta["val"].shape), tuple(n.meta["val"].stride()), n.meta["val"].storage_offset()) != same
-                   and any(self.position[u] > here for u in n.users) for n in self._storage_nodes(key))
+        here, same = self.position[self.current], _layout(self.meta(target))
+        return any(_layout(n.meta["val"]) != same and any(self.position[u] > here for u in n.users)
+                   for n in self._storage_nodes(key))
 
     # -- intermediate storages written through views -----------------------------------------
     # As functionalisation does: the storage's contents are a value (a flat buffer); a write
@@ -681,6 +686,12 @@ def _library(target):
     def call(cv, node, *args, **kwargs):
         return library_call(cv, node, target, args, kwargs)
     return call
+
+
+def _layout(t: torch.Tensor) -> tuple:
+    """What makes two tensors of one storage the same tensor: their elements, where they lie,
+    and their type (y.view(torch.int32) is another tensor: a write through it is not y's)."""
+    return tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype
 
 
 def _memory_source(node: fx.Node) -> Optional[fx.Node]:

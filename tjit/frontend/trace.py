@@ -218,26 +218,27 @@ class GradModeWatch(TorchFunctionMode):
 
     A `torch.no_grad()` block: each result computed with grad mode off is detached in the
     trace (aten.detach: tjit's backward stops there, as eager's does), and so is each tensor
-    an op there reads that requires grad. So a write there into a tensor that carries no
+    an op there reads that requires grad. So a write there is a write through x.detach(),
+    which the converter follows as eager's autograd does: into a tensor that carries no
     gradient (a running statistic updated by hand: `self.running_mean.mul_(0.9).add_(0.1 *
-    mean)`) writes values no gradient flows through, as in eager. A write into the memory of
-    a tensor that carries a gradient cannot be shown that way (eager's later reads pass their
-    gradient to the tensor's history, unchanged by the write), nor can a custom
-    autograd.Function (eager runs its Python backward, not the derivative of its forward),
-    nor a write through `.data` into a result of ops (eager's backward then reads the written
-    values where those ops saved the old ones; a write through detach() eager counts, and
-    the converter follows it): `gradient_unknown` holds the error to raise (its type and
-    reason) for a function with grad inputs. A read or write of a
-    tensor's .grad, or a gradient hook (register_hook, retain_grad), raises
-    GradientStateError at once, in any grad mode: the traced copies of the inputs carry no
-    gradients, and tjit's backward runs no hooks."""
+    mean)`), values no gradient flows through; into one that carries a gradient (a parameter
+    rescaled in place), new values whose gradient goes to the tensor as it was. What cannot be
+    shown that way: a write there of values of another type into such a tensor's memory (the
+    converter follows floating values only), a custom autograd.Function (eager runs its
+    Python backward, not the derivative of its forward), and a write through `.data` into a
+    tensor that requires grad (eager's backward then reads the written values where ops
+    saved the old ones, with no version counted): `gradient_unknown` holds the error to raise
+    (its type and reason) for a function with grad inputs. A read or write of a tensor's
+    .grad, or a gradient hook (register_hook, retain_grad), raises GradientStateError at
+    once, in any grad mode: the traced copies of the inputs carry no gradients, and tjit's
+    backward runs no hooks."""
 
     def __init__(self):
         super().__init__()
         self.grad_enabled = torch.is_grad_enabled()  # the caller's mode: the trace runs in it
         self.gradient_unknown: Optional[tuple[type, str]] = None
         self._carrying_gradients: set[int] = set()  # the storages of the tensors seen that require grad
-        self._data_of_results: set[int] = set()  # the storages of results with a history read through .data
+        self._data_of_gradients: set[int] = set()  # the storages of tensors requiring grad read through .data
 
     def note_gradients(self, values) -> None:
         """Notes the memory of each tensor among `values` that requires grad (an input, or a
@@ -255,17 +256,15 @@ class GradModeWatch(TorchFunctionMode):
                                                                 "the gradient")
         if not self.grad_enabled or func is torch._C._set_grad_enabled:  # (tracing toggles grad mode too)
             return func(*args, **kwargs)
-        if getattr(func, "__self__", None) is torch.Tensor.data and args[0].grad_fn is not None and \
+        if getattr(func, "__self__", None) is torch.Tensor.data and args[0].requires_grad and \
                 _memory(args[0]) is not None:
-            self._data_of_results.add(_memory(args[0]))
+            self._data_of_gradients.add(_memory(args[0]))
         if torch.is_grad_enabled():
             self.note_custom_functions((args, kwargs))
-            with WritesSeen() if self._data_of_results else contextlib.nullcontext() as writes:
+            with WritesSeen() if self._data_of_gradients else contextlib.nullcontext() as writes:
                 result = func(*args, **kwargs)
-            if writes is not None and any(_memory(t) in self._data_of_results for t in writes.written):
-                self.gradient_unknown = (UnsupportedOpError, "a write through x.data into a result of ops with a "
-                                                             "gradient: eager's backward would read the written "
-                                                             "values where the ops saved the old ones")
+            if writes is not None:
+                self._check_writes(writes.written)
             self.note_gradients(result)
             return result
         originals = {}  # id(detached copy) -> the tensor it was made from
@@ -279,13 +278,25 @@ class GradModeWatch(TorchFunctionMode):
         args, kwargs = tree_map(detached, (args, kwargs))
         with WritesSeen() as writes:
             result = func(*args, **kwargs)
-        if any(_memory(t) in self._carrying_gradients for t in writes.written):
-            self.gradient_unknown = (UnsupportedOpError, "a write under torch.no_grad() into the memory of a tensor "
-                                                         "that carries a gradient (a parameter rescaled in place)")
+        self._check_writes(writes.written)
         if writes.written:
             return result
         # (an op that returns its input itself, x.contiguous() of a contiguous x, returns it with its gradient)
         return tree_map(lambda v: originals.get(id(v), v.detach()) if isinstance(v, torch.Tensor) else v, result)
+
+    def _check_writes(self, written: list[torch.Tensor]) -> None:
+        """Notes in gradient_unknown a write that the trace cannot show as eager's autograd
+        sees it (see the class)."""
+        if any(_memory(t) in self._data_of_gradients for t in written):
+            self.gradient_unknown = (UnsupportedOpError, "a write through x.data into a tensor that requires grad: "
+                                                         "eager's backward would read the written values where ops "
+                                                         "saved the old ones")
+            return
+        other_type = [t.dtype for t in written if _memory(t) in self._carrying_gradients and not t.is_floating_point()]
+        if other_type:
+            self.gradient_unknown = (UnsupportedOpError, f"a write of {other_type[0]} values, unseen by autograd, "
+                                                         "into the memory of a tensor that carries a gradient (tjit "
+                                                         "follows such writes of real floating values only)")
 
     def note_custom_functions(self, values) -> None:
         """Notes a value among `values` made by a custom autograd.Function (its forward ran

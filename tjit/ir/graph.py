@@ -223,11 +223,14 @@ class GraphNode:
 
 @dataclass(frozen=True)
 class Mutation:
-    """An in-place write of `value` into input `name` through `view`, producing `version`."""
+    """An in-place write of `value` into input `name` through `view`, producing `version`.
+    unseen: a write eager's autograd does not see (through x.detach(), or under no_grad):
+    an input requiring grad keeps its history, and stays a leaf where it is one."""
     name: str
     view: View
     value: GraphNode
     version: int
+    unseen: bool = False
 
 
 @dataclass
@@ -236,7 +239,8 @@ class Graph:
     outputs: dict[str, GraphNode]
     mutations: tuple[Mutation, ...] = ()
     # Inputs are held weakly: the graph is kept alive by what it computes, not by its inputs.
-    _inputs: dict[str, "weakref.ref[GraphNode]"] = field(default_factory=dict, repr=False)
+    # Per name, its nodes in the order made (an input written in place is read at each version)
+    _inputs: dict[str, tuple["weakref.ref[GraphNode]", ...]] = field(default_factory=dict, repr=False)
     effects: tuple[GraphNode, ...] = ()  # calls that return nothing, run for their checks (Extern index None)
     # id of a node that computes a view of another value from that value's leaves (the view
     # was pushed into the value's expression) -> (the value, the view): the backward builds
@@ -250,8 +254,12 @@ class Graph:
     view_chains: dict[int, list[tuple[GraphNode, tuple]]] = field(default_factory=dict, repr=False)
 
     def input_node(self, name: str) -> Optional[GraphNode]:
-        ref = self._inputs.get(name)
-        return None if ref is None else ref()
+        """The input's first node that the graph still holds (None if it holds none)."""
+        return next(iter(self.input_nodes(name)), None)
+
+    def input_nodes(self, name: str) -> list[GraphNode]:
+        """The input's nodes that the graph still holds: one per version read."""
+        return [node for node in (ref() for ref in self._inputs.get(name, ())) if node is not None]
 
     def roots(self) -> list[GraphNode]:
         return list(self.outputs.values()) + [m.value for m in self.mutations] + list(self.effects)
@@ -265,11 +273,11 @@ class Graph:
     # (pickled into the disk cache, runtime/disk_cache.py: the inputs held weakly are written as
     # the nodes themselves, which the graph's other fields hold too)
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_inputs": {n: self.input_node(n) for n in self._inputs}}
+        return {**self.__dict__, "_inputs": {n: self.input_nodes(n) for n in self._inputs}}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self._inputs = {n: weakref.ref(node) for n, node in state["_inputs"].items() if node is not None}
+        self._inputs = {n: tuple(weakref.ref(node) for node in nodes) for n, nodes in state["_inputs"].items()}
 
 
 class GraphBuilder:
@@ -277,7 +285,7 @@ class GraphBuilder:
 
     def __init__(self):
         self._interned: dict[tuple, GraphNode] = {}
-        self._inputs: dict[str, GraphNode] = {}
+        self._inputs: dict[str, list[GraphNode]] = {}
 
     def node(self, op: GraphOp, dtype: DType, src: Sequence[GraphNode], view: View) -> GraphNode:
         key = (op, dtype, tuple(id(s) for s in src), view)
@@ -288,7 +296,9 @@ class GraphBuilder:
 
     def input(self, name: str, dtype: DType, view: View, version: int = 0) -> GraphNode:
         node = self.node(Input(name, version), dtype, (), view)
-        self._inputs.setdefault(name, node)
+        made = self._inputs.setdefault(name, [])
+        if not any(n is node for n in made):
+            made.append(node)
         return node
 
     def const(self, value: Scalar, dtype: DType) -> GraphNode:
@@ -297,7 +307,7 @@ class GraphBuilder:
     def finish(self, input_names: Iterable[str], outputs: dict[str, GraphNode],
                mutations: Sequence[Mutation] = (), effects: Sequence[GraphNode] = ()) -> Graph:
         graph = Graph(tuple(input_names), dict(outputs), tuple(mutations), effects=tuple(effects))
-        graph._inputs = {n: weakref.ref(node) for n, node in self._inputs.items()}
+        graph._inputs = {n: tuple(weakref.ref(node) for node in nodes) for n, nodes in self._inputs.items()}
         return graph
 
 

@@ -500,6 +500,29 @@ def test_a_write_under_no_grad_into_a_leaf_that_requires_grad_matches_eager(fn):
     torch.testing.assert_close(ours[1].grad, theirs[1].grad, rtol=1e-4, atol=1e-4)  # (sums of 300 rows)
 
 
+def _writes_a_result_and_a_leaf_through_detach(h, w):
+    h[1::3].clamp_(-0.7, 0.9)  # (a write autograd sees, into a result of earlier ops)
+    w.detach()[:4].add_(h.detach()[:4] * 2)  # (one it does not see, into a leaf)
+    return (h * w).sum(0) + (w * w).sum(0)
+
+
+def test_a_leaf_written_through_detach_beside_a_written_result_stays_a_leaf():
+    """The write into h makes the trace copy every input requiring grad (its inputs are
+    leaves); w's copy was then written back as a write autograd sees, and tjit raised eager's
+    leaf error where eager raises none (found by a random program fuzzer). A copy that only
+    unseen writes reached is written back unseen."""
+    h, w = randn(130, 70), randn(130, 70)
+    ours, theirs = leaves((h, w)), leaves((h, w))
+    got = tjit.compile(_writes_a_result_and_a_leaf_through_detach)(ours[0] * 1, ours[1])
+    expected = _writes_a_result_and_a_leaf_through_detach(theirs[0] * 1, theirs[1])
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(ours[1], theirs[1])
+    assert ours[1].is_leaf
+    (got * torch.arange(70.0)).sum().backward()
+    (expected * torch.arange(70.0)).sum().backward()
+    torch.testing.assert_close([a.grad for a in ours], [a.grad for a in theirs], rtol=1e-4, atol=1e-4)
+
+
 def test_a_table_renormed_under_no_grad_matches_eager():
     table, index = randn(500, 24) * 3, torch.randint(0, 500, (40, 9))
     ours, theirs = leaves((table, index), requires={0}), leaves((table, index), requires={0})

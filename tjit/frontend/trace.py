@@ -472,6 +472,7 @@ def _trace_graph(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozens
         values = {name: (next(it) if isinstance(v, torch.Tensor) else v) for name, v in flat}
         values.update(zip(sizes, it))
         copies = {name: values[name].clone() for name in tensor_names if name in copied}
+        cloned_by = {name: copy.grad_fn for name, copy in copies.items()}
         values.update(copies)
         watch.note_gradients([values[name] for name in tensor_names])
         # the modes watch the function's own calls only: around make_fx's set-up (fake copies of
@@ -483,7 +484,7 @@ def _trace_graph(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozens
                   and values[name].requires_grad]
         if gained:  # (eager's input now carries the written values' gradient: autograd rebased it)
             raise _GainedAGradient(gained)
-        written_grad_inputs.extend(_write_back(copies, traced, tensor_names))
+        written_grad_inputs.extend(_write_back(copies, cloned_by, traced, tensor_names))
         leaves, spec = tree_flatten(result)
         returned_written.update({k: name for k, leaf in enumerate(leaves) for name, copy in copies.items()
                                  if leaf is copy and name in written_grad_inputs})
@@ -588,18 +589,26 @@ class _GainedAGradient(Exception):
         self.names = names
 
 
-def _write_back(copies: dict, traced: tuple, tensor_names: list) -> list[str]:
+def _write_back(copies: dict, cloned_by: dict, traced: tuple, tensor_names: list) -> list[str]:
     """Each copied input that the function wrote (through its stand-in copy) gets the copy's
     final contents, in one write the trace records outside grad mode (the gradient of the new
     contents flows through the copy: tjit's autograd returns the input as a result of the
     call, marked dirty, as eager rebases its history, where the input requires grad or the
-    written values carry a gradient). The names of those inputs."""
+    written values carry a gradient). The names of those inputs. A copy of an input requiring
+    grad that autograd saw no write into (its grad_fn still the clone's: writes through
+    detach() or under no_grad only) is written back through detach(), unseen as those writes
+    were: eager leaves that input's history (a leaf stays a leaf)."""
     written = []
     for name, copy in copies.items():
-        if copy._version:
-            with torch.no_grad():
-                traced[tensor_names.index(name)].copy_(copy)
-            written.append(name)
+        if not copy._version:
+            continue
+        target = traced[tensor_names.index(name)]
+        with torch.no_grad():
+            if target.requires_grad and copy.grad_fn is cloned_by[name]:
+                target.detach().copy_(copy.detach())
+            else:
+                target.copy_(copy)
+                written.append(name)
     return written
 
 

@@ -210,6 +210,9 @@ class Converter(ValueBuilder):
             raise
 
     def handler_for(self, node: fx.Node):
+        if torch.Tag.out in getattr(node.target, "tags", ()):  # (the others are rewritten: out_variants.py)
+            raise UnsupportedOpError(str(node.target), "an out= form tjit knows no functional form of",
+                                     target=node.target)
         if _computes_library_dtype(node):
             return _library(node.target)
         packet = getattr(node.target, "overloadpacket", node.target)

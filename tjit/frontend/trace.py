@@ -27,6 +27,7 @@ from ..errors import (CustomFunctionError, DataDependentError, EagerError, Gradi
 from .batch_norm import batch_norm_decompositions
 from .convert import Conversion, Converter, storage_key
 from .foreach import foreach_decompositions
+from .out_variants import as_functional_and_copies
 from .rnn_cells import FunctionalCells
 from .scalars import is_symbolic_number
 
@@ -248,6 +249,14 @@ class GradModeWatch(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        outs = [t for t in tree_leaves(kwargs.get("out")) if isinstance(t, torch.Tensor)]
+        before = [(t.shape, t._version) for t in outs]
+        result = self._call(func, args, kwargs)
+        if outs:
+            _check_out_tensors(func, outs, before)
+        return result
+
+    def _call(self, func, args: tuple, kwargs: dict):
         if getattr(func, "__self__", None) is torch.Tensor.grad:  # (its __get__, __set__ or __delete__)
             raise GradientStateError("Tensor.grad", "the function reads or writes a tensor's gradient, which the "
                                                     "traced copies of its inputs do not carry")
@@ -305,6 +314,21 @@ class GradModeWatch(TorchFunctionMode):
             if isinstance(v, torch.Tensor) and isinstance(v.grad_fn, torch.autograd.function.BackwardCFunction):
                 self.gradient_unknown = (CustomFunctionError, f"a custom autograd.Function ({type(v.grad_fn).__name__}): "
                                                               "eager runs its Python backward, which tjit does not trace")
+
+
+def _check_out_tensors(func, outs: list[torch.Tensor], before: list[tuple]) -> None:
+    """A call with out= whose out tensors the trace cannot follow is refused (see
+    out_variants.py): one that resized them (the trace's record of such a tensor has the new
+    shape from its start), and one whose trace recorded no write into them (torch's trace of
+    some ops' out= forms computes the result and drops it: linalg.matrix_rank)."""
+    name = getattr(func, "__name__", str(func))
+    if [t.shape for t in outs] != [shape for shape, _ in before]:
+        raise UnsupportedOpError(name, f"it resizes its out= tensor (from {[list(s) for s, _ in before]} to "
+                                       f"{[list(t.shape) for t in outs]}): tjit writes out= tensors of the result's "
+                                       "shape only")
+    if any(t.numel() and t._version == version for t, (_, version) in zip(outs, before)):
+        raise UnsupportedOpError(name, "its trace records no write into its out= tensor (torch's tracing of this "
+                                       "op's out= form); call it without out=")
 
 
 def _memory(t: torch.Tensor) -> Optional[int]:
@@ -437,6 +461,7 @@ def trace_symbolic(fn: Callable, args: tuple, kwargs: dict, requires_grad: froze
 
 def convert_traced(traced: Traced) -> Conversion:
     """The IR graph of a trace with concrete sizes."""
+    as_functional_and_copies(traced.gm)
     conversion = Converter(traced.gm, traced.tensor_names, traced.requires_grad).run()
     conversion.gradient_unknown = traced.gradient_unknown
     conversion.written_grad_inputs = traced.written_grad_inputs

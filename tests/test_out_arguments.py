@@ -96,3 +96,52 @@ def test_an_out_form_whose_trace_drops_its_write_is_refused():
         tjit.compile(lambda x, o: torch.linalg.matrix_rank(x, out=o))(x, o)
     assert o == 0
     assert tjit.compile(lambda x: torch.linalg.matrix_rank(x))(x) == torch.linalg.matrix_rank(x)
+
+
+def _opinfos_with_out() -> list[str]:
+    from test_opinfo import OPINFOS
+    return sorted(name for name, op in OPINFOS.items() if op.supports_out)
+
+
+@pytest.mark.parametrize("name", _opinfos_with_out())
+def test_an_opinfo_called_with_out_matches_eager_or_is_refused(name):
+    """torch's OpInfo database, each OpInfo that supports out= on its first sample eager runs
+    (seeded per OpInfo: the same inputs on every run): the result and the out tensors, which
+    hold 7s before the call, match eager's, or tjit refuses by name. Random ops and
+    uninitialised memory are compared by shape and dtype."""
+    from torch.utils._pytree import tree_leaves, tree_map
+
+    from test_opinfo import OPINFOS, _seeded_call, _values_compared, samples_of
+    op = OPINFOS[name]
+    for sample in samples_of(name):
+        try:
+            expected = _seeded_call(lambda: op(sample.input, *sample.args, **sample.kwargs), [])
+        except Exception:  # noqa: BLE001 (a sample eager cannot run)
+            continue
+        if all(isinstance(t, torch.Tensor) for t in tree_leaves(expected)):
+            break
+    else:
+        pytest.skip("no sample eager runs with tensor results")
+    inputs = [t for t in tree_leaves((sample.input, sample.args)) if isinstance(t, torch.Tensor)]
+
+    def call(*tensors, into):
+        it = iter(tensors)
+        given = tree_map(lambda v: next(it) if isinstance(v, torch.Tensor) else v, (sample.input, sample.args))
+        return op(given[0], *given[1], **sample.kwargs, out=into)
+
+    def outs():
+        return tree_map(lambda t: torch.full_like(t, 7), expected)
+    theirs, ours = outs(), outs()
+    try:
+        want = _seeded_call(lambda *t: call(*t, into=theirs), [t.clone() for t in inputs])
+    except Exception:  # noqa: BLE001 (eager refuses out= for this sample)
+        pytest.skip("eager refuses out= here")
+    try:
+        got = _seeded_call(lambda *t: tjit.compile(call)(*t, into=ours), [t.clone() for t in inputs])
+    except tjit.TjitError:
+        return  # (refused by name)
+    values = _values_compared(name, sample)
+    for g, e in zip(tree_leaves((got, ours)), tree_leaves((want, theirs))):
+        assert g.shape == e.shape and g.dtype == e.dtype
+        if values:
+            torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-4, equal_nan=True)

@@ -58,7 +58,8 @@ def library_call(cv, node: fx.Node, target, args: tuple, kwargs: dict) -> Any:
     """Run `target` (an aten OpOverload) as a library call on the converted args: returns
     its results as Extern nodes, in the structure the op returns them. Arguments the op
     writes in place are written as an in-place op writes them (Converter.assign), from the
-    copies the call writes; a call that returns nothing is kept as one of the graph's effects."""
+    copies the call writes; a call that returns nothing and writes nothing is kept as one of
+    the graph's effects."""
     if not isinstance(target, torch._ops.OpOverload):
         raise UnsupportedOpError(str(target), "not an aten op (tjit runs aten ops it does not generate as library "
                                  "calls)", target=node.target)
@@ -86,11 +87,12 @@ def library_call(cv, node: fx.Node, target, args: tuple, kwargs: dict) -> Any:
     returns_nothing = not target._schema.returns
     call = ExternCall(target, bound_args, bound_kwargs, writes, tuple(cv.version.items()) if returns_nothing else (),
                       seed)
-    if returns_nothing:
+    if returns_nothing and not written:  # (a check: linalg's errors)
         cv.settle_writes_before_check()
         cv.effects.append(cv.b.node(Extern(call, None), DType.bool, tuple(operands), View((), ())))
         return None
-    results, spec = tree_flatten(node.meta["val"])
+    # (a call that returns nothing but writes arguments, a custom op with mutates_args, is its writes)
+    results, spec = tree_flatten(node.meta.get("val"))
     copies = _write_back(cv, call, operands, written, sum(isinstance(r, torch.Tensor) for r in results))
     nodes, k = [], 0
     for result, returned in zip(results, _returns_per_result(target, results)):

@@ -130,3 +130,26 @@ def assert_as_accurate_as_eager(got, eager, exact, rtol, atol, msg=""):
         k = (~ok).nonzero()[0].tolist()
         raise AssertionError(f"{msg}: {int((~ok).sum())} of {ok.numel()} elements differ, e.g. at {k}: tjit "
                              f"{g[tuple(k)].item()}, eager {e[tuple(k)].item()}, exact {x[tuple(k)].item()}")
+
+
+def train_beside_eager(eager: torch.nn.Module, make_input, steps: int = 2):
+    """A copy of the module through torch.compile(..., backend="tjit"), run beside eager for
+    `steps` forwards on fresh inputs (make_input()) and backwards of one random incoming
+    gradient each: the outputs match, and no graph runs eagerly (its warning is an error).
+    Returns (the copy, its compiled form), their gradients accumulated, for the caller's
+    comparisons."""
+    import copy
+    import warnings
+    ours = copy.deepcopy(eager)
+    compiled = torch.compile(ours, backend="tjit")
+    for _ in range(steps):
+        x = make_input()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # (a graph run eagerly warns)
+            got = compiled(x)
+        expected = eager(x)
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+        incoming = torch.randn(expected.shape)
+        got.backward(incoming)
+        expected.backward(incoming)
+    return ours, compiled

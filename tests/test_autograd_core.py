@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import tjit
-from helpers import assert_as_accurate_as_eager
+from helpers import assert_as_accurate_as_eager, train_beside_eager
 
 pytestmark = pytest.mark.usefixtures("fresh_seed")  # fresh random inputs each run; a failure prints the seed
 
@@ -887,23 +887,10 @@ def test_a_model_that_writes_its_parameters_under_no_grad_trains_through_torch_c
     """Such a model ran its graph eagerly, with a warning (a no_grad write into a parameter
     was refused); now it is compiled, and its weights and gradients match eager's over two
     steps. Rows of the table span several programs."""
-    import copy
-    import warnings
     eager = _RescalesItsLayersWhenTraining()
     with torch.no_grad():
         eager.embedding.weight.mul_(4)  # (norms above max_norm: the renorm writes)
-    ours = copy.deepcopy(eager)
-    compiled = torch.compile(ours, backend="tjit")
-    for step in range(2):
-        index = torch.randint(0, 300, (6, 40))
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")  # (a graph run eagerly warns)
-            got = compiled(index)
-        expected = eager(index)
-        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
-        incoming = torch.randn(expected.shape)
-        got.backward(incoming)
-        expected.backward(incoming)
+    ours, _ = train_beside_eager(eager, lambda: torch.randint(0, 300, (6, 40)))
     for (name, a), b in zip(ours.named_parameters(), eager.parameters()):
         torch.testing.assert_close(a, b, msg=lambda m: f"{name}\n{m}")
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-4, msg=lambda m: f"{name}.grad\n{m}")

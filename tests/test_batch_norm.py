@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import tjit
 
-from helpers import assert_as_accurate_as_eager, clone_args, launches
+from helpers import assert_as_accurate_as_eager, clone_args, launches, train_beside_eager
 
 aten = torch.ops.aten
 
@@ -258,21 +258,8 @@ class _HandWrittenNorm(torch.nn.Module):
 def test_a_hand_written_norm_that_updates_its_statistics_under_no_grad_is_compiled(fresh_seed):
     """Its training graph ran eagerly (tjit refused every write under no_grad in a function
     with grad inputs); now it is compiled, and trains and updates its statistics as eager."""
-    import copy
-    import warnings
     eager = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), _HandWrittenNorm(8), torch.nn.ReLU())
-    ours = copy.deepcopy(eager)
-    compiled = torch.compile(ours, backend="tjit")
-    for step in range(2):
-        x = torch.randn(4, 3, 22, 21)
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")  # (a graph run eagerly warns)
-            got = compiled(x)
-        expected = eager(x)
-        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
-        incoming = torch.randn(expected.shape)
-        got.backward(incoming)
-        expected.backward(incoming)
+    ours, compiled = train_beside_eager(eager, lambda: torch.randn(4, 3, 22, 21))
     for (name, a), b in zip(ours.named_parameters(), eager.parameters()):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-4, msg=lambda m: f"{name}.grad\n{m}")
     torch.testing.assert_close(list(ours.buffers()), list(eager.buffers()))

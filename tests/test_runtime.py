@@ -329,6 +329,29 @@ def test_a_compiled_function_called_inside_another_ones_trace_is_traced_into_it(
     assert launches(compiled, x, y) == 1
 
 
+def _branches_with_cond(x):
+    return torch.cond(x.sum() > 0, lambda x: x * 2, lambda x: x - 1, (x,))
+
+
+def test_a_higher_order_op_is_refused_by_name_and_eager_still_runs_it():
+    """torch.cond compiles its own call (fullgraph); run inside tjit's trace that compile failed
+    and Dynamo kept the failure: the user's later eager torch.cond calls failed too, until
+    torch._dynamo.reset(), and tjit reported the failure as eager's own error. The trace now
+    runs such compiles as plain calls, so the op is recorded and refused by name; through
+    torch.compile its graph runs eagerly, with the warning."""
+    import warnings
+    x = torch.randn(300, 70)
+    expected = _branches_with_cond(x)
+    with pytest.raises(tjit.UnsupportedOpError, match="higher_order.cond"):
+        tjit.compile(_branches_with_cond)(x)
+    torch.testing.assert_close(_branches_with_cond(x), expected)  # (eager, after the refusal)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.testing.assert_close(torch.compile(_branches_with_cond, backend="tjit")(x), expected)
+    assert any("runs a graph" in str(w.message) and "cond" in str(w.message) for w in seen)
+    torch.testing.assert_close(_branches_with_cond(x), expected)
+
+
 def test_indexing_switches_to_int64_past_two_to_the_31():
     from tjit.lower.gpu_compile import compile_for_gpu
     from tjit.runtime.loader import load_kernel

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import re
 import types
 import warnings
 from dataclasses import dataclass, field
@@ -97,7 +98,10 @@ def fake_trace(fn: Callable, inputs: list, symbolic: bool = False,
     keep = KeepRealTensors()
     dims = iter(dynamic_dims or ())
     try:
-        with keep:
+        # (force_eager: what the function compiles with torch.compile runs as it is, traced;
+        # torch.cond compiles its own call, which failing inside this trace left Dynamo
+        # refusing the user's later eager torch.cond calls)
+        with keep, torch.compiler.set_stance("force_eager"):
             fakes = [_fake_input(mode, v, symbolic, next(dims, None)) if isinstance(v, torch.Tensor)
                      else _size_symbol(mode.shape_env, v, k) for k, v in enumerate(inputs)]
             return make_fx(fn, decomposition_table=decomposition_table(), tracing_mode="fake",
@@ -549,6 +553,10 @@ def _trace_graph(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozens
                 raise TypeError(str(e)) from None  # eager's: the call itself does not fit (a missing argument)
             if _needs_tensor_data(e):
                 raise DataDependentError(name, f"tracing failed: {type(e).__name__}: {str(e).strip()}") from e
+            higher_order = _higher_order_op(e)
+            if higher_order is not None:
+                raise UnsupportedOpError(f"torch.ops.higher_order.{higher_order}", "a higher-order op (torch.cond, "
+                                         "while_loop, ...): tjit traces none yet") from e
             eager = _eager_error(fn, args, kwargs)
             if eager is not None:  # (the function's own error for these arguments: `raise ValueError(...)`)
                 error = as_eager_error(eager)
@@ -635,6 +643,13 @@ def _write_back(copies: dict, cloned_by: dict, traced: tuple, tensor_names: list
                 target.copy_(copy)
                 written.append(name)
     return written
+
+
+def _higher_order_op(e: Exception) -> Optional[str]:
+    """The higher-order op (torch.cond's `cond`) the trace stopped at: tjit's own tracing mode
+    has no rule for it."""
+    found = re.search(r"no rule registered for HigherOrderOperator (\w+)", str(e))
+    return found.group(1) if isinstance(e, NotImplementedError) and found else None
 
 
 def _needs_tensor_data(e: Exception) -> bool:

@@ -648,6 +648,29 @@ def test_writes_and_reads_through_detach_pass_gradients_as_eager(fn):
     check_grads(fn, randn(300, 70), rtol=1e-5, atol=1e-4)
 
 
+def _detached_in_place(x, w):
+    y = x * w
+    y.detach_()  # (eager: y's later reads pass no gradient)
+    return y * x
+
+
+def _stops_requiring_grad(x, w):
+    w.requires_grad_(False)
+    return x * w
+
+
+def test_a_gradient_turned_off_in_place_is_refused():
+    """x.detach_(), x.requires_grad_(False): the aten graph records nothing of them, so tjit
+    passed gradients through (x's 6 off and w given one, silently). Refused by name; the
+    out-of-place y = x.detach() is compiled, as before."""
+    for fn in (_detached_in_place, _stops_requiring_grad):
+        x, w = randn(300, 70).requires_grad_(), randn(70).requires_grad_()
+        with pytest.raises(tjit.UnsupportedOpError, match="detach_"):
+            tjit.compile(fn)(x, w)
+        assert w.requires_grad
+    check_grads(lambda x, w: (x * w).detach() * x, randn(300, 70), randn(70))
+
+
 def _written_through_data(x):
     y = x.exp()
     y.data.mul_(2)  # (ExpBackward then reads the doubled values it saved)

@@ -269,6 +269,9 @@ class GradModeWatch(TorchFunctionMode):
                                                                 "the gradient")
         if not self.grad_enabled or func is torch._C._set_grad_enabled:  # (tracing toggles grad mode too)
             return func(*args, **kwargs)
+        if _turns_gradient_off(func, args, kwargs):
+            self.gradient_unknown = (UnsupportedOpError, "x.detach_() or x.requires_grad_(False) of a tensor with a "
+                                                         "gradient: the trace does not show it (use y = x.detach())")
         if getattr(func, "__self__", None) is torch.Tensor.data and args[0].requires_grad and \
                 _memory(args[0]) is not None:
             self._data_of_gradients.add(_memory(args[0]))
@@ -318,6 +321,20 @@ class GradModeWatch(TorchFunctionMode):
             if isinstance(v, torch.Tensor) and isinstance(v.grad_fn, torch.autograd.function.BackwardCFunction):
                 self.gradient_unknown = (CustomFunctionError, f"a custom autograd.Function ({type(v.grad_fn).__name__}): "
                                                               "eager runs its Python backward, which tjit does not trace")
+
+
+def _turns_gradient_off(func, args: tuple, kwargs: dict) -> bool:
+    """x.detach_(), x.requires_grad_(False) or `x.requires_grad = False` of a tensor that
+    requires grad: eager's later reads of x pass no gradient, but the aten graph records
+    nothing of it."""
+    if not args or not isinstance(args[0], torch.Tensor) or not args[0].requires_grad:
+        return False
+    if func is torch.Tensor.detach_:
+        return True
+    if func is torch.Tensor.requires_grad_:
+        return not (args[1] if len(args) > 1 else kwargs.get("requires_grad", True))
+    return getattr(func, "__name__", "") == "__set__" and getattr(func, "__self__", None) is torch.Tensor.requires_grad \
+        and len(args) > 1 and not args[1]
 
 
 def _check_out_tensors(func, outs: list[torch.Tensor], before: list[tuple]) -> None:

@@ -232,11 +232,13 @@ class GradModeWatch(TorchFunctionMode):
     converter follows floating values only), a custom autograd.Function (eager runs its
     Python backward, not the derivative of its forward), and a write through `.data` into a
     tensor that requires grad (eager's backward then reads the written values where ops
-    saved the old ones, with no version counted): `gradient_unknown` holds the error to raise
-    (its type and reason) for a function with grad inputs. A read or write of a tensor's
-    .grad, or a gradient hook (register_hook, retain_grad), raises GradientStateError at
-    once, in any grad mode: the traced copies of the inputs carry no gradients, and tjit's
-    backward runs no hooks."""
+    saved the old ones, with no version counted), and x.detach_() or x.requires_grad_(False)
+    of a tensor with a gradient (the aten graph records nothing of them): `gradient_unknown`
+    holds the error to raise (its type and reason) for a function with grad inputs. A read
+    or write of a tensor's .grad, or a gradient hook (register_hook, retain_grad), raises
+    GradientStateError at once, in any grad mode: the traced copies of the inputs carry no
+    gradients, and tjit's backward runs no hooks. A call with out= whose out tensors the
+    trace cannot follow raises UnsupportedOpError at once (_check_out_tensors)."""
 
     def __init__(self):
         super().__init__()

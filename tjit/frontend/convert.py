@@ -332,8 +332,8 @@ class Converter(ValueBuilder):
     def _argument_of(self, node: Optional[fx.Node]) -> Optional[str]:
         """The argument a view is taken from, following its view ops (and the
         in-place ops that return their first argument) back."""
-        while node is not None and _memory_source(node) is not None:
-            node = _memory_source(node)
+        while node is not None and (source := _memory_source(node)) is not None:
+            node = source
         return self.placeholder_names.get(node)
 
     def shared_inputs(self) -> list[list[str]]:

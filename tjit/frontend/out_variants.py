@@ -13,12 +13,10 @@ from typing import Optional
 
 import torch
 import torch.fx as fx
-from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_leaves
 
-from ..analysis.addresses import bytes_reached, disjoint
 from ..errors import UnsupportedOpError
-from .overlap import check_in_place, has_internal_overlap
+from .overlap import bytes_meet, check_in_place, has_internal_overlap
 
 
 def as_functional_and_copies(gm: fx.GraphModule) -> None:
@@ -126,16 +124,9 @@ def _check_overlaps(op, functional, written: list[torch.Tensor], read: list[torc
     for out in written:
         if torch.Tag.pointwise in functional.tags:
             check_in_place(str(op), out, read)
-        elif has_internal_overlap(out) or any(_meet(out, t) for t in read):
+        elif has_internal_overlap(out) or any(bytes_meet(out, t) for t in read):
             raise UnsupportedOpError(str(op), "its out= tensor shares memory with an input (or with itself)",
                                      target=op)
-
-
-def _meet(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.numel() == 0 or b.numel() == 0 or \
-            StorageWeakRef(a.untyped_storage()).cdata != StorageWeakRef(b.untyped_storage()).cdata:
-        return False
-    return not disjoint(bytes_reached(a), bytes_reached(b))
 
 
 def _result_meta(functional: torch._ops.OpOverload, args: tuple, kwargs: dict, written: list[torch.Tensor]):

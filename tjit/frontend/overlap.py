@@ -38,15 +38,32 @@ def has_internal_overlap(t: torch.Tensor) -> bool:
     return any(size > 1 and stride == 0 for size, stride in zip(t.shape, t.stride()))
 
 
+def in_one_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Both have elements, and in one storage (compared as storages, not addresses: fake
+    tensors' storages have none)."""
+    return a.numel() != 0 and b.numel() != 0 and \
+        StorageWeakRef(a.untyped_storage()).cdata == StorageWeakRef(b.untyped_storage()).cdata
+
+
+def bytes_meet(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """The two tensors share a byte of memory (of any element sizes); where a size, stride
+    or offset is a symbol, they may."""
+    if not in_one_storage(a, b):
+        return False
+    numbers = [*a.shape, *a.stride(), a.storage_offset(), *b.shape, *b.stride(), b.storage_offset()]
+    if not all(isinstance(n, int) for n in numbers):
+        return True
+    from ..analysis import addresses
+    return not addresses.disjoint(addresses.bytes_reached(a), addresses.bytes_reached(b))
+
+
 def partially_overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Eager's MemOverlapStatus::Partial: both dense, in one storage, and their byte ranges
     intersect without being the same tensor layout."""
-    if a.numel() == 0 or b.numel() == 0:
+    if not in_one_storage(a, b):
         return False
     if not (is_non_overlapping_and_dense(a) and is_non_overlapping_and_dense(b)):
         return False  # eager's 'too hard': allowed
-    if StorageWeakRef(a.untyped_storage()).cdata != StorageWeakRef(b.untyped_storage()).cdata:
-        return False
     a_begin, b_begin = a.storage_offset() * a.element_size(), b.storage_offset() * b.element_size()
     a_end, b_end = a_begin + a.numel() * a.element_size(), b_begin + b.numel() * b.element_size()
     if (a_begin, a_end) == (b_begin, b_end):
@@ -77,15 +94,14 @@ def read_after_written(written: torch.Tensor, t: torch.Tensor) -> bool:
     case eager's check calls too hard (a layout that is not dense) and allows, whose answer
     differs from reading every input first. Inputs of another element size meeting the
     written bytes at all count too; sizes that are symbols are not checked."""
-    if written.numel() == 0 or t.numel() == 0 or \
-            StorageWeakRef(written.untyped_storage()).cdata != StorageWeakRef(t.untyped_storage()).cdata:
+    if not in_one_storage(written, t):
         return False
     numbers = [*written.shape, *written.stride(), written.storage_offset(), *t.shape, *t.stride(), t.storage_offset()]
     if not all(isinstance(n, int) for n in numbers) or t.dim() > written.dim():
         return False
-    from ..analysis import addresses
     if t.element_size() != written.element_size():
-        return not addresses.disjoint(addresses.bytes_reached(written), addresses.bytes_reached(t))
+        return bytes_meet(written, t)
+    from ..analysis import addresses
     # the input broadcast to the written shape, as the op reads it
     lead = written.dim() - t.dim()
     strides = [0] * lead + [0 if n == 1 else s for n, s in zip(t.shape, t.stride())]

@@ -683,10 +683,12 @@ def _outermost_matches(value: GraphNode, earlier: dict[int, GraphNode], copies: 
         if node is not value and key is not None:
             found[key] = (earlier[key], node)
             return
-        original = id(copies.original(node))
-        viewed = _viewed_buffer(node, earlier, chains.get(original, ())) if node is not value else None
+        # (a node placing computes in another layout is read as its source's value, through
+        # that layout: read_from_buffers)
+        source = copies.source(node)
+        viewed = _viewed_buffer(source, earlier, chains.get(id(source), ())) if node is not value else None
         if viewed is not None:
-            found[original] = (viewed, node)
+            found[id(source)] = (viewed, node)
             return
         for src in node.src:
             visit(src)

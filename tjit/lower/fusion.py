@@ -739,7 +739,9 @@ def _store_shared_values(stores: list[Store], levels: dict[int, int]) -> list[St
     step's kernel would compute it again from the gates of every step before), each in a
     kernel over its shape at the first level that computes it (so no kernel is added);
     _read_earlier_buffers then makes the later ones read it. Only the largest such values
-    of each first level: the rest follow from reading them. (Levels of the new stores are
+    of each first level: the rest follow from reading them. Not a value that is the same
+    along an axis (_broadcast: a norm's shifted mean, expanded to its rows), which its
+    kernels compute from row statistics: its buffer would hold it once per column. (Levels of the new stores are
     added to `levels`.)"""
     hosts = {}  # level -> domain of a kernel over each full shape
     for s in stores:
@@ -754,7 +756,7 @@ def _store_shared_values(stores: list[Store], levels: dict[int, int]) -> list[St
                 found.setdefault(id(node), node)
     shared = {key: (node, min(levels_of[key])) for key, node in found.items()
               if len(levels_of[key]) > 1 and node.shape in hosts.get(min(levels_of[key]), {})
-              and not _computes_non_pointwise(node) and _loads(node) > RECOMPUTED_LOADS}
+              and not _computes_non_pointwise(node) and _loads(node) > RECOMPUTED_LOADS and not _broadcast(node)}
     within = {key: [id(n) for n in toposort([node], stop=is_kernel_input) if n is not node]
               for key, (node, _) in shared.items()}
     # a recurrence: a value computed again from an earlier such value (each step's state from
@@ -773,6 +775,16 @@ def _store_shared_values(stores: list[Store], levels: dict[int, int]) -> list[St
             added.append(Store(BufferTarget(buffer), node, hosts[first][node.shape]))
             levels[id(added[-1])] = first
     return added
+
+
+def _broadcast(value: GraphNode) -> bool:
+    """Whether a pointwise value is the same all along one of its axes (every leaf it reads
+    is broadcast there: a norm's row statistic, expanded to its rows): a buffer of it would
+    repeat each value along that axis, as large as the rows themselves."""
+    leaves = expression_leaves(value)
+    return any(value.shape[a] > 1 and all(leaf.view is not None and len(leaf.view.strides) == len(value.shape)
+                                          and leaf.view.strides[a] == 0 for leaf in leaves)
+               for a in range(len(value.shape)))
 
 
 def _loads(value: GraphNode) -> int:

@@ -255,7 +255,7 @@ class GradModeWatch(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        outs = [t for t in tree_leaves(kwargs.get("out")) if isinstance(t, torch.Tensor)]
+        outs = [t for t in tree_leaves(kwargs["out"]) if isinstance(t, torch.Tensor)] if "out" in kwargs else []
         before = [(t.shape, t._version) for t in outs]
         result = self._call(func, args, kwargs)
         if outs:

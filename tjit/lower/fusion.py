@@ -741,8 +741,8 @@ def _store_shared_values(stores: list[Store], levels: dict[int, int]) -> list[St
     _read_earlier_buffers then makes the later ones read it. Only the largest such values
     of each first level: the rest follow from reading them. Not a value that is the same
     along an axis (_broadcast: a norm's shifted mean, expanded to its rows), which its
-    kernels compute from row statistics: its buffer would hold it once per column. (Levels of the new stores are
-    added to `levels`.)"""
+    kernels compute from row statistics: its buffer would hold it once per column. (Levels
+    of the new stores are added to `levels`.)"""
     hosts = {}  # level -> domain of a kernel over each full shape
     for s in stores:
         if not s.domain.axes or s.domain.squeezed_shape != ():

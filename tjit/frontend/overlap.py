@@ -45,13 +45,18 @@ def in_one_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
         StorageWeakRef(a.untyped_storage()).cdata == StorageWeakRef(b.untyped_storage()).cdata
 
 
+def _layouts_known(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Every size, stride and offset of both is a number (not a symbol of a shape class)."""
+    numbers = [*a.shape, *a.stride(), a.storage_offset(), *b.shape, *b.stride(), b.storage_offset()]
+    return all(isinstance(n, int) for n in numbers)
+
+
 def bytes_meet(a: torch.Tensor, b: torch.Tensor) -> bool:
     """The two tensors share a byte of memory (of any element sizes); where a size, stride
     or offset is a symbol, they may."""
     if not in_one_storage(a, b):
         return False
-    numbers = [*a.shape, *a.stride(), a.storage_offset(), *b.shape, *b.stride(), b.storage_offset()]
-    if not all(isinstance(n, int) for n in numbers):
+    if not _layouts_known(a, b):
         return True
     from ..analysis import addresses
     return not addresses.disjoint(addresses.bytes_reached(a), addresses.bytes_reached(b))
@@ -96,8 +101,7 @@ def read_after_written(written: torch.Tensor, t: torch.Tensor) -> bool:
     written bytes at all count too; sizes that are symbols are not checked."""
     if not in_one_storage(written, t):
         return False
-    numbers = [*written.shape, *written.stride(), written.storage_offset(), *t.shape, *t.stride(), t.storage_offset()]
-    if not all(isinstance(n, int) for n in numbers) or t.dim() > written.dim():
+    if not _layouts_known(written, t) or t.dim() > written.dim():
         return False
     if t.element_size() != written.element_size():
         return bytes_meet(written, t)

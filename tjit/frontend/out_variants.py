@@ -78,12 +78,12 @@ def _rewrite(graph: fx.Graph, node: fx.Node) -> None:
     given = {a.name for a in node.target._schema.arguments}
     kwargs.update({a.name: factory[a.name] for a in functional._schema.arguments
                    if a.name in factory and a.name not in given})
-    read = [v for v in tree_leaves(fx.node.map_arg((node.args, kwargs), lambda a: a.meta["val"]))
-            if isinstance(v, torch.Tensor)]
+    values = fx.node.map_arg((node.args, kwargs), lambda a: a.meta["val"])  # (the traced arguments)
+    read = [v for v in tree_leaves(values) if isinstance(v, torch.Tensor)]
     _check_overlaps(node.target, functional, written, read)
     with graph.inserting_before(node):
         result = graph.call_function(functional, node.args, kwargs)
-        result.meta["val"] = _result_meta(functional, node.args, kwargs, written)
+        result.meta["val"] = _result_meta(functional, values, read + written)
         copies = []
         for k, name in enumerate(outs):
             value = result
@@ -93,12 +93,12 @@ def _rewrite(graph: fx.Graph, node: fx.Node) -> None:
             if _scratch(node.kwargs[name], node):  # (nothing else sees it: the result is the tensor)
                 copies.append(value)
                 continue
-            if node.kwargs[name].meta["val"].shape != value.meta["val"].shape:
+            if written[k].shape != value.meta["val"].shape:
                 raise UnsupportedOpError(str(node.target), f"it resizes its out= tensor {name!r} (inside "
                                          f"{node.target.overloadpacket.__name__}): tjit writes out= tensors of "
                                          "the result's shape only", target=node.target)
             copied = graph.call_function(torch.ops.aten.copy_.default, (node.kwargs[name], value))
-            copied.meta["val"] = node.kwargs[name].meta["val"]
+            copied.meta["val"] = written[k]
             copies.append(copied)
     if len(outs) == 1:
         node.replace_all_uses_with(copies[0])
@@ -129,11 +129,10 @@ def _check_overlaps(op, functional, written: list[torch.Tensor], read: list[torc
                                      target=op)
 
 
-def _result_meta(functional: torch._ops.OpOverload, args: tuple, kwargs: dict, written: list[torch.Tensor]):
-    """The fake result the functional form gives for the node's arguments (their traced
-    values), in the trace's fake mode (found from the out tensors too: a factory has no
-    tensor argument)."""
+def _result_meta(functional: torch._ops.OpOverload, values: tuple, tensors: list[torch.Tensor]):
+    """The fake result the functional form gives for the node's traced (args, kwargs), in
+    the trace's fake mode, found from `tensors` (the inputs and the out tensors: a factory
+    has no tensor argument)."""
     from torch._guards import detect_fake_mode
-    values = fx.node.map_arg((args, kwargs), lambda a: a.meta["val"])
-    with detect_fake_mode([v for v in tree_leaves(values) if isinstance(v, torch.Tensor)] + written):
+    with detect_fake_mode(tensors):
         return functional(*values[0], **values[1])

@@ -227,6 +227,39 @@ def _compiler_view(fn: Any) -> Iterator[JITFunction]:
                 restore()
 
 
+class _CompileOnlyDriver:
+    """Triton's driver as its JIT asks it while compiling (warmup): device 0 of an sm_`arch`
+    GPU. Nothing can be launched through it."""
+
+    def __init__(self, arch: int):
+        self.target = GPUTarget("cuda", arch, 32)
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device: Any = None) -> int:
+        return 0
+
+    def get_current_target(self) -> GPUTarget:
+        return self.target
+
+
+@contextmanager
+def jit_as_on_gpu(kernel: Any, arch: int = 90) -> Iterator[Callable[[Any], JITFunction]]:
+    """Inside, Triton's own JIT path compiles for sm_`arch` as on a GPU machine: the function
+    yielded turns an interpreted tjit kernel into its JITFunction, whose `warmup` (and
+    `run(..., warmup=True)`) specialises, compiles and caches its binary as a launch would.
+    `kernel` is any generated kernel: the swap of interpreted functions it needs is
+    process-wide, and so is the driver's (tjit's generated kernels share their helpers)."""
+    with _compiler_view(kernel):
+        previous = triton.runtime.driver._active  # (None where no driver was made: none is active here)
+        triton.runtime.driver.set_active(_CompileOnlyDriver(arch))
+        try:
+            yield _jit_for
+        finally:
+            triton.runtime.driver.set_active(previous)
+
+
 def _run_tool(cmd: list[str], what: str) -> str:
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:

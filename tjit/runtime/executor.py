@@ -28,6 +28,7 @@ from ..pipeline import Program
 from ..memory.peak import Allocation, PeakMemory, allocated_bytes, relabel, release, strided_bytes
 from ..memory.slab import POOL, Slab
 from .counters import counters
+from . import precompile
 from .interpreter import interpreting
 from .library import call_allocations, memory_key, run_library_call
 from .loader import load_kernel, note_launch_config
@@ -98,6 +99,7 @@ class Executable:
                     binaries = Binaries(launch.fn, launch.plan.param_names, launch.constexprs, launch.plan.grid)
                     launch.binaries = binaries if binaries.usable() else None
         self._slabs: dict[tuple, Slab] = {}
+        self._precompiled: set = set()  # devices whose kernels were compiled before the first launch there
         # kernels with checks take a status word; it is read after the call (one sync) when a
         # check is made: always in the interpreter, only index checks in compiled kernels
         # (integer division by zero is not checked there: CUDA eager does not raise)
@@ -172,6 +174,9 @@ class Executable:
                 if home in memory:  # (a buffer apart binds its aliases when it is allocated)
                     memory[key] = memory[home]
             memory.update(self._words_on(where))
+            if not self._interpreting and device not in self._precompiled and precompile.enabled():
+                self._precompiled.add(device)
+                precompile.precompile([s for s in self.launches if isinstance(s, Launch)], memory)
             self._run_steps(memory, device, destinations or {}, self._consumed_after(tensors, consumable), poison)
             for name, node in self.program.call_outputs.items():
                 memory[("output", name)] = self._as_output(name, memory[("buffer", id(node))])

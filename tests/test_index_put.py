@@ -267,3 +267,53 @@ def test_a_transposed_input_is_written_through_a_buffer():
     def f(x, i, v):
         x[i] = v
     check_against_eager(f, torch.randn(5, 3000).t(), unique(3000, 1000), torch.randn(1000, 5))
+
+
+# A Scatter is a Contiguous in the IR (it materialises its base, then writes over it): each
+# function below read a scatter's buffer where it meant the base's values, or the reverse.
+def written_over_and_returned(x, idx, v):
+    y = x * 2
+    return y, y.index_put((idx,), v, accumulate=True)
+
+
+def overwritten_and_returned(x, idx, v):
+    y = x.sin()
+    return y, y.index_put((idx,), v)
+
+
+@pytest.mark.parametrize("f", [written_over_and_returned, overwritten_and_returned])
+def test_the_base_of_an_index_put_returned_beside_it_keeps_its_own_values(f):
+    """The base's output had been given the scatter's buffer (the value a buffer holds), so
+    it came back with the scattered rows in it."""
+    x, idx = torch.randn(300, 70), unique(300, 40)
+    check_against_eager(f, x, idx, torch.randn(40, 70))
+
+
+@pytest.mark.parametrize("name, f", [
+    # the backward read the saved index_add result wherever it needed the zeros it started
+    # from: relu's test against 0 became agg <= agg, and every gradient was 0
+    ("relu_of_index_add", lambda x, v, idx: torch.relu(torch.zeros_like(x).index_add(0, idx, v)) + x),
+    ("index_put_times_its_base", lambda x, v, idx: (lambda y: y.index_put((idx,), v) * y)(x.sin())),
+    ("scatter_add_times_its_base",
+     lambda x, v, idx: (lambda y: y.scatter_add(0, idx[:, None].expand(-1, 70), v).relu() * y)(x.exp())),
+])
+def test_gradients_that_read_an_index_puts_base_read_the_base(name, f):
+    x, weights = torch.randn(300, 70), torch.randn(300, 70)
+    args = (x, torch.randn(40, 70), unique(300, 40)) if name == "index_put_times_its_base" else \
+        (x, torch.randn(120, 70), torch.randint(0, 300, (120,)))
+    _grads_match(lambda *a: (f(*a) * weights).sum(), args, rtol=1e-4, atol=1e-4)
+
+
+def test_a_message_passing_layer_trains_as_eager():
+    """A graph network's layer (the sweep that found the two bugs above): messages gathered
+    along the edges, summed and maxed into each node, averaged by degree, through relu."""
+    nodes, edges, dim = 301, 1200, 24
+    src, dst = torch.randint(0, nodes, (edges,)), torch.randint(0, nodes, (edges,))
+
+    def layer(x, w, b):
+        m = torch.nn.functional.linear(x, w, b)[src]
+        agg = torch.zeros_like(x).index_add_(0, dst, m)
+        top = torch.full_like(x, -1e9).scatter_reduce(0, dst[:, None].expand(-1, dim), m, "amax", include_self=True)
+        degree = torch.zeros(nodes, 1).index_add_(0, dst, torch.ones(edges, 1)).clamp(min=1)
+        return torch.relu(agg / degree + top.clamp(min=-10)).square().mean()
+    _grads_match(layer, (torch.randn(nodes, dim), torch.randn(dim, dim) / 5, torch.randn(dim)), rtol=1e-4, atol=1e-5)

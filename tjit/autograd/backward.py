@@ -24,7 +24,7 @@ from ..errors import UnsupportedOpError
 from ..frontend.build import ValueBuilder, apply_view_desc, inverse_views
 from ..frontend.library import joint_library_call_gradient
 from ..ir import (Contiguous, Dot, DType, Elementwise, Extern, Graph, GraphNode, Input, Reduce, View, ViewOp,
-                  contiguous_strides, covered_memory, toposort)
+                  contiguous_strides, copies_its_source, covered_memory, toposort)
 from .accumulate import total_gradient
 from .algebra import Algebra
 from .complex import as_call_result, complex_vjp, touches_complex
@@ -190,7 +190,7 @@ def _saved_copies(plan: AutogradPlan) -> dict[int, GraphNode]:
     found = {}
     for c in kept:  # (c may be a reshape of the copy: _buffer_of_reshape)
         buffer = _buffer_of_reshape(c)
-        if isinstance(buffer.op, Contiguous) and c.dtype == buffer.src[0].dtype:
+        if copies_its_source(buffer) and c.dtype == buffer.src[0].dtype:
             found[id(buffer.src[0])] = c
     return found
 

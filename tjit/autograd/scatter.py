@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ..ir import (Contiguous, DType, Elementwise, GraphNode, Input, Scatter, View, ViewOp, contiguous_strides,
-                  nested_axes)
+                  copies_its_source, nested_axes)
 from .algebra import Algebra
 from .vjp import ScatterGrad
 
@@ -27,7 +27,7 @@ def scatter_into_source(alg: Algebra, node: GraphNode, s: ScatterGrad) -> Option
     """The scatter-add `s` into `node`'s value as one into its source's (None when the
     source is a computed value, which cannot receive one)."""
     op = node.op
-    if type(op) is Contiguous:  # the same elements, in the same (row-major) order (a Scatter's are not)
+    if copies_its_source(node):  # the same elements, in the same (row-major) order
         return s
     if isinstance(op, Elementwise) and op.op == "cast":
         src = node.src[0]

@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 
 from ..ir import (Contiguous, DType, Dot, Elementwise, Extern, ExternCall, GraphNode, Iota, Operand, Reduce,
-                  View, ViewOp, toposort)
+                  View, ViewOp, copies_its_source, toposort)
 from ..ir.ops import op_def
 from .library import in_memory
 
@@ -122,7 +122,7 @@ def _products_transposed(vb, x: GraphNode) -> Optional[GraphNode]:
 def _transposed_product_read(n: GraphNode) -> bool:
     """n reads a written expression that computes a product, through a view that swaps its
     last two axes."""
-    if not (isinstance(n.op, ViewOp) and isinstance(n.src[0].op, Contiguous) and len(n.shape) >= 2):
+    if not (isinstance(n.op, ViewOp) and copies_its_source(n.src[0]) and len(n.shape) >= 2):
         return False
     written = n.src[0]
     rank = len(n.shape)

@@ -55,6 +55,13 @@ class Scatter(Contiguous):
     what: str = "index_put"
 
 
+def copies_its_source(node: "GraphNode") -> bool:
+    """Whether node's buffer holds exactly its source's values (a Contiguous), so a read of
+    one may stand for the other. Not a Scatter's: it holds src[0] with values written over
+    it, though it is a Contiguous too."""
+    return isinstance(node.op, Contiguous) and not isinstance(node.op, Scatter)
+
+
 @dataclass(frozen=True)
 class Elementwise:
     op: str  # a name in the op registry, tjit.ir.ops.OPS

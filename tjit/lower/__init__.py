@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence, Union
 
 from ..errors import TjitError
-from ..ir import AxisStrategy, Contiguous, Extern, Graph, GraphNode, ViewOp, covered_memory, toposort
+from ..ir import AxisStrategy, Contiguous, Extern, Graph, GraphNode, ViewOp, copies_its_source, covered_memory, toposort
 from .codegen import KernelPlan, plan_kernel
 from .fusion import BufferTarget, ExternStep, KernelGroup, OutputTarget, group_kernels
 from .horizontal import merge_independent_kernels
@@ -81,7 +81,7 @@ def returned_buffers(graph: Graph, output_strides: dict[str, tuple[int, ...]],
     (attention's q written [b, s, h, d] for the call, saved as the [b, h, s, d] view the call
     read), in the output's layout: the buffer lives in the output's memory, so it is written
     once. The first output of each buffer only."""
-    written = {id(n.src[0]): n for n in toposort(graph.roots()) if isinstance(n.op, Contiguous)}
+    written = {id(n.src[0]): n for n in toposort(graph.roots()) if copies_its_source(n)}
     found, seen = {}, set()
     for name, node in graph.outputs.items():
         covered = covered_memory(node)

@@ -18,7 +18,8 @@ from typing import Optional, Union
 from ..analysis.addresses import disjoint
 from ..errors import TjitError
 from ..ir import (Contiguous, Cumulative, Dot, Elementwise, Extern, ExternCall, Gather, Graph, GraphNode, Input, Mutation,
-                  Reduce, Scatter, View, ViewOp, per_node, toposort)
+                  Reduce, Scatter, View, ViewOp, copies_its_source, per_node,
+                  toposort)
 from ..frontend.build import apply_view_desc, inverse_views
 from ..frontend.dot import accumulates_in_memory
 from .domains import (Copies, Domain, Placement, aligned_permutation, domain_of_reduce, dots_in, is_kernel_input,
@@ -273,7 +274,7 @@ def in_product_layout(store: Store) -> Optional[GraphNode]:
     value = store.value
     if not (_reshapeable(store) and isinstance(value.op, ViewOp)):
         return None
-    buffer = value.src[0] if isinstance(value.src[0].op, Contiguous) else None
+    buffer = value.src[0] if copies_its_source(value.src[0]) else None
     product = buffer.src[0] if buffer is not None else value.src[0]
     if not _of_a_product(product):
         return None

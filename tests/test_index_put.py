@@ -289,6 +289,29 @@ def test_the_base_of_an_index_put_returned_beside_it_keeps_its_own_values(f):
     check_against_eager(f, x, idx, torch.randn(40, 70))
 
 
+def product_base_read_after_a_reduction_of_the_scatter(a, b, v, idx):
+    y = a @ b
+    return y - y.index_put((idx,), v).amax(1, keepdim=True)
+
+
+def expensive_base_read_after_a_reduction_of_the_scatter(a, b, v, idx, c, d):
+    y = a * b + c * d - a * d  # (more loads than a kernel computes again where a buffer holds the value)
+    return y * y.index_put((idx,), v).sum(1, keepdim=True)
+
+
+@pytest.mark.parametrize("f", [product_base_read_after_a_reduction_of_the_scatter,
+                               expensive_base_read_after_a_reduction_of_the_scatter])
+def test_a_base_read_after_its_scatter_is_read_as_it_was(f):
+    """A value worth reading from a buffer rather than computing again (a product, or one of
+    many loads) had been read from the buffer its scatter writes over, after the scatter."""
+    if f is product_base_read_after_a_reduction_of_the_scatter:
+        args = (torch.randn(300, 64), torch.randn(64, 70), torch.randn(40, 70), unique(300, 40))
+    else:
+        args = (torch.randn(300, 70), torch.randn(300, 70), torch.randn(40, 70), unique(300, 40),
+                torch.randn(300, 70), torch.randn(300, 70))
+    check_against_eager(f, *args)
+
+
 @pytest.mark.parametrize("name, f", [
     # the backward read the saved index_add result wherever it needed the zeros it started
     # from: relu's test against 0 became agg <= agg, and every gradient was 0

@@ -126,46 +126,59 @@ SCATTER_STEPS = {
     "scatter_reduce": lambda a, b, s: a.scatter_reduce(0, s.idx[:, None].expand(-1, COLS), s.rows(b),
                                                        ["amax", "amin", "sum", "mean"][s.k % 4], include_self=s.k % 3 > 0),
     "centred": lambda a, b, s: a - a.mean(s.k % 2, keepdim=True),
+    "row_statistic": lambda a, b, s: a * (b.amax(1, keepdim=True) if s.k % 2 else b.softmax(0)),
+    "many_loads": lambda a, b, s: a * b + sum(x * (j + 1) for j, x in enumerate(s.inputs[-3:])),
     "masked": lambda a, b, s: torch.where(b > 0, a, torch.zeros_like(a)),
 }
 
 
 class ScatterStep:
-    """One step's indices: `idx` (repeats), `unique` (none) and the edges' source rows."""
+    """One step's indices: `idx` (repeats), `unique` (none) and the edges' source rows; and
+    the function's inputs."""
 
-    def __init__(self, k: int, idx, unique, sources):
-        self.k, self.idx, self.unique, self.sources = k, idx, unique, sources
+    def __init__(self, k: int, idx, unique, sources, inputs):
+        self.k, self.idx, self.unique, self.sources, self.inputs = k, idx, unique, sources, inputs
 
     def rows(self, value):
         return value[self.sources]
 
 
-def random_scatter_function(rng: random.Random):
-    steps = [(rng.choice(list(SCATTER_STEPS)), rng.randrange(k + 1), rng.randrange(k + 1), rng.randrange(100))
-             for k in range(rng.randint(3, 7))]
-    returned = sorted(rng.sample(range(1, len(steps) + 1), rng.randint(1, 3)))
+SCATTER_INPUTS = 4  # (an expression of several inputs is one that a buffer may hold rather than recompute)
 
-    def fn(x, idx, unique, sources):
-        values = [x]
+
+def random_scatter_function(rng: random.Random):
+    steps = [(rng.choice(list(SCATTER_STEPS)), rng.randrange(k), rng.randrange(k), rng.randrange(100))
+             for k in range(SCATTER_INPUTS, SCATTER_INPUTS + rng.randint(3, 7))]
+    returned = sorted(rng.sample(range(SCATTER_INPUTS, SCATTER_INPUTS + len(steps)), rng.randint(1, 3)))
+
+    def fn(inputs, idx, unique, sources):
+        values = list(inputs)
         for kind, a, b, k in steps:
-            values.append(SCATTER_STEPS[kind](values[a], values[b], ScatterStep(k, idx, unique, sources)))
+            values.append(SCATTER_STEPS[kind](values[a], values[b], ScatterStep(k, idx, unique, sources, inputs)))
         return tuple(values[r] for r in returned)
     return fn, steps
 
 
-@pytest.mark.parametrize("seed", range(16))
+@pytest.mark.spills_at_sm90("float64 row reductions of 8 rows x 128 columns that store several values spill 8 B "
+                            "at sm_90 (the schedule's register budget for 8-byte types, a known gap)")
+@pytest.mark.parametrize("seed", [*range(12), 25, 37, 44, 51, 55])
 def test_random_scatter_composition_and_its_gradient_match_eager(seed):
     """Values written over (index_put, index_add, scatters) and read again, by later writes,
     their gradients or as results: the backward had read a scatter's saved result where it
     meant the values it was written over, and a returned base had come back with the
-    scattered rows in it (seeds 6, 10 and 14 failed on the code before)."""
+    scattered rows in it (seeds 2, 25, 37, 44, 51 and 55 failed on the code before)."""
     fn, steps = random_scatter_function(random.Random(seed))
-    x = torch.randn(ROWS, COLS, dtype=torch.float64)  # (sums in another order: exact enough to compare tightly)
-    indices = (torch.randint(0, ROWS, (EDGES,)), torch.randperm(ROWS)[:40], torch.randint(0, ROWS, (EDGES,)))
-    eager_x, x = x.clone().requires_grad_(), x.clone().requires_grad_()
-    expected, got = fn(eager_x, *indices), tjit.compile(fn)(x, *indices)
+    inputs = [torch.randn(ROWS, COLS, dtype=torch.float64) for _ in range(SCATTER_INPUTS)]  # (sums in another
+    indices = (torch.randint(0, ROWS, (EDGES,)), torch.randperm(ROWS)[:40], torch.randint(0, ROWS, (EDGES,)))  # order)
+    eager_inputs = [x.clone().requires_grad_() for x in inputs]
+    inputs = [x.clone().requires_grad_() for x in inputs]
+    expected, got = fn(eager_inputs, *indices), tjit.compile(fn)(inputs, *indices)
     assert_matches_eager(got, expected, f"steps {steps}")
     weights = [torch.randn(ROWS, COLS, dtype=torch.float64) for _ in expected]
-    (want,) = torch.autograd.grad(sum((w * e).sum() for w, e in zip(weights, expected)), eager_x)
-    (grad,) = torch.autograd.grad(sum((w * g).sum() for w, g in zip(weights, got)), x)
-    torch.testing.assert_close(grad, want, msg=lambda m: f"steps {steps}\n{m}")
+    want = torch.autograd.grad(sum((w * e).sum() for w, e in zip(weights, expected)), eager_inputs, allow_unused=True)
+    grads = torch.autograd.grad(sum((w * g).sum() for w, g in zip(weights, got)), inputs, allow_unused=True)
+    for grad, wanted in zip(grads, want):
+        if wanted is None:
+            assert grad is None or not grad.any(), f"steps {steps}"
+        else:
+            torch.testing.assert_close(grad, wanted, msg=lambda m: f"steps {steps}\n{m}")

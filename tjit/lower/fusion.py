@@ -634,7 +634,7 @@ def _filled_buffers(stores: list[Store], levels: dict[int, int], copies: Copies,
     permuted or reshaped value (a layer's gradient in nn.MultiheadAttention's [t, b, d]) holds
     the value too, read through the inverse views."""
     filled = {id(copies.original(s.target.node.src[0])): (s.target.node, levels[id(s)]) for s in stores
-              if isinstance(s.target, BufferTarget)
+              if isinstance(s.target, BufferTarget) and copies_its_source(s.target.node)  # (a scatter's: written over)
               and (len(expression_leaves(s.value)) > RECOMPUTED_LOADS or dots_in(s.value))}
     for key, (buffer, level) in list(filled.items()):
         for value, views in chains.get(key, ()):

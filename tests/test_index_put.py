@@ -240,6 +240,24 @@ def test_a_cache_update_then_a_read_of_the_cache():
     assert_fused(f, torch.randn(4, 300, 8), torch.tensor([5, 9, 299]), torch.randn(4, 3, 8), kernels=2)
 
 
+@pytest.mark.parametrize("matmuls", ["library", "generated"])
+def test_a_key_value_cache_written_in_place_then_attended_over(monkeypatch, matmuls):
+    """A decoder's step: this token's keys and values copied into the caches (inputs), then
+    attention over the caches. A library product reading a cache written in place had
+    crashed the compile (KeyError: the scattered buffer it reads was never written, as the
+    scatter wrote into the input): such a scatter writes a buffer of its own now."""
+    monkeypatch.setenv("TJIT_MATMUL", matmuls)
+
+    def step(x, pos, keys, values, w):
+        q, k, v = (x @ w).chunk(3, -1)
+        keys.index_copy_(1, pos, k)
+        values.index_copy_(1, pos, v)
+        scores = (q @ keys.transpose(1, 2)).masked_fill(torch.arange(keys.shape[1]) > pos.max(), float("-inf"))
+        return scores.softmax(-1) @ values
+    check_against_eager(step, torch.randn(3, 1, 40), torch.tensor([70]), torch.randn(3, 300, 40),
+                        torch.randn(3, 300, 40), torch.randn(40, 120))
+
+
 def test_reads_before_and_after_an_in_place_scatter_see_the_old_and_new_values():
     def f(x, i, v):
         before = x * 3

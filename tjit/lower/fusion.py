@@ -140,13 +140,17 @@ def scatters_in_place(graph: Graph) -> dict[int, Mutation]:
     the scatter's base is the input as it was, through the view the write goes to, which is
     row-major (the offsets are row-major element offsets, and readers of the scatter's value
     read the input in its place); its values and indices read no version of that input
-    (another program could have overwritten what they read)."""
+    (another program could have overwritten what they read); and no library call reads its
+    value (a call's operands are memory of the graph's values, which an in-place scatter's
+    has none of: it writes the input's)."""
     found = {}
+    read_by_calls = {id(buffer_of(operand)) for node in toposort(graph.roots()) if isinstance(node.op, Extern)
+                     for operand in node.src}
     for m in graph.mutations:
         node, base = m.value, m.value.src[0] if m.value.src else None
         if isinstance(node.op, Scatter) and isinstance(base.op, Input) and base.op.name == m.name \
                 and base.op.version == m.version - 1 and base.view == m.view and m.view.is_contiguous() \
-                and not _reads_input(node.src[1:], m.name):
+                and not _reads_input(node.src[1:], m.name) and id(node) not in read_by_calls:
             found[id(node)] = m
     return found
 

@@ -978,6 +978,22 @@ def test_gradient_penalty_is_not_silently_dropped():
     torch.testing.assert_close(results[0], results[1])
 
 
+@pytest.mark.parametrize("transform", ["grad", "jacrev", "vmap", "vmap_of_grad"])
+def test_a_compiled_function_inside_torch_func_transforms_matches_eager(transform):
+    """torch.func's transforms hand the function wrapped tensors, whose memory kernels cannot
+    read ("Cannot access storage of TensorWrapper" before): the function runs as eager's ops
+    under the transform, with a warning that says so."""
+    fn = lambda x, w: (torch.tanh(x @ w) * x.sum(-1, keepdim=True)).softmax(-1).square().sum()  # noqa: E731
+    x, w = randn(5, 30, 20), randn(20, 20) / 4
+    apply = {"grad": lambda g: torch.func.grad(g, argnums=1)(x[0], w),
+             "jacrev": lambda g: torch.func.jacrev(g, argnums=1)(x[0], w),
+             "vmap": lambda g: torch.func.vmap(g, in_dims=(0, None))(x, w),
+             "vmap_of_grad": lambda g: torch.func.vmap(torch.func.grad(g), in_dims=(0, None))(x, w)}[transform]
+    with pytest.warns(UserWarning, match="torch.func transform"):
+        got = apply(tjit.compile(fn))
+    torch.testing.assert_close(got, apply(fn))
+
+
 def test_out_with_grad_raises():
     f = tjit.compile(lambda x: x * 2)
     x = randn(4).requires_grad_()

@@ -149,6 +149,8 @@ class CompiledFunction:
         tensors = {name: v for name, v in flat if isinstance(v, torch.Tensor)}
         if any(type(t) not in _DATA_TENSOR_TYPES and _being_traced(t) for t in tensors.values()):
             return PreparedCall(self._inlined, args, kwargs, flat, tensors)
+        if torch._C._functorch.maybe_current_level() is not None and _transformed(self.fn, tensors):
+            return PreparedCall(self._inlined, args, kwargs, flat, tensors)
         _check_not_donated(tensors)
         numbers = self._numbers(flat)
         entry = self._cache.get(self._key(flat, numbers))
@@ -522,6 +524,19 @@ def _being_traced(t: torch.Tensor) -> bool:
     from torch._subclasses.fake_tensor import FakeTensor
     from torch._subclasses.functional_tensor import FunctionalTensor
     return isinstance(t, (FakeTensor, FunctionalTensor))
+
+
+def _transformed(fn: Callable, tensors: dict) -> bool:
+    """Whether a tensor is one of torch.func's wrappers (grad, vmap, jacrev, ...: a call
+    inside a transform), whose memory kernels cannot read: the function then runs as it is,
+    under the transform, as eager's ops (torch.compile(fn, backend="tjit") compiles it
+    there, as Dynamo sees through the transforms)."""
+    if not any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors.values()):
+        return False
+    warnings.warn(f"tjit runs {getattr(fn, '__name__', fn)} as eager does inside a torch.func transform (its "
+                  "tensors are the transform's wrappers); torch.compile(fn, backend=\"tjit\") compiles it there",
+                  stacklevel=4)
+    return True
 
 
 def _reading_numbers(fn, numbers: tuple[str, ...]) -> Callable:

@@ -87,6 +87,19 @@ def test_gradients_match_eager(fn, shapes):
     check(fn, *[torch.randn(s) for s in shapes], atol=2e-5)
 
 
+@pytest.mark.parametrize("fn", [
+    lambda x, w: (w @ (x[:70] * 2)) @ x[:70].t(),
+    lambda x, w: (w @ x[:70]).relu() @ (x[:70].t() + 1),
+    lambda x, w: torch.nn.functional.linear(w @ x[:70].t(), x[:70]),
+], ids=["scaled", "relu", "linear"])
+def test_a_products_operand_whose_transpose_is_another_operand_is_kept_for_backward(fn):
+    """The derivative formula of `h @ x[:70].t()` reads x[:70].t() transposed, a value equal
+    to x[:70], which the other product reads: the plan took that for the read and kept a
+    copy of x[:70], while the backward rebuilt the operand from x itself, which it did not
+    have (KeyError 'x' in the backward, for the first of these)."""
+    check(fn, torch.randn(300, 70) / 4, torch.randn(300, 70) / 4, atol=1e-4, rtol=1e-4)
+
+
 def test_matmul_backward_is_two_matmuls_not_a_forward_run_again():
     x, w, b = torch.randn(64, 32), torch.randn(32, 16), torch.randn(16)
     assert backward_calls(matmul_relu, x, w, b) == ["aten.mm.default", "aten.mm.default"]

@@ -133,6 +133,7 @@ def plan_autograd(graph: Graph, grad_inputs, eager: Optional[dict[str, frozenset
     roots = [n for dense, scattered in grads.values()
              for n in [dense] + [v for s in scattered for v in (s.index, s.values)] if n is not None]
     read = _read_by_backward(roots + recomputing.viewed_values, recomputing.vb.origin)
+    read = list({id(n): n for n in read + recomputing.operands}.values())
     _choose_saved(plan, read, {name: last for name, last in mutated.items() if name not in _written(graph)})
     return plan
 
@@ -252,6 +253,14 @@ class _Recompute:
         # the values rebuilt whole to be viewed: the backward builds each before the view is
         # pushed into it, so what they read is read (the plan's cut must cover it)
         self.viewed_values: list[GraphNode] = []
+        # forward values a library call's derivative formula reads (note_operand): read, even
+        # where the formula's work on one comes out equal to another value's copy (the
+        # transpose of a product's operand x[:70].t() is x[:70]), which the cut would otherwise
+        # take for the read, while the backward built on saved values rebuilds the operand
+        self.operands: list[GraphNode] = []
+
+    def note_operand(self, node: GraphNode) -> None:
+        self.operands.append(node)
 
     def _view_of(self, node: GraphNode) -> Optional[tuple]:
         """(value, view) when node computes a view of a value and is not kept itself."""

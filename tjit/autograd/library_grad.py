@@ -206,6 +206,8 @@ class FormulaConverter(Converter):
             if n.op == "placeholder":  # an operand's forward value is read only if the formula uses it
                 src = next(bound)
                 self.env[n] = None if not n.users else grad if src is None else self.forward_value(src)
+                if n.users and src is not None and hasattr(self.forward_value, "note_operand"):
+                    self.forward_value.note_operand(src)
             elif n.op == "get_attr":
                 raise TjitError(f"derivative formula of {self.forward_node.op.call.name} holds a tensor constant")
             elif n.op == "call_function":

@@ -182,3 +182,55 @@ def test_random_scatter_composition_and_its_gradient_match_eager(seed):
             assert grad is None or not grad.any(), f"steps {steps}"
         else:
             torch.testing.assert_close(grad, wanted, msg=lambda m: f"steps {steps}\n{m}")
+
+
+# -- products whose operands are views of the inputs and of each other -----------------------------
+
+SIDE = 70  # products are [300, 70] @ [70, 70]: rows over several programs
+OPERAND_VIEWS = [lambda t: t[:SIDE], lambda t: t[:SIDE].t(), lambda t: t[1:SIDE + 1], lambda t: t[::4][:SIDE],
+                 lambda t: t[:SIDE].t().contiguous(), lambda t: t.t()[:, :SIDE], lambda t: t[-SIDE:].flip(0),
+                 lambda t: t[:SIDE] * 2]
+PRODUCT_STEPS = {
+    "mm": lambda a, b, v, w, r: a @ OPERAND_VIEWS[w](b) / 8,
+    "linear": lambda a, b, v, w, r: torch.nn.functional.linear(a, OPERAND_VIEWS[w](b)) / 8,
+    "gram": lambda a, b, v, w, r: (OPERAND_VIEWS[v](a).t() @ OPERAND_VIEWS[w](b)).repeat(5, 1)[:300] / 64,
+    "mul_add": lambda a, b, v, w, r: a * b + a,
+    "activation": lambda a, b, v, w, r: [torch.relu, torch.tanh, lambda t: t.softmax(-1),
+                                         lambda t: torch.nn.functional.layer_norm(t, (SIDE,))][r % 4](a),
+}
+PRODUCT_KINDS = ["mm", "mm", "mul_add", "activation", "linear", "gram"]
+
+
+def random_product_function(rng: random.Random):
+    steps = [(rng.choice(PRODUCT_KINDS), rng.randrange(3 + k), rng.randrange(3 + k), rng.randrange(len(OPERAND_VIEWS)),
+              rng.randrange(len(OPERAND_VIEWS)), rng.randrange(100)) for k in range(rng.randint(2, 6))]
+
+    def fn(a, b, c):  # a, c: [300, 70]; b: [70, 70], read as [300, 70] rows repeated
+        values = [a, b, c]
+        rows = lambda t: t if t.shape[0] == 300 else t.repeat(5, 1)[:300]  # noqa: E731
+        for kind, i, j, v, w, r in steps:
+            values.append(PRODUCT_STEPS[kind](rows(values[i]), rows(values[j]), v, w, r))
+        return values[-1]
+    return fn, steps
+
+
+@pytest.mark.parametrize("seed", [*range(10), 32, 35])
+def test_random_products_of_views_of_inputs_and_their_gradients_match_eager(seed):
+    """A product's derivative formula reads its operands, often transposed: views of an input
+    that another product reads through another view. The backward had rebuilt an operand from
+    an input the forward did not keep (seeds 32 and 35 failed with a KeyError before)."""
+    fn, steps = random_product_function(random.Random(seed))
+    inputs = [torch.randn(300, SIDE, dtype=torch.float64), torch.randn(SIDE, SIDE, dtype=torch.float64),
+              torch.randn(300, SIDE, dtype=torch.float64)]
+    eager_inputs = [x.clone().requires_grad_() for x in inputs]
+    inputs = [x.clone().requires_grad_() for x in inputs]
+    expected, got = fn(*eager_inputs), tjit.compile(fn)(*inputs)
+    assert_matches_eager(got, expected, f"steps {steps}")
+    weights = torch.randn(expected.shape, dtype=torch.float64)
+    want = torch.autograd.grad((weights * expected).sum(), eager_inputs, allow_unused=True)
+    grads = torch.autograd.grad((weights * got).sum(), inputs, allow_unused=True)
+    for grad, wanted in zip(grads, want):
+        if wanted is None:
+            assert grad is None or not grad.any(), f"steps {steps}"
+        else:
+            torch.testing.assert_close(grad, wanted, msg=lambda m: f"steps {steps}\n{m}")

@@ -211,3 +211,29 @@ def test_embedding_gradient_as_eager(options):
     torch.testing.assert_close(got_w.grad, want_w.grad.to_dense(), rtol=1e-5, atol=2e-4)
     if "padding_idx" in options:
         assert not got_w.grad[options["padding_idx"]].any()
+
+
+FLIPPED_READS = {
+    "interpolate": lambda x, i: torch.nn.functional.interpolate(x.flip(0)[None], size=70, mode="linear")[0],
+    "gather": lambda x, i: x.flip(0).gather(1, i),
+    "gather_rows": lambda x, i: x.flip(1).gather(0, i[:, :1].expand(300, 70) % 300),
+    "index_select": lambda x, i: x.flip(0).index_select(1, i[0]),
+    "gather_both_flipped": lambda x, i: x.flip(0, 1).gather(1, i),
+}
+
+
+@pytest.mark.parametrize("name", FLIPPED_READS)
+def test_gradients_of_indexed_reads_along_an_axis_of_a_flipped_tensor(name):
+    """The gradient adds into the flipped tensor's memory at offsets read from an index
+    table (an arange) through the flip's view, whose offsets run downwards from its start:
+    the table was made as long as the view's lowest extent, one element, and read 20930
+    elements past its end (a segfault in the interpreter; on a GPU, other memory)."""
+    x, i = torch.randn(300, 70, dtype=torch.float64), torch.randint(0, 70, (300, 40))
+    fn = FLIPPED_READS[name]
+    leaves = [x.clone().requires_grad_() for _ in range(2)]
+    got, want = tjit.compile(fn)(leaves[0], i), fn(leaves[1], i)
+    torch.testing.assert_close(got, want)
+    weights = torch.randn(want.shape, dtype=torch.float64)
+    (weights * got).sum().backward()
+    (weights * want).sum().backward()
+    torch.testing.assert_close(leaves[0].grad, leaves[1].grad)

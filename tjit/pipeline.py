@@ -26,6 +26,7 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping, Optional, Sequence, Union
 
+from .analysis.addresses import extent
 from .analysis.bounds import outside, reached
 from .errors import TjitError
 from .frontend.convert import Conversion
@@ -75,6 +76,7 @@ def trace_and_convert(fn: Callable, args: tuple, kwargs: dict, requires_grad: fr
     named in requires_grad traced as requiring grad; check: called with the trace first)."""
     conversion = trace(fn, args, kwargs, requires_grad, check)
     verify("convert", verify_graph, conversion.graph)
+    verify("convert", verify_constants, conversion)
     return conversion
 
 
@@ -88,6 +90,7 @@ def convert(traced: Traced, retrace: Optional[Callable[[], Conversion]] = None,
         check(traced)
     conversion = convert_traced(traced)
     verify("convert", verify_graph, conversion.graph)
+    verify("convert", verify_constants, conversion)
     if retrace is not None:
         verify("specialise", verify_specialised, conversion, retrace)
     return conversion
@@ -198,6 +201,21 @@ def verify_graph(graph: Graph) -> Optional[str]:
             return f"a view of a {type(node.src[0].op).__name__} (views are pushed to the leaves)"
         if isinstance(node.op, (Contiguous, Extern)) and node.view.numel != math.prod(node.shape):
             return f"{type(node.op).__name__} node with view {node.view} of another size than its shape"
+    return None
+
+
+def verify_constants(conversion: Conversion) -> Optional[str]:
+    """Every read of a tensor the conversion made itself (an index table, a literal tensor)
+    stays inside that tensor: the bounds proofs (verify_bounds) take an input's view as its
+    memory, which for these the conversion chose, not the caller."""
+    for name, tensor in conversion.constants.items():
+        elements = tensor.untyped_storage().nbytes() // max(1, tensor.element_size()) - tensor.storage_offset()
+        for node in conversion.graph.input_nodes(name):
+            if node.view.numel == 0:
+                continue
+            low, high = extent(node.view)
+            if low < 0 or high >= elements:
+                return f"constant {name} of {elements} elements is read at offsets {low} to {high} ({node.view})"
     return None
 
 

@@ -19,7 +19,8 @@ from .. import debug
 from ..errors import CompileArgumentError
 from ..frontend.convert import Conversion, OutputSpec
 from ..ir import contiguous_strides
-from ..pipeline import build_program, with_buffers_apart, with_library_results_apart, with_tape_donated
+from ..pipeline import (build_program, verify, verify_constants, with_buffers_apart, with_library_results_apart,
+                        with_tape_donated)
 from ..memory.peak import Allocation, PeakMemory, allocated_bytes, relabel, release
 from ..memory.slab import POOL
 from ..runtime.executor import Executable, tape_bytes
@@ -185,6 +186,7 @@ class GradExecutable:
         tree = torch.utils._pytree.tree_flatten([0] * len(specs))[1]
         program = build_program(graph, {s.name: s.stride for s in specs}, device=self.device)
         conversion = Conversion(graph, specs, tree, found.constants, 0)
+        verify("autograd", verify_constants, conversion)
         retained = Executable(conversion, program)
         # a backward that runs once may give the tape up as it goes: buffers born after a
         # saved value's last read can live in its tape block, so the slab need not hold them;

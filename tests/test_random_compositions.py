@@ -132,6 +132,15 @@ SCATTER_STEPS = {
 }
 
 
+def assert_gradients_match(got, expected, what: str) -> None:
+    """Gradients from torch.autograd.grad(..., allow_unused=True): None and zeros are the same."""
+    for grad, wanted in zip(got, expected):
+        if wanted is None:
+            assert grad is None or not grad.any(), what
+        else:
+            torch.testing.assert_close(grad, wanted, msg=lambda m: f"{what}\n{m}")
+
+
 class ScatterStep:
     """One step's indices: `idx` (repeats), `unique` (none) and the edges' source rows; and
     the function's inputs."""
@@ -177,11 +186,7 @@ def test_random_scatter_composition_and_its_gradient_match_eager(seed):
     weights = [torch.randn(ROWS, COLS, dtype=torch.float64) for _ in expected]
     want = torch.autograd.grad(sum((w * e).sum() for w, e in zip(weights, expected)), eager_inputs, allow_unused=True)
     grads = torch.autograd.grad(sum((w * g).sum() for w, g in zip(weights, got)), inputs, allow_unused=True)
-    for grad, wanted in zip(grads, want):
-        if wanted is None:
-            assert grad is None or not grad.any(), f"steps {steps}"
-        else:
-            torch.testing.assert_close(grad, wanted, msg=lambda m: f"steps {steps}\n{m}")
+    assert_gradients_match(grads, want, f"steps {steps}")
 
 
 # -- products whose operands are views of the inputs and of each other -----------------------------
@@ -229,8 +234,4 @@ def test_random_products_of_views_of_inputs_and_their_gradients_match_eager(seed
     weights = torch.randn(expected.shape, dtype=torch.float64)
     want = torch.autograd.grad((weights * expected).sum(), eager_inputs, allow_unused=True)
     grads = torch.autograd.grad((weights * got).sum(), inputs, allow_unused=True)
-    for grad, wanted in zip(grads, want):
-        if wanted is None:
-            assert grad is None or not grad.any(), f"steps {steps}"
-        else:
-            torch.testing.assert_close(grad, wanted, msg=lambda m: f"steps {steps}\n{m}")
+    assert_gradients_match(grads, want, f"steps {steps}")

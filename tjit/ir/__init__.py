@@ -11,5 +11,6 @@ __all__ = [
     "DType", "View", "contiguous_strides", "AxisStrategy", "Auto", "Sequential", "Thread", "ThreadGroup",
     "GraphOp", "Input", "Const", "ViewOp", "Contiguous", "Elementwise", "Reduce", "Cumulative", "Gather",
     "Iota", "Window", "Dot", "Scatter", "Extern", "ExternCall", "Operand", "bind_operands",
-    "GraphNode", "Graph", "GraphBuilder", "copies_its_source", "Mutation", "per_node", "toposort", "format_graph", "OPS", "OpDef", "NO_GRAD", "op_def",
+    "GraphNode", "Graph", "GraphBuilder", "copies_its_source", "Mutation", "per_node", "toposort", "format_graph",
+    "OPS", "OpDef", "NO_GRAD", "op_def",
 ]

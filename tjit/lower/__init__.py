@@ -5,7 +5,8 @@ from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence, Union
 
 from ..errors import TjitError
-from ..ir import AxisStrategy, Contiguous, Extern, Graph, GraphNode, ViewOp, copies_its_source, covered_memory, toposort
+from ..ir import (AxisStrategy, Contiguous, Extern, Graph, GraphNode, ViewOp, copies_its_source, covered_memory,
+                  toposort)
 from .codegen import KernelPlan, plan_kernel
 from .fusion import BufferTarget, ExternStep, KernelGroup, OutputTarget, group_kernels
 from .horizontal import merge_independent_kernels

@@ -18,8 +18,7 @@ from typing import Optional, Union
 from ..analysis.addresses import disjoint
 from ..errors import TjitError
 from ..ir import (Contiguous, Cumulative, Dot, Elementwise, Extern, ExternCall, Gather, Graph, GraphNode, Input, Mutation,
-                  Reduce, Scatter, View, ViewOp, copies_its_source, per_node,
-                  toposort)
+                  Reduce, Scatter, View, ViewOp, copies_its_source, per_node, toposort)
 from ..frontend.build import apply_view_desc, inverse_views
 from ..frontend.dot import accumulates_in_memory
 from .domains import (Copies, Domain, Placement, aligned_permutation, domain_of_reduce, dots_in, is_kernel_input,

@@ -4,8 +4,8 @@ Triton compiles a kernel the first time it is launched (per argument specialisat
 launching thread, so a Program's first call would compile its kernels one after another: a
 training step's 40-80 kernels take seconds. Triton's compile lets go of the GIL in its MLIR and
 LLVM passes and while ptxas runs, so a pool of threads compiles them in parallel (the ViT
-training step's 44 kernels for sm_90 on the 2-core CPU machine: 8.2 s on one thread, 4.8 s on
-two: bench/precompile.py). Inductor compiles its kernels in parallel workers too.
+training step's 46 kernel launches for sm_90 on the 2-core CPU machine: 8.5 s on one thread,
+5.1 s on two: bench/precompile.py). Inductor compiles its kernels in parallel workers too.
 
 `precompile` calls each kernel's `warmup` with the arguments its launch will have inside
 `triton.AsyncCompileMode` over that pool: the compiles run there, and each lands in the
@@ -52,9 +52,10 @@ def _compile_pool() -> ThreadPoolExecutor:
 
 def precompile(launches: list, memory: dict) -> int:
     """Compile the kernels of these launches (executor.Launch) in parallel, with the arguments
-    `memory` binds now and stand-ins for the rest. Returns how many compiles it started; 0 where Triton compiles asynchronously already (a caller's own
-    AsyncCompileMode, which cannot be nested) or cannot (a Triton without AsyncCompileMode):
-    each launch then compiles its kernel, as it always did."""
+    `memory` binds now and stand-ins for the rest. Returns how many compiles it started; 0
+    where Triton compiles asynchronously already (a caller's own AsyncCompileMode, which
+    cannot be nested) or cannot (a Triton without AsyncCompileMode): each launch then
+    compiles its kernel, as it always did."""
     import triton
     async_compile = getattr(triton, "AsyncCompileMode", None)  # (Triton 3.5 and later)
     if async_compile is None:

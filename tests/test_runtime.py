@@ -219,6 +219,30 @@ def test_torch_compile_backend():
     assert tjit.counters.launches - before == 1
 
 
+@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"])
+def test_torch_compile_modes_and_inductors_options_compile_with_tjit(mode):
+    """torch.compile passes `mode` and `options` to the backend as keywords (tjit's backend took
+    neither: a TypeError for every mode but "default"). Every mode compiles as the default does;
+    options, which are Inductor's configuration, are ignored with a warning that names them."""
+    def f(x):
+        return torch.softmax(x * 2, -1).cumsum(0)
+    x = torch.randn(70, 33)
+    torch._dynamo.reset()
+    before = tjit.counters.launches
+    torch.testing.assert_close(torch.compile(f, backend="tjit", mode=mode)(x), f(x))
+    assert tjit.counters.launches > before
+    torch._dynamo.reset()
+    with pytest.warns(UserWarning, match=r"ignores options \['triton.cudagraphs'\]"):
+        got = torch.compile(f, backend="tjit", options={"triton.cudagraphs": True})(x)
+    torch.testing.assert_close(got, f(x))
+
+
+def test_torch_compile_refuses_a_mode_it_does_not_know_by_name():
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="unrecognized mode='fastest'"):
+        torch.compile(lambda x: x + 1, backend="tjit", mode="fastest")(torch.randn(3))
+
+
 def test_a_call_through_dynamo_looks_its_compiled_entry_up_once(monkeypatch):
     """A steady call of a Dynamo graph binds its arguments (without inspect: a graph's forward
     takes *args) and computes its guard key once. (Twice before: a 1-kernel function's host

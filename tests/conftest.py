@@ -76,6 +76,27 @@ def fresh_seed():
     yield
 
 
+def pytest_generate_tests(metafunc):
+    """A test that uses `program_order` runs twice: its launches' programs in the interpreter's
+    order, then last to first."""
+    if "program_order" in metafunc.fixturenames:
+        metafunc.parametrize("program_order", ["forward", "reverse"], indirect=True)
+
+
+@pytest.fixture
+def program_order(request):
+    """Modules whose hazards are between the programs of one launch use it
+    (`pytestmark = pytest.mark.usefixtures("program_order")`): the interpreter runs a launch's
+    programs one after another, so a race on a GPU between two of them passes in one order
+    and shows in the other (runtime/interpreter.py, TJIT_PROGRAM_ORDER=reverse for a whole run)."""
+    if request.param == "reverse" and not ON_CUDA:
+        from tjit.runtime.interpreter import programs_in_reverse
+        with programs_in_reverse():
+            yield request.param
+    else:
+        yield request.param
+
+
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
     """Each test starts with Dynamo's caches empty: tests that compile the same code object

@@ -9,7 +9,9 @@ import tjit
 from tjit import Auto, Sequential, Thread, ThreadGroup
 from helpers import check_against_eager, launches
 
-pytestmark = pytest.mark.usefixtures("fresh_seed")  # fresh random inputs each run; a failure prints the seed
+# fresh random inputs each run (a failure prints the seed); each test runs with the programs of every
+# launch in order and last to first (conftest.program_order): partials are combined by the last to finish
+pytestmark = pytest.mark.usefixtures("fresh_seed", "program_order")
 
 SPLIT = {
     "sum": lambda x: x.sum(),

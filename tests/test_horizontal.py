@@ -7,6 +7,9 @@ import tjit
 
 from helpers import check_against_eager, launches
 
+# each test runs with the programs of every launch in order and last to first (conftest.program_order)
+pytestmark = pytest.mark.usefixtures("program_order")
+
 
 def _three_shapes(a, b, c):
     return a * 2, b.exp(), (c + 1).t()

@@ -12,6 +12,9 @@ import tjit
 from helpers import check_against_eager
 from test_random_compositions import random_function
 
+# each test runs with the programs of every launch in order and last to first (conftest.program_order)
+pytestmark = pytest.mark.usefixtures("program_order")
+
 # a pointwise program covers 1024 elements; a tile 32 x 32; a looped row steps by 1024
 SHAPES = [(3, 1025), (70, 300), (5, 5000)]
 

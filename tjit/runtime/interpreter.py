@@ -6,6 +6,7 @@ present (and imports triton again if something imported it first).
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import sys
@@ -100,6 +101,42 @@ def install_patches() -> None:
     vectorise_custom_reductions_and_scans()
     round_float32_math_from_float64()
     multiply_bfloat16_tiles_as_numbers()
+    if os.environ.get("TJIT_PROGRAM_ORDER") == "reverse":
+        run_programs_in_reverse()
+
+
+def run_programs_in_reverse() -> None:
+    """TJIT_PROGRAM_ORDER=reverse: each launch runs its programs from the last to the first.
+    The interpreter runs them one after another in increasing order, so a kernel whose
+    programs read what other programs of the same launch write (a race on a GPU) can give
+    the right answer there by the luck of that order; in the other order the same race reads
+    the other value. A test suite that passes in both orders has no such pair of programs."""
+    from triton.runtime import interpreter as ti
+    builder = ti.InterpreterBuilder
+    if getattr(builder.set_grid_idx, "_tjit_forward", None) is not None:
+        return
+    forward = builder.set_grid_idx
+
+    def set_grid_idx(self, x, y, z):
+        nx, ny, nz = self.grid_dim
+        forward(self, nx - 1 - x, ny - 1 - y, nz - 1 - z)
+
+    set_grid_idx._tjit_forward = forward
+    builder.set_grid_idx = set_grid_idx
+
+
+@contextlib.contextmanager
+def programs_in_reverse():
+    """Launches inside run their programs last to first (run_programs_in_reverse); the order
+    before is restored after."""
+    from triton.runtime import interpreter as ti
+    builder = ti.InterpreterBuilder
+    before = builder.set_grid_idx
+    run_programs_in_reverse()
+    try:
+        yield
+    finally:
+        builder.set_grid_idx = before
 
 
 def multiply_bfloat16_tiles_as_numbers() -> None:

@@ -309,6 +309,11 @@ EAGER_ERRORS = {
     "a dimension out of range": (lambda a: a.sum(5), (torch.randn(3, 4),)),
     "a view across strides": (lambda a: a.t().view(-1), (torch.randn(3, 4),)),
     "a matrix product's sizes": (lambda a, b: a @ b, (torch.randn(3, 4), torch.randn(5, 2))),
+    # (torch's decomposition checks the number of indices only: it broadcast the source into a result)
+    "index_add's source shape": (lambda a, i, s: a.index_add(0, i, s),
+                                 (torch.randn(3, 2), torch.tensor([0, 2]), torch.randn(2))),
+    "index_add_'s source shape": (lambda a, i, s: a.index_add_(1, i, s),
+                                  (torch.randn(3, 4), torch.tensor([0, 2]), torch.randn(2, 2))),
 }
 
 

@@ -1193,3 +1193,39 @@ def test_a_row_or_column_selected_from_a_product(name):
     dropped the row axis of a and multiplied the wrong shapes: a ValueError in the frontend)."""
     fn, shapes = SELECTED_FROM_PRODUCTS[name]
     check(fn, *[torch.randn(s) for s in shapes])
+
+
+# a max of a product's rows, differentiated: its gradient goes to the elements equal to the max
+TIE_TESTED = {
+    "amax": lambda x, y: (x @ y).amax(-1),
+    "amin_keepdim": lambda x, y: (x @ y).amin(-1, keepdim=True),
+    "relu_amax": lambda x, y: (x @ y).relu().amax(-1),
+    "softmax_amax": lambda x, y: (x @ y).softmax(-1).amax(-1),
+    "linear_amax": lambda x, y: F.linear(x, y.t()).amax(-1),
+    "logsumexp": lambda x, y: (x @ y).logsumexp(-1),
+    "logsumexp_by_hand": lambda x, y: ((x @ y) - (x @ y).amax(-1, keepdim=True)).exp().sum(-1).log()
+    + (x @ y).amax(-1),
+}
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.spills_at_sm90(
+    "the recomputed product's gradient kernel beside two saved ones: 8 bytes")) if name == "logsumexp_by_hand"
+    else name for name in TIE_TESTED])
+def test_a_max_of_a_products_rows_is_differentiated_at_the_elements_equal_to_it(name):
+    """A product whose rows a reduction reads is computed again by the backward on its own tiles
+    (Dot.recomputed), rounded otherwise than the forward's: where an amax's gradient then looked
+    for the elements equal to the forward's max, a row could have none (rows of 33 columns,
+    two tiles of the backward's). amax's gradient was 0 for those rows (1.4 off), logsumexp's
+    NaN (0/0 over the tie count, through the max its decomposition shifts by). Such a product
+    is saved now (the library's, frontend/matmul.py: _tested_for_ties), and logsumexp's shift
+    is detached (frontend/decompositions.py: its gradient is exp(x - result), eager's), so
+    logsumexp's product is still recomputed, never written."""
+    fn = TIE_TESTED[name]
+    x, y = torch.randn(33, 16), torch.randn(16, 33)
+    incoming = torch.randn(fn(x, y).shape)
+    got = _gradients(tjit.compile(fn), [x, y], 2, incoming)
+    assert not any(g.isnan().any() for g in got)
+    _assert_gradients_match(got, _gradients(fn, [x, y], 2, incoming))
+    if name == "logsumexp":
+        explanation = tjit.explain(tjit.compile(fn), x.clone().requires_grad_(), y.clone().requires_grad_())
+        assert len(explanation.matmuls) == 1 and "never written" in explanation.matmuls[0]

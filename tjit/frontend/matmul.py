@@ -86,12 +86,15 @@ def choose(node: fx.Node, a: GraphNode, b: GraphNode, with_bias: bool, different
         return False, ("float32 on a GPU without tf32 at torch's 'highest' matmul precision: tl.dot would "
                        "compute it by FMA, without tensor cores (12x slower than the library's, measured)")
     reader, reduces_rows = _fusing_reader(node)
-    if differentiated and recomputed(a, b, reduces_rows):
+    if differentiated and recomputed(node, a, b, reduces_rows):
         # (the backward computes it again on its gradients' tiles: autograd/vjp.py's _generated_gradients)
         return True, f"fuses {reader} over its rows, and its gradients recompute it: never written"
     if differentiated and recomputed_by_backward(a) and not is_prologue(a) and \
             is_prologue(a, nests=nests_products(b.shape[-1])):  # (a prologue by the products it computes)
         return True, "computes its operand's products on its tiles, as its gradients do (flash attention's form)"
+    if differentiated and reduces_rows and _tested_for_ties(node):
+        return False, ("a max of its rows is differentiated: its gradient tests the product for ties with the "
+                       "max, which a product recomputed on other tiles may not meet; saved, the library's")
     if differentiated:
         # (measured on the zoo's training steps, bench/models.py: 6 to 110 more kernels per
         # step and 1.1-1.4x the peak memory with generated forwards; evaluation had fewer)
@@ -127,12 +130,41 @@ def _written_once(cv, x: GraphNode) -> GraphNode:
     return in_memory(cv, x)
 
 
-def recomputed(a: GraphNode, b: GraphNode, reduces_rows: bool) -> bool:
+def recomputed(node: fx.Node, a: GraphNode, b: GraphNode, reduces_rows: bool) -> bool:
     """Whether the product a @ b, differentiated, is computed again by the backward rather
     than saved (Dot.recomputed): a reduction of its rows reads it (so no forward kernel
-    writes it), its operands are memory, and it is larger than they are. (_product writes
-    computed operands first: an LM head's input from its final norm.)"""
-    return reduces_rows and reads_memory(a) and reads_memory(b) and larger_than_operands(a.shape, b.shape)
+    writes it), its operands are memory, and it is larger than they are, and no max's
+    gradient tests it for ties (_tested_for_ties). (_product writes computed operands
+    first: an LM head's input from its final norm.)"""
+    return reduces_rows and reads_memory(a) and reads_memory(b) and larger_than_operands(a.shape, b.shape) and \
+        not _tested_for_ties(node)
+
+
+# reductions whose gradient goes to the elements equal to their result, shared among them
+_TIE_TESTED = {aten.amax.default, aten.amin.default, aten.max.default, aten.min.default}
+# what the backward computes again from a recomputed product rather than reading it back
+_RECOMPUTED_FROM_ROWS = {aten._softmax.default, aten._log_softmax.default}
+
+
+def _tested_for_ties(node: fx.Node) -> bool:
+    """Whether an amax (amin, max, min) reads the product's result through views, pointwise
+    ops and softmaxes: its gradient compares each element with the max the forward computed
+    and divides by the count of those equal. The backward's kernels compute a recomputed
+    product on tiles of their own, rounded otherwise than the forward's, so no element may
+    equal that max: 0/0, NaN or zero gradients ((x @ y).amax(-1) over more than one tile).
+    Such a product is saved instead."""
+    stack, seen = list(node.users), set()
+    while stack:
+        user = stack.pop()
+        if user in seen or user.op != "call_function":
+            continue
+        seen.add(user)
+        if user.target in _TIE_TESTED and any(u.target is not aten.detach.default for u in user.users):
+            return True  # (a max detached, logsumexp's shift, has no gradient)
+        if user.target in _VIEWS or user.target in _RECOMPUTED_FROM_ROWS or \
+                isinstance(user.target, torch._ops.OpOverload) and torch.Tag.pointwise in user.target.tags:
+            stack.extend(user.users)
+    return False
 
 
 def float32_by_fma_on_gpu(node: fx.Node) -> bool:
@@ -195,7 +227,7 @@ def _product(cv, node: fx.Node, args: tuple, kwargs: dict, a: GraphNode, b: Grap
     # unless the backward computes it again too (nests_recomputed_only); and where a
     # reduction of the rows reads the product, each pass over its column tiles would compute
     # the nested products again)
-    value = dot(cv, a, b, nests=not reduces_rows, recomputed=differentiated and recomputed(a, b, reduces_rows),
+    value = dot(cv, a, b, nests=not reduces_rows, recomputed=differentiated and recomputed(node, a, b, reduces_rows),
                 nests_recomputed_only=differentiated)
     if alpha != 1:
         value = cv.elementwise("mul", [value, cv.expand_to(cv.const(alpha, DType.float32), value.shape)],

@@ -27,6 +27,7 @@ from ..errors import (CustomFunctionError, DataDependentError, EagerError, Gradi
                       UnsupportedOpError, as_eager_error)
 from .batch_norm import batch_norm_decompositions
 from .convert import Conversion, Converter, storage_key
+from .decompositions import tjit_decompositions
 from .foreach import foreach_decompositions
 from .out_variants import as_functional_and_copies
 from .rnn_cells import FunctionalCells
@@ -47,6 +48,7 @@ def decomposition_table():
     # batch norm (which the core table keeps whole): reductions and elementwise work, the running
     # statistics written in place, the gradient tjit's own
     table.update(batch_norm_decompositions())
+    table.update(tjit_decompositions(table))  # (logsumexp's gradient without a tie test, index_add's shape check)
     for op in (aten.linspace, aten.logspace):
         for overload in op.overloads():
             key = getattr(op, overload)

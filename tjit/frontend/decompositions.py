@@ -1,0 +1,59 @@
+"""Decompositions of tjit's own where torch's differ from eager in what tjit needs.
+
+- `logsumexp`: torch's (torch._refs.logsumexp) shifts the rows by their max before the
+  exponentials, and tjit differentiates what it traced: log(sum(exp(x - m))) + m does not
+  depend on m, but its gradient through m is a tie test (which elements equal the max)
+  divided by the count of ties. Where the backward computes x again in another rounding (a
+  product its gradient kernels recompute on their own tiles), that count can be 0: NaN
+  gradients. Eager's gradient is exp(x - result), with no tie test; here the max is
+  detached, so the gradient is that too.
+- `index_add`: torch's decomposition checks the number of indices but not eager's "source
+  tensor shape must match self tensor shape, excluding the specified dimension", so a
+  source of the wrong shape was broadcast into a result where eager raises.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND
+from torch._prims_common.wrappers import elementwise_type_promotion_wrapper
+
+aten = torch.ops.aten
+
+
+@elementwise_type_promotion_wrapper(type_promoting_args=("self",),
+                                    type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.INT_TO_FLOAT)
+def logsumexp(self: torch.Tensor, dim, keepdim: bool = False) -> torch.Tensor:
+    """torch._refs.logsumexp with its shift detached (see the module text)."""
+    dims = tuple(dim) if isinstance(dim, Iterable) else (dim,)
+    if self.numel() == 0:
+        return torch.sum(torch.exp(self), dims, keepdim).log()
+    maxes = torch.amax(torch.real(self), dims, keepdim=True).detach()
+    maxes = torch.masked_fill(maxes, maxes.abs() == float("inf"), 0)
+    maxes_squeezed = maxes if keepdim else torch.squeeze(maxes, dims)
+    return torch.sum(torch.exp(self - maxes), dims, keepdim).log().add(maxes_squeezed)
+
+
+def index_add(decomposition):
+    """torch's decomposition of an index_add overload, after eager's shape check."""
+    def checked(x, dim, index, source, *args, **kwargs):
+        if x.dim() > 1 and source.dim() > 0:
+            dim = dim % x.dim()
+            kept = [n for d, n in enumerate(x.shape) if d != dim]
+            torch._check(source.dim() == x.dim() and [n for d, n in enumerate(source.shape) if d != dim] == kept,
+                         lambda: "source tensor shape must match self tensor shape, excluding the specified "
+                                 f"dimension. Got self.shape = {list(x.shape)} source.shape = {list(source.shape)}")
+        return decomposition(x, dim, index, source, *args, **kwargs)
+    return checked
+
+
+def tjit_decompositions(table: dict) -> dict:
+    """The entries above, for a table that holds torch's (index_add's wrap torch's own)."""
+    ours = {aten.logsumexp.default: logsumexp}
+    for op in (aten.index_add, aten.index_add_):
+        for overload in op.overloads():
+            key = getattr(op, overload)
+            if key in table:
+                ours[key] = index_add(table[key])
+    return ours

@@ -281,7 +281,7 @@ def verify_bounds(graph: Graph, steps: list[Step], output_strides: dict[str, tup
             allowed = _bound_layout(graph, ref, output_strides)
             if allowed is None:
                 continue
-            problem = outside(reached(access.counted, access.gather), allowed)
+            problem = outside(reached(access.counted, access.gather, access.offsets_of), allowed)
             if problem:
                 return (f"step {k} ({step.name}), access {n}: the {'store to' if access.store else 'load of'} "
                         f"{ref.kind} {ref.name or ref.node.op} can leave its memory: {problem}")

@@ -20,9 +20,12 @@ from ..ir.view import View
 from .addresses import access_map, addresses, extent
 
 
-def reached(view: View, gather: Optional[tuple[int, int, int]] = None) -> View:
+def reached(view: View, gather: Optional[tuple[int, int, int]] = None, offsets_of: Optional[View] = None) -> View:
     """The view whose addresses an access can reach: with a gathered axis (its stride and the
-    table's size along it), every coordinate along that axis."""
+    table's size along it), every coordinate along that axis; for a flat gather (offsets_of:
+    the view whose elements' offsets its index holds, in range or masked off), those elements."""
+    if offsets_of is not None:
+        return View(offsets_of.shape, offsets_of.strides, view.offset + offsets_of.offset)
     if gather is None:
         return view
     stride, size, _ = gather

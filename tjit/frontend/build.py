@@ -626,7 +626,7 @@ class ValueBuilder:
         table = self.b.node(ViewOp(), node.dtype, (base,),
                             View(tuple(extent if d == axis else 1 for d in range(len(shape))), (0,) * axis + (1,)))
         table = self.expand_to(table, tuple(extent if d == axis else n for d, n in enumerate(shape)))
-        return self.b.node(Gather(axis, False, what, checked, flat=True), node.dtype, (table, offset), View.contiguous(shape))
+        return self.b.node(Gather(axis, False, what, checked, flat=view), node.dtype, (table, offset), View.contiguous(shape))
 
 
     def element_offset(self, coords: list[GraphNode], view: View, checked: bool) -> GraphNode:

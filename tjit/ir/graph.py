@@ -99,7 +99,9 @@ class Gather:
     wrap_negative: bool = False
     what: str = "gather"  # the user's op, for the error message
     checked: bool = True  # False: the index is in range by construction (repeat), no check is made
-    flat: bool = False  # the table is a line of storage, the index an element's offset there (several coordinates)
+    # a line of storage for a table, the index an element's offset there (several coordinates): the
+    # view (of the line's memory) whose elements' offsets the index holds, which bounds the addresses read
+    flat: Optional[View] = None
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,9 @@ class Access:
     # fewer (a Window reads its source's elements only) or more (a product's operand, read
     # along k as well): what byte counts count, and what an int64 index must reach
     reads: Optional[View] = None
+    # a flat gather's (Gather.flat): the view whose elements' offsets its index holds, the
+    # addresses it reaches (the table, a line of the storage, has the gaps of a strided view)
+    offsets_of: Optional[View] = None
 
     @property
     def counted(self) -> View:
@@ -353,7 +356,8 @@ class _Emitter(GridReductionEmitter):
         self.gather_access[id(node)] = len(self.accesses)
         self.accesses.append(Access(self._buffer_for_node(buffer_of(table)),
                                     self.domain.to_domain(View(node.shape, strides, view.offset)), False,
-                                    (view.strides[axis], table.shape[axis], math.prod(node.shape))))
+                                    (view.strides[axis], table.shape[axis], math.prod(node.shape)),
+                                    offsets_of=node.op.flat))
 
     def _collect_dot(self, node: GraphNode, nested: bool = False) -> None:
         """A product's operands a [.., m, k] and b [.., k, n] (or [k, n]) are read over the kernel's

@@ -142,28 +142,36 @@ def recomputed(node: fx.Node, a: GraphNode, b: GraphNode, reduces_rows: bool) ->
 
 # reductions whose gradient goes to the elements equal to their result, shared among them
 _TIE_TESTED = {aten.amax.default, aten.amin.default, aten.max.default, aten.min.default}
-# what the backward computes again from a recomputed product rather than reading it back
-_RECOMPUTED_FROM_ROWS = {aten._softmax.default, aten._log_softmax.default}
+# binary ops whose gradient tests their operands against each other (ties shared, or one side)
+_COMPARING = {aten.maximum.default, aten.minimum.default, aten.fmax.default, aten.fmin.default,
+              aten.clamp.Tensor, aten.clamp_min.Tensor, aten.clamp_max.Tensor}
+_PRODUCTS = {aten.mm.default, aten.bmm.default, aten.addmm.default, aten.baddbmm.default}
 
 
 def _tested_for_ties(node: fx.Node) -> bool:
-    """Whether an amax (amin, max, min) reads the product's result through views, pointwise
-    ops and softmaxes: its gradient compares each element with the max the forward computed
-    and divides by the count of those equal. The backward's kernels compute a recomputed
-    product on tiles of their own, rounded otherwise than the forward's, so no element may
-    equal that max: 0/0, NaN or zero gradients ((x @ y).amax(-1) over more than one tile).
-    Such a product is saved instead."""
-    stack, seen = list(node.users), set()
+    """Whether the gradient of something computed from the product's result (short of other
+    products, which are saved or recomputed by their own choice) tests its elements for
+    equality: an amax (amin, max, min), whose gradient compares each
+    element with the max the forward computed and divides by the count of those equal, or a
+    maximum (minimum, a clamp) of two such values. The backward's kernels compute a recomputed
+    product on tiles of their own, rounded otherwise than the forward's and than each other's,
+    so no element may equal that max (0/0: NaN or zero gradients, (x @ y).amax(-1) over more
+    than one tile), or both sides of a tie may win (maximum(z, z.flip(-1)): the middle
+    column's gradient counted twice). Such a product is saved instead."""
+    derived, readers, stack = {node}, [], list(node.users)
     while stack:
         user = stack.pop()
-        if user in seen or user.op != "call_function":
+        if user in derived or user.op != "call_function":
             continue
-        seen.add(user)
+        readers.append(user)
+        if user.target not in _PRODUCTS:  # (a product of it is saved or recomputed by its own choice)
+            derived.add(user)
+            stack.extend(user.users)
+    for user in readers:
         if user.target in _TIE_TESTED and any(u.target is not aten.detach.default for u in user.users):
             return True  # (a max detached, logsumexp's shift, has no gradient)
-        if user.target in _VIEWS or user.target in _RECOMPUTED_FROM_ROWS or \
-                isinstance(user.target, torch._ops.OpOverload) and torch.Tag.pointwise in user.target.tags:
-            stack.extend(user.users)
+        if user.target in _COMPARING and sum(a in derived for a in user.args if isinstance(a, fx.Node)) > 1:
+            return True
     return False
 
 

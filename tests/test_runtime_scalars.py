@@ -392,3 +392,36 @@ def test_a_number_the_check_finds_the_same_stays_a_runtime_number(fn):
     for p in [2.5, -1.25]:
         check_against_eager(fn, x, w, p, compiled=compiled)
     assert not compiled.literal_numbers and tjit.counters.traces == traces
+
+
+def _dropout_backward(g, mask, scale):
+    """An op whose schema takes a Python float: a runtime number's symbol does not fit it."""
+    return torch.ops.aten.native_dropout_backward(g, mask, scale) + 1
+
+
+def test_a_float_argument_an_ops_schema_takes_as_a_literal_is_specialised():
+    """A float argument passed where an op's schema has a float (native_dropout_backward's
+    scale, batch norm's momentum) was a refusal: traced as a runtime number it is a SymFloat,
+    which the schema does not take. The failed trace now specialises the floats, as a branch
+    on one does."""
+    g, mask = _x(), _x(seed=1) > 0
+    compiled = tjit.compile(_dropout_backward)
+    for scale in [2.0, 1.25, 2.0]:
+        check_against_eager(_dropout_backward, g, mask, scale, compiled=compiled)
+    assert compiled.literal_numbers and "native_dropout_backward" in compiled.literal_numbers
+
+
+def test_a_dynamic_graphs_float_an_ops_schema_takes_is_compiled_per_value():
+    """With dynamic=True, Dynamo passes a float argument as a 0-d tensor that the graph reads
+    by .item(); where an op's schema takes it as a float, the graph ran eagerly (a warning:
+    "Expected a value of type 'float' ... found type 'SymFloat'"). It is now compiled with the
+    value (runtime/split.py, as for a number Python code branches on)."""
+    import warnings
+    g, mask = _x(), _x(seed=1) > 0
+    compiled = torch.compile(_dropout_backward, backend="tjit", dynamic=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # (no graph runs eagerly)
+        for scale in [2.0, 1.25]:
+            before = tjit.counters.launches
+            assert_matches_eager(compiled(g, mask, scale), _dropout_backward(g, mask, scale))
+            assert tjit.counters.launches > before

@@ -227,15 +227,15 @@ class CompiledFunction:
         if numbers:
             try:
                 return self._compile(args, kwargs, self._key(flat, numbers), numbers)
-            except UnsupportedOpError as e:  # (the function needs a number's value: a branch, a size, a dim)
+            except UnsupportedOpError as e:  # (the function needs a number's value: a branch, a size, a dim,
+                # or an op that takes a literal float: a Dynamo graph's SymFloat in native_dropout_backward's scale)
                 ints = [name for name in numbers if name in self.runtime_ints]
-                if not ints and not isinstance(e, SplitError):
-                    raise
                 # the ints that no cached entry takes as runtime numbers failed it (the floats were
                 # runtime numbers in an earlier trace, or are specialised already)
                 proven = {name for entry in self._cache.values() for name in entry.numbers}
                 ints = [name for name in ints if name not in proven] or ints
-                why = str(e).split("\n")[0].split(" (unhinted")[0]
+                lines = str(e).split("\n")
+                why = " ".join(lines[:2] if lines[0].endswith(":") else lines[:1]).split(" (unhinted")[0]  # (a schema's mismatch)
                 debug.log(1, f"{getattr(self.fn, '__name__', self.fn)}: arguments {ints or numbers} are specialised: {e}")
                 if ints:
                     self.runtime_ints.difference_update(ints)

@@ -80,6 +80,8 @@ def graph_backend(gm: torch.fx.GraphModule, example_inputs) -> Callable:
                     return _specialised(gm, reads, by_values, graph, args, compiled)
                 graph.eager_because = f"{type(e).__name__}: {e}"
             except UnsupportedOpError as e:
+                if reads:  # (an op that takes the number read as a literal: a float where its schema has one)
+                    return _specialised(gm, reads, by_values, graph, args, compiled)
                 graph.eager_because = f"{type(e).__name__}: {e}"
                 warnings.warn(f"tjit runs a graph of {len(gm.graph.nodes)} nodes eagerly: {e}", stacklevel=2)
         if graph.eager_because is not None:

@@ -50,10 +50,10 @@ def index_add(decomposition):
 
 def tjit_decompositions(table: dict) -> dict:
     """The entries above, for a table that holds torch's (index_add's wrap torch's own)."""
-    ours = {aten.logsumexp.default: logsumexp}
-    for op in (aten.index_add, aten.index_add_):
-        for overload in op.overloads():
-            key = getattr(op, overload)
-            if key in table:
-                ours[key] = index_add(table[key])
-    return ours
+    return {aten.logsumexp.default: logsumexp} | wrapped(table, (aten.index_add, aten.index_add_), index_add)
+
+
+def wrapped(table: dict, ops, wrapper) -> dict:
+    """wrapper(torch's decomposition) for each overload of ops that the table decomposes."""
+    keys = [getattr(op, overload) for op in ops for overload in op.overloads()]
+    return {key: wrapper(table[key]) for key in keys if key in table}

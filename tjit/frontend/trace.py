@@ -27,7 +27,7 @@ from ..errors import (CustomFunctionError, DataDependentError, EagerError, Gradi
                       UnsupportedOpError, as_eager_error)
 from .batch_norm import batch_norm_decompositions
 from .convert import Conversion, Converter, storage_key
-from .decompositions import tjit_decompositions
+from .decompositions import tjit_decompositions, wrapped
 from .foreach import foreach_decompositions
 from .out_variants import as_functional_and_copies
 from .rnn_cells import FunctionalCells
@@ -49,11 +49,7 @@ def decomposition_table():
     # statistics written in place, the gradient tjit's own
     table.update(batch_norm_decompositions())
     table.update(tjit_decompositions(table))  # (logsumexp's gradient without a tie test, index_add's shape check)
-    for op in (aten.linspace, aten.logspace):
-        for overload in op.overloads():
-            key = getattr(op, overload)
-            if key in table:
-                table[key] = _in_eagers_precision_only(table[key])
+    table.update(wrapped(table, (aten.linspace, aten.logspace), _in_eagers_precision_only))
     return table
 
 

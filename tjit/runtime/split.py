@@ -133,10 +133,11 @@ def _specialised(gm, reads: dict, by_values: dict, graph: SplitGraph, args, comp
         try:
             found.compiled.entry_for(*args)
         except UnsupportedOpError as e:
+            # eager from now on: the values were not what it needs, or it is refused whatever they
+            # are (each new value, a learning rate's every step, would otherwise compile again)
             found.eager_because = f"{type(e).__name__}: {e}"
-            if isinstance(e, DataDependentError):  # the values were not what it needs: eager from now on
-                by_values.clear()
-            else:
+            by_values.clear()
+            if not isinstance(e, DataDependentError):
                 warnings.warn(f"tjit runs a graph of {len(gm.graph.nodes)} nodes eagerly: {e}", stacklevel=3)
     graph.compiled, graph.eager_because = found.compiled, found.eager_because
     return gm(*args) if found.eager_because is not None else found.compiled(*args)

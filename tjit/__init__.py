@@ -13,7 +13,7 @@ choose_interpreter_before_triton_import()
 
 from typing import Callable, Mapping, Optional, Sequence  # noqa: E402
 
-from .errors import CompileArgumentError, EagerError, TjitError, UnsupportedOpError  # noqa: E402
+from .errors import CompileArgumentError, EagerError, IndexOutOfBoundsError, TjitError, UnsupportedOpError  # noqa: E402
 from .explain import Explanation, explain  # noqa: E402
 from .ir import Auto, AxisStrategy, Sequential, Thread, ThreadGroup  # noqa: E402
 from .runtime.compiled import CompiledFunction  # noqa: E402
@@ -44,4 +44,4 @@ def compile(fn: Optional[Callable] = None, *,
 register_dynamo_backend()
 
 __all__ = ["compile", "explain", "Explanation", "counters", "TjitError", "UnsupportedOpError", "EagerError",
-           "CompileArgumentError", "AxisStrategy", "Auto", "Sequential", "Thread", "ThreadGroup"]
+           "CompileArgumentError", "IndexOutOfBoundsError", "AxisStrategy", "Auto", "Sequential", "Thread", "ThreadGroup"]

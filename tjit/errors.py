@@ -23,6 +23,12 @@ class UnsupportedOpError(TjitError, NotImplementedError):
         super().__init__(msg)
 
 
+class IndexOutOfBoundsError(TjitError, IndexError, RuntimeError):
+    """An index out of range, found by a kernel's check (the runtime raises it after the call).
+    Eager raises IndexError for some ops (index_select, x[i]) and RuntimeError for others
+    (gather, scatter): this is both, so a handler written for either catches it."""
+
+
 class SplitError(UnsupportedOpError):
     """One trace cannot hold the function; tjit.compile runs it split by Dynamo's graph breaks,
     each graph compiled by tjit where it can be (runtime/split.py)."""

@@ -17,7 +17,7 @@ import torch
 
 from ..ir import (AxisStrategy, Const, Cumulative, Dot, DType, Elementwise, Extern, Gather, GraphNode, Input, Iota, Reduce, View,
                   ViewOp, Window, toposort)
-from ..errors import UnsupportedOpError
+from ..errors import IndexOutOfBoundsError, UnsupportedOpError
 from ..ir.ops import op_def
 from ..frontend.dot import accumulates_in_memory
 from .domains import at_product, dots_in, is_value_ref, leaf_view
@@ -737,7 +737,8 @@ class _Emitter(GridReductionEmitter):
         and an index checked to be in range."""
         if _checks_index(node):
             size = node.src[1].src[0] if isinstance(node.src[1].op, ViewOp) else node.src[1]  # (a literal)
-            self.checks.append(Check(IndexError, f"an index is out of bounds (valid: 0 to {size.op.value - 1})"))
+            self.checks.append(Check(IndexOutOfBoundsError,
+                                     f"an index is out of bounds (valid: 0 to {size.op.value - 1})"))
             failed = f"(tl.where({mask}, 1, 0) * tl.where(({args[0]} >= 0) & ({args[0]} < {args[1]}), 0, 1)) != 0"
             lines.append(f"tl.store({STATUS.param} + tl.where({mask}, 0, 0), {len(self.checks)}, mask={failed})")
             return args[0]
@@ -862,7 +863,7 @@ class _Emitter(GridReductionEmitter):
         size_arg = self._scalar(f"a{n}_gather_size", size)
         low = -size if op.wrap_negative else 0
         valid = "" if op.flat else f" (valid: {low} to {size - 1})"  # a flat read's range is of offsets
-        self.checks.append(Check(IndexError, f"{op.what}: an index is out of bounds{valid}"))
+        self.checks.append(Check(IndexOutOfBoundsError, f"{op.what}: an index is out of bounds{valid}"))
         idx, ok, out = self._fresh(), self._fresh(), self._fresh()
         lines.append(f"{idx} = {index}.to(tl.int64)")
         if op.wrap_negative:
@@ -1217,7 +1218,7 @@ class _Emitter(GridReductionEmitter):
         idx, lines, write = self._fresh(), [], "mask"
         lines.append(f"{idx} = tl.where(mask, {offsets}.to(tl.int64), 0)")  # (a block, even for one offset)
         if op.checked:
-            self.checks.append(Check(IndexError, f"{op.what}: an index is out of bounds"))
+            self.checks.append(Check(IndexOutOfBoundsError, f"{op.what}: an index is out of bounds"))
             failed = f"(tl.where(mask, 1, 0) * tl.where({idx} < 0, 1, 0)) != 0"
             lines.append(f"tl.store({STATUS.param} + tl.where(mask, 0, 0), {len(self.checks)}, mask={failed})")
             write = self._fresh()

@@ -405,8 +405,9 @@ class Executable:
                    for t in list(table.values()))
 
     def _raise_failed_checks(self, status: torch.Tensor) -> None:
-        """The first launch's failed check raises as eager would: IndexError for an index out
-        of range, RuntimeError("ZeroDivisionError") for an integer division by zero."""
+        """The first launch's failed check raises as eager would: IndexOutOfBoundsError (an
+        IndexError and a RuntimeError) for an index out of range, RuntimeError("ZeroDivisionError")
+        for an integer division by zero."""
         codes = status.tolist()  # one sync, as eager's checked indexing needs
         for step, code in zip(self.launches, codes):
             if code:

@@ -13,10 +13,9 @@ import re
 import pytest
 import torch
 from torch.testing._internal.common_methods_invocations import op_db
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
 import tjit
-from test_opinfo import opinfo_id
+from test_opinfo import opinfo_id, sample_program
 
 SAMPLES_PER_OP = 6
 
@@ -43,23 +42,9 @@ def _error_samples():
             yield pytest.param(op, error, id=name, marks=marks)
 
 
-def _closure(op, sample):
-    """The call as a function of the sample's tensors (its other values closed over)."""
-    flat, spec = tree_flatten(([sample.input, *sample.args], sample.kwargs))
-    positions = [k for k, v in enumerate(flat) if isinstance(v, torch.Tensor)]
-
-    def call(*tensors):
-        values = list(flat)
-        for k, t in zip(positions, tensors):
-            values[k] = t
-        args, kwargs = tree_unflatten(values, spec)
-        return op.op(*args, **kwargs)
-    return call, [flat[k] for k in positions]
-
-
 @pytest.mark.parametrize("op, error", list(_error_samples()))
 def test_a_call_eager_refuses_is_refused(op, error, request):
-    call, tensors = _closure(op, error.sample_input)
+    call, tensors = sample_program(op, error.sample_input)
     try:
         call(*[t.clone() for t in tensors])
     except Exception:  # noqa: BLE001

@@ -9,6 +9,7 @@ from typing import Callable, Union
 
 import torch
 
+from ..analysis.addresses import extent as address_extent
 from ..frontend.build import ValueBuilder
 from ..ir import DType, GraphNode, View
 
@@ -89,9 +90,7 @@ class Algebra:
     def positions(self, view: View) -> GraphNode:
         """The storage offset each element of `view` reads, as int64: an index table (an
         arange over the view's extent) read through the view itself."""
-        # (its highest offset: a negative stride, a flip's, reads below the offset)
-        extent = 1 + view.offset + sum((n - 1) * s for n, s in zip(view.shape, view.strides) if s > 0) \
-            if view.numel else 1
+        extent = 1 + address_extent(view)[1] if view.numel else 1  # (its highest: a flip reads below its offset)
         name = f"_arange{extent}"
         self.constants.setdefault(name, torch.arange(extent, dtype=torch.int64))
         return self.vb.b.input(name, DType.int64, view)

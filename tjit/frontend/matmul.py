@@ -68,9 +68,10 @@ class MatmulChoice:
 
 
 def choose(node: fx.Node, a: GraphNode, b: GraphNode, with_bias: bool, differentiated: bool,
-           in_gradient: bool = False) -> tuple[bool, str]:
+           in_gradient: bool = False, tied: bool = False) -> tuple[bool, str]:
     """(generated?, why) for the product a @ b made by `node`; `differentiated`: a gradient
-    flows through it; `in_gradient`: it is part of a library call's gradient formula."""
+    flows through it; `in_gradient`: it is part of a library call's gradient formula; `tied`:
+    a gradient tests its elements for ties (_tested_for_ties)."""
     mode = os.environ.get("TJIT_MATMUL", "auto")
     if mode not in ("auto", "generated", "library"):
         raise ValueError(f"TJIT_MATMUL={mode!r}: expected auto, generated or library")
@@ -86,15 +87,15 @@ def choose(node: fx.Node, a: GraphNode, b: GraphNode, with_bias: bool, different
         return False, ("float32 on a GPU without tf32 at torch's 'highest' matmul precision: tl.dot would "
                        "compute it by FMA, without tensor cores (12x slower than the library's, measured)")
     reader, reduces_rows = _fusing_reader(node)
-    if differentiated and recomputed(node, a, b, reduces_rows):
+    if differentiated and recomputed(a, b, reduces_rows, tied):
         # (the backward computes it again on its gradients' tiles: autograd/vjp.py's _generated_gradients)
         return True, f"fuses {reader} over its rows, and its gradients recompute it: never written"
     if differentiated and recomputed_by_backward(a) and not is_prologue(a) and \
             is_prologue(a, nests=nests_products(b.shape[-1])):  # (a prologue by the products it computes)
         return True, "computes its operand's products on its tiles, as its gradients do (flash attention's form)"
-    if differentiated and reduces_rows and _tested_for_ties(node):
-        return False, ("a max of its rows is differentiated: its gradient tests the product for ties with the "
-                       "max, which a product recomputed on other tiles may not meet; saved, the library's")
+    if tied:
+        return False, ("a gradient tests its elements for ties (a max of its rows, a maximum of two values made "
+                       "from it), which a product recomputed on other tiles may not meet; saved, the library's")
     if differentiated:
         # (measured on the zoo's training steps, bench/models.py: 6 to 110 more kernels per
         # step and 1.1-1.4x the peak memory with generated forwards; evaluation had fewer)
@@ -130,14 +131,14 @@ def _written_once(cv, x: GraphNode) -> GraphNode:
     return in_memory(cv, x)
 
 
-def recomputed(node: fx.Node, a: GraphNode, b: GraphNode, reduces_rows: bool) -> bool:
+def recomputed(a: GraphNode, b: GraphNode, reduces_rows: bool, tied: bool) -> bool:
     """Whether the product a @ b, differentiated, is computed again by the backward rather
     than saved (Dot.recomputed): a reduction of its rows reads it (so no forward kernel
-    writes it), its operands are memory, and it is larger than they are, and no max's
-    gradient tests it for ties (_tested_for_ties). (_product writes computed operands
+    writes it), its operands are memory, and it is larger than they are, and no gradient
+    tests it for ties (`tied`: _tested_for_ties). (_product writes computed operands
     first: an LM head's input from its final norm.)"""
-    return reduces_rows and reads_memory(a) and reads_memory(b) and larger_than_operands(a.shape, b.shape) and \
-        not _tested_for_ties(node)
+    return reduces_rows and not tied and reads_memory(a) and reads_memory(b) and \
+        larger_than_operands(a.shape, b.shape)
 
 
 # reductions whose gradient goes to the elements equal to their result, shared among them
@@ -227,7 +228,8 @@ def _product(cv, node: fx.Node, args: tuple, kwargs: dict, a: GraphNode, b: Grap
         # (an LM head after its final norm: the norm's output is written once, [tokens, hidden],
         # so that the logits, [tokens, vocabulary], need not be: `recomputed`)
         a, b = _written_once(cv, a), _written_once(cv, b)
-    generated, why = choose(node, a, b, bias is not None and beta != 0, differentiated, cv.is_gradient_formula)
+    tied = differentiated and reduces_rows and _tested_for_ties(node)  # (a walk of what reads it: once)
+    generated, why = choose(node, a, b, bias is not None and beta != 0, differentiated, cv.is_gradient_formula, tied)
     cv.matmul_choices.append(MatmulChoice(str(node.target), a.shape, b.shape, generated, why))
     if not generated:
         return library_call(cv, node, node.target, args, kwargs)
@@ -235,7 +237,7 @@ def _product(cv, node: fx.Node, args: tuple, kwargs: dict, a: GraphNode, b: Grap
     # unless the backward computes it again too (nests_recomputed_only); and where a
     # reduction of the rows reads the product, each pass over its column tiles would compute
     # the nested products again)
-    value = dot(cv, a, b, nests=not reduces_rows, recomputed=differentiated and recomputed(node, a, b, reduces_rows),
+    value = dot(cv, a, b, nests=not reduces_rows, recomputed=differentiated and recomputed(a, b, reduces_rows, tied),
                 nests_recomputed_only=differentiated)
     if alpha != 1:
         value = cv.elementwise("mul", [value, cv.expand_to(cv.const(alpha, DType.float32), value.shape)],

@@ -210,13 +210,14 @@ def _clone(t: torch.Tensor) -> torch.Tensor:
     return torch.empty(0, dtype=t.dtype, device=t.device).set_(storage, t.storage_offset(), t.shape, t.stride())
 
 
-def sample_program(op, sample):
-    """(fn, tensors): fn(*tensors) calls op on the sample, its non-tensor values closed over."""
+def sample_program(op, sample, in_place: bool = False):
+    """(fn, tensors): fn(*tensors) calls op (its in-place variant, `x.op_(...)`, if in_place) on
+    the sample, its non-tensor values closed over."""
     leaves, spec = tree_flatten((sample.input, tuple(sample.args), dict(sample.kwargs)))
     where = [k for k, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
     tensors = [leaves[k] for k in where]
     constants = [None if k in where else leaf for k, leaf in enumerate(leaves)]
-    target = op.op
+    target = op.inplace_variant if in_place else op.op
 
     def fn(*ts, dtype=None):
         """op on ts; `dtype` replaces the sample's DTYPE where it is an argument (linspace's
@@ -286,10 +287,10 @@ def _seeded_call(fn, inputs: list):
         return fn(*inputs)
 
 
-def run_sample(name: str, index: int, sample) -> Outcome:
-    """Run one sample through eager and tjit; its outcome."""
+def run_sample(name: str, index: int, sample, in_place: bool = False) -> Outcome:
+    """Run one sample through eager and tjit (the op's in-place variant if in_place); its outcome."""
     op = OPINFOS[name]
-    fn, tensors = sample_program(op, sample)
+    fn, tensors = sample_program(op, sample, in_place)
     values = _values_compared(name, sample)
     atol, rtol = TOLERANCES.get(name, DEFAULT_TOLERANCE)
     start = time.perf_counter()
@@ -511,15 +512,17 @@ def samples_of(name: str, backward: bool = False):
     return OPINFOS[name].sample_inputs("cpu", DTYPE, requires_grad=backward)
 
 
-def run_opinfo(name: str, limit: Optional[int] = None, backward: bool = False) -> list[Outcome]:
-    """Outcomes of the OpInfo's samples (the first `limit` that eager runs), in process."""
+def run_opinfo(name: str, limit: Optional[int] = None, backward: bool = False, in_place: bool = False
+               ) -> list[Outcome]:
+    """Outcomes of the OpInfo's samples (the first `limit` that eager runs), in process; of its
+    in-place variant's (on the same samples) if in_place."""
     outcomes = []
     never = NEVER_RUN_BACKWARD if backward else NEVER_RUN
     for index, sample in enumerate(samples_of(name, backward)):
         if (name, index) in never:
             outcomes.append(Outcome(name, index, "crash", never[name, index]))
             continue
-        outcome = (run_backward_sample if backward else run_sample)(name, index, sample)
+        outcome = run_backward_sample(name, index, sample) if backward else run_sample(name, index, sample, in_place)
         outcomes.append(outcome)
         if limit is not None and sum(o.category != "skip" for o in outcomes) >= limit:
             break
@@ -545,6 +548,34 @@ def test_opinfo(name):
     ran = [o for o in outcomes if o.category != "skip"]
     if not ran:
         pytest.skip(f"eager runs none of its samples ({outcomes[0].detail if outcomes else 'no samples'})")
+    failed = [o for o in ran if o.failed]
+    assert not failed, "\n".join(f"sample {o.sample}: {o.category}: {o.detail}" for o in failed)
+
+
+_CHANGES_SHAPE = "changes the shape of an input in place: refused by name (the caller's tensor keeps its shape)"
+EXPECTED_IN_PLACE_FAILURES = {
+    **dict.fromkeys(["as_strided", "as_strided.partial_views", "resize_", "squeeze", "squeeze.multiple",
+                     "unsqueeze", "t", "transpose"], _CHANGES_SHAPE),
+    "addbmm": "eager's addbmm_ resizes a [1] input to the result's shape; torch's meta function (the trace) "
+              "raises: refused with that error",
+}
+
+
+def _in_place_params():
+    for name, op in OPINFOS.items():
+        if op.inplace_variant is not None:
+            reason = EXPECTED_IN_PLACE_FAILURES.get(name)
+            yield pytest.param(name, id=name, marks=[pytest.mark.xfail(reason=reason, strict=True)] if reason else [])
+
+
+@pytest.mark.parametrize("name", list(_in_place_params()))
+def test_opinfo_in_place(name):
+    """`x.op_(...)` on the first samples: the value written into x and the result, against eager's."""
+    with torch.random.fork_rng():
+        outcomes = run_opinfo(name, SAMPLES, in_place=True)
+    ran = [o for o in outcomes if o.category != "skip"]
+    if not ran:
+        pytest.skip(f"eager runs none of its samples in place ({outcomes[0].detail if outcomes else 'no samples'})")
     failed = [o for o in ran if o.failed]
     assert not failed, "\n".join(f"sample {o.sample}: {o.category}: {o.detail}" for o in failed)
 

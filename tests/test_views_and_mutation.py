@@ -287,3 +287,107 @@ def test_overlapping_windows_of_a_computed_value_get_gradients():
         grads.append([leaf.grad for leaf in leaves])
     for got, expected in zip(*reversed(grads)):
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+# -- in-place variants: x.op_(...) computes op, whose handler tells ops apart by their node ---------
+
+ROWS, COLS = 300, 70  # several programs of every kernel
+
+
+def _repeated_indices(rows: int, cols: int) -> torch.Tensor:
+    return torch.randint(0, cols // 4, (rows, cols))  # each column index hit about four times per row
+
+
+IN_PLACE_VARIANTS = {
+    "clamp_max_": lambda x, i, e: x.clone().clamp_max_(0.25),
+    "clamp_max_.Tensor": lambda x, i, e: x.clone().clamp_max_(x.flip(1)),
+    "clamp_min_": lambda x, i, e: x.clone().clamp_min_(-0.25),
+    "cumsum_": lambda x, i, e: x.clone().cumsum_(1),
+    "cumprod_": lambda x, i, e: (x.clone() * 0.1 + 1).cumprod_(1),
+    "scatter_add_": lambda x, i, e: torch.zeros(ROWS, COLS).scatter_add_(1, i, x),
+    "scatter_": lambda x, i, e: torch.zeros(ROWS, COLS).scatter_(1, i[:, :1], x[:, :1]),
+    "ldexp_": lambda x, i, e: x.clone().ldexp_(e),
+    "pow_.Scalar": lambda x, i, e: x.clone().pow_(3),
+    "pow_.Tensor": lambda x, i, e: x.abs().pow_(x.flip(0)),
+    "float_power_.Scalar": lambda x, i, e: x.double().float_power_(2),
+    "floor_divide_.Tensor": lambda x, i, e: e.clone().floor_divide_(e.flip(0).abs() + 1),
+}
+
+
+@pytest.mark.parametrize("route", ["tjit.compile", "torch.compile"])
+@pytest.mark.parametrize("name", list(IN_PLACE_VARIANTS))
+def test_in_place_variants_compute_their_own_op(name, route):
+    """x.clamp_max_ was computed as clamp_min, x.cumsum_ as cumprod and x.scatter_add_ as a
+    scatter (the last of repeated indices kept): the functional op's handler was given the
+    in-place node and read its op from it. ldexp_ ran as ldexp's Python-number overload."""
+    fn = IN_PLACE_VARIANTS[name]
+    x, i, e = torch.randn(ROWS, COLS), _repeated_indices(ROWS, COLS), torch.randint(-3, 4, (ROWS, COLS))
+    if route == "tjit.compile":
+        check_against_eager(fn, x, i, e)
+    else:
+        torch._dynamo.reset()
+        check_against_eager(fn, x, i, e, compiled=torch.compile(fn, backend="tjit"))
+
+
+def test_scatter_add_in_place_trains_as_eager():
+    """A message-passing step, out.scatter_add_(1, index, messages), gradients included."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(COLS, COLS)
+    x, index = torch.randn(3, 40, COLS), torch.randint(0, COLS, (3, 40, COLS))
+
+    def step(x, index):
+        h = lin(x)
+        return torch.zeros_like(h).scatter_add_(2, index, h).tanh().sum()
+    expected = step(x, index)
+    want = torch.autograd.grad(expected, list(lin.parameters()))
+    got = tjit.compile(step)(x, index)
+    grads = torch.autograd.grad(got, list(lin.parameters()))
+    torch.testing.assert_close(got, expected)
+    for g, w in zip(grads, want):
+        torch.testing.assert_close(g, w)
+
+
+def test_an_arguments_shape_changed_in_place_and_back_matches_eager():
+    """dropout3d(inplace=True) of an unbatched input unsqueezes it in place, drops and squeezes
+    it back: the caller's tensor keeps its shape, so the call compiles (it was refused)."""
+    def dropout3d(x):
+        return F.dropout3d(x, 0.0, training=True, inplace=True) * 2
+
+    def there_and_back(x):
+        x.unsqueeze_(0)
+        y = x.mul_(3).sum(1)
+        x.squeeze_(0)
+        return y, x * 1
+    check_against_eager(dropout3d, torch.randn(5, 6, 30, 20))
+    x = torch.randn(COLS, ROWS)
+    given = x.clone()
+    compiled = tjit.compile(there_and_back)
+    got = compiled(given)
+    want = there_and_back(x)
+    assert given.shape == x.shape and given.stride() == x.stride()
+    assert_close_all(got, want)
+    assert torch.equal(given, x)
+
+
+def test_a_shape_left_changed_in_place_is_refused_and_the_argument_untouched():
+    def f(x):
+        x.mul_(2).unsqueeze_(0)
+        return x + 1
+    x = torch.randn(ROWS, COLS)
+    original = x.clone()
+    with pytest.raises(tjit.UnsupportedOpError, match="changes the shape of argument x in place"):
+        tjit.compile(f)(x)
+    assert torch.equal(x, original) and x.shape == original.shape
+
+
+def test_as_strided_in_place_of_a_computed_tensor_reads_its_whole_storage():
+    """x.clone().as_strided_ reaching past the view's own element count: a bounds error
+    (the clone was planned at the view's size), now the view of the clone's storage."""
+    def f(x):
+        return x.clone().as_strided_((20, 20), (1, 40)) + 0
+    check_against_eager(f, torch.randn(40, 40))
+
+
+def assert_close_all(got, want):
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)

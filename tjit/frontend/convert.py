@@ -11,6 +11,7 @@ Three things happen here besides a per-op translation (the op table is in aten_o
 """
 from __future__ import annotations
 
+import contextlib
 import operator
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
@@ -132,6 +133,8 @@ class Converter(ValueBuilder):
         self.storages: dict[int, GraphNode] = {}
         self.constants: dict[str, torch.Tensor] = {}
         self.current: Optional[fx.Node] = None
+        # per argument an in-place view op changed the shape of (x.unsqueeze_(0)): the node of its last shape
+        self.argument_layouts: dict[str, fx.Node] = {}
 
     # -- entry ---------------------------------------------------------------------
     def run(self) -> Conversion:
@@ -192,7 +195,7 @@ class Converter(ValueBuilder):
                 # (`torch.div(12, 4)` as a size): the trace computed it and used its value
                 return None
             return read_number(self, args[0], node.meta["val"])
-        if node.target is torch.ops.aten.as_strided.default and self._of_a_computed_storage(node):
+        if node.target in AS_STRIDED and self._of_a_computed_storage(node):
             return self.read_computed_storage(node.meta["val"])
         if is_arithmetic(node.target):
             return arithmetic(self, node, *args)
@@ -220,25 +223,26 @@ class Converter(ValueBuilder):
             self.handlers.get(getattr(packet, "_qualified_op_name", None))
         if handler is not None:
             return handler
-        name = getattr(packet, "__name__", "")
-        functional = getattr(torch.ops.aten, name[:-1], None) if name.endswith("_") else None
-        if functional is not None:
+        overload = functional_overload(node.target)
+        if overload is not None:
             # x.op_(...) is x = op(x, ...) written back into x's memory
-            overload = getattr(functional, node.target._overloadname, None)
-            compute = self.handlers.get(functional) or self.handlers.get(overload) or (overload and _library(overload))
+            handler = self.handlers.get(overload) or self.handlers.get(overload.overloadpacket) or _library(overload)
+
+            def compute(cv, node, *args, **kwargs):
+                # (the functional op's handler tells its ops apart by node.target: clamp_max from
+                # clamp_min, cumsum from cumprod, scatter_add from scatter)
+                with _targeting(node, overload):
+                    return handler(cv, node, *args, **kwargs)
 
             def in_place(cv, node, *args, **kwargs):
                 return cv.assign(node.args[0], compute(cv, node, *args, **kwargs))
 
             def in_place_view(cv, node, *args, **kwargs):
                 # x.squeeze_(0) changes x's shape, not its data: the result is the view (make_fx
-                # routes later uses through this node); an input's shape is the caller's
-                if storage_key(cv.meta(node.args[0])) in cv.input_storage:
-                    raise UnsupportedOpError(str(node.target), "changes the shape of an input in place",
-                                             target=node.target)
+                # routes later uses through this node)
+                cv.note_layout_change(node)
                 return compute(cv, node, *args, **kwargs)
-            if compute:
-                return in_place_view if torch.Tag.inplace_view in node.target.tags else in_place
+            return in_place_view if torch.Tag.inplace_view in node.target.tags else in_place
         return _library(node.target)  # an op with no functional form is functionalised by the call
 
     # -- values ----------------------------------------------------------------------
@@ -594,7 +598,22 @@ class Converter(ValueBuilder):
         node = self.b.node(Extern(call, 0), dtype, (in_memory(self, value),), View.contiguous(shape))
         return node, dict(shape=shape, stride=stride)
 
+    def note_layout_change(self, node: fx.Node) -> None:
+        """An in-place view op (x.unsqueeze_(0)) on an argument changes the caller's tensor's
+        shape, which a compiled call does not: allowed where later ones change it back
+        (dropout3d of an unbatched input: unsqueeze_, dropout, squeeze_), as finish checks."""
+        name = self.placeholder_names.get(_same_tensor_before(node.args[0]))
+        if name is not None:
+            self.argument_layouts[name] = node
+
+    def _check_argument_layouts(self) -> None:
+        for name, node in self.argument_layouts.items():
+            if _layout(node.meta["val"]) != _layout(self.input_meta[name]):
+                raise UnsupportedOpError(str(node.target), f"changes the shape of argument {name} in place (a "
+                                         "compiled call leaves the caller's tensor as it is)", target=node.target)
+
     def finish(self, out_node: fx.Node) -> Conversion:
+        self._check_argument_layouts()
         flat, tree = torch.utils._pytree.tree_flatten(out_node.args[0])
         outputs: dict[str, GraphNode] = {}
         specs: list[OutputSpec] = []
@@ -682,6 +701,55 @@ LIBRARY_DTYPES = {d.torch for d in DType if d.library_only}
 # views that mark their values conjugated or negated rather than move them: the IR's views
 # only move values, so a library call makes them
 LAZY_VIEWS = (torch.ops.aten._conj.default, torch.ops.aten._neg_view.default)
+# (x.as_strided_ is x's view as as_strided makes it: both read the storage, wherever they reach)
+AS_STRIDED = (torch.ops.aten.as_strided.default, torch.ops.aten.as_strided_.default)
+
+
+def functional_overload(in_place) -> Optional[torch._ops.OpOverload]:
+    """The functional overload of an in-place aten op (`clamp_max_.Tensor` -> `clamp_max.Tensor`):
+    the overload of the op without the trailing underscore whose arguments have the same names
+    and types. (Not the overload of the same name: `pow_.Scalar` is `pow.Tensor_Scalar`, while
+    `pow.Scalar` raises a number to tensor powers; `ldexp.default` takes Python numbers.)"""
+    name = getattr(getattr(in_place, "overloadpacket", None), "__name__", "")
+    functional = getattr(torch.ops.aten, name[:-1], None) if name.endswith("_") else None
+    if not isinstance(functional, torch._ops.OpOverloadPacket):
+        return None
+    wanted = _arguments(in_place)
+    return next((overload for overload in map(functional.__getattr__, functional.overloads())
+                 if _arguments(overload) == wanted), None)
+
+
+def _arguments(op: torch._ops.OpOverload) -> list[tuple]:
+    """An op's arguments by name, type and whether they are keyword-only (not by alias
+    annotation: an in-place op's `Tensor(a!) self` is its functional form's `Tensor self`)."""
+    return [(a.name, str(a.type), a.kwarg_only, repr(a.default_value)) for a in op._schema.arguments]
+
+
+@contextlib.contextmanager
+def _targeting(node: fx.Node, target):
+    """node.target is `target` inside (for a handler of another op than the node's)."""
+    saved = node.target
+    node.target = target
+    try:
+        yield
+    finally:
+        node.target = saved
+
+
+def _same_tensor_before(node: fx.Node) -> fx.Node:
+    """The first node of the tensor `node` is: in-place ops (x.mul_(2), x.unsqueeze_(0))
+    return the tensor they were given, which make_fx records as a new node."""
+    while node.op == "call_function" and _returns_its_first_argument(node.target):
+        node = node.args[0]
+    return node
+
+
+def _returns_its_first_argument(op) -> bool:
+    schema = getattr(op, "_schema", None)
+    if schema is None or len(schema.returns) != 1 or not schema.arguments:
+        return False
+    returned, first = schema.returns[0].alias_info, schema.arguments[0].alias_info
+    return returned is not None and first is not None and first.is_write and returned.before_set == first.before_set
 
 
 def _library(target):

@@ -1,6 +1,8 @@
 """Python numbers read from tensor data by `.item()` are runtime values (frontend/scalars.py):
 a kernel reads the 0-d tensor, so a new value traces and generates nothing, and every use
 that computes with the number matches eager (result types as a Python number gives them)."""
+import copy
+
 import pytest
 import torch
 
@@ -425,3 +427,52 @@ def test_a_dynamic_graphs_float_an_ops_schema_takes_is_compiled_per_value():
             before = tjit.counters.launches
             assert_matches_eager(compiled(g, mask, scale), _dropout_backward(g, mask, scale))
             assert tjit.counters.launches > before
+
+
+class _CheckpointedNorm(torch.nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.norm, self.linear = torch.nn.LayerNorm(width), torch.nn.Linear(width, width)
+
+    def block(self, x):
+        return x + self.linear(self.norm(x))
+
+    def forward(self, x):
+        return torch.utils.checkpoint.checkpoint(self.block, x, use_reentrant=False)
+
+
+def test_a_number_read_inside_a_checkpointed_block_is_compiled_per_value():
+    """With dynamic=True, a checkpointed block's LayerNorm reads its eps by .item() inside the
+    checkpoint's subgraph, where split.py did not look: the whole graph ran eagerly, without
+    a warning. The read is now specialised as one in the graph itself is."""
+    import warnings
+    torch.manual_seed(0)
+    model = _CheckpointedNorm(70)
+    eager = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="tjit", dynamic=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # (no graph runs eagerly)
+        for rows in (300, 130):
+            x = torch.randn(2, rows, 70)
+            before = tjit.counters.launches
+            got, want = compiled(x), eager(x)
+            assert tjit.counters.launches > before
+            got.square().sum().backward()
+            want.square().sum().backward()
+            torch.testing.assert_close(got, want)
+            for p, q in zip(model.parameters(), eager.parameters()):
+                torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_a_graph_that_runs_eagerly_for_its_data_dependent_ops_says_so():
+    """Under capture_scalar_outputs Dynamo keeps .item() in its graphs; a graph tjit cannot
+    hold runs eagerly, as it did silently."""
+    def f(x):
+        n = (x > 0).sum().item()
+        return x[:n] * 2
+    x = torch.randn(300, 70)
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(capture_scalar_outputs=True, capture_dynamic_output_shape_ops=True):
+        with pytest.warns(UserWarning, match="tjit runs a graph of .* nodes eagerly"):
+            got = torch.compile(f, backend="tjit")(x)
+    assert_matches_eager(got, f(x))

@@ -54,6 +54,9 @@ def graph_backend(gm: torch.fx.GraphModule, example_inputs) -> Callable:
     anything runs, so no tensor was touched) runs eagerly instead, with a warning."""
     if any(_is_custom_function(node) for node in gm.graph.nodes):
         return _around_custom_functions(gm)
+    if any(_is_function_transform(node) for node in gm.graph.nodes):
+        return _eagerly(gm, "it applies torch.func transforms (grad, vmap, jacrev, ...), which tjit's trace cannot "
+                            "follow")
     from .compiled import CompiledFunction
     # (Dynamo passes each symbol of a dynamic graph as an int: the graph is traced with
     # symbolic sizes at once, and a new size is specialised from that trace)
@@ -67,7 +70,7 @@ def graph_backend(gm: torch.fx.GraphModule, example_inputs) -> Callable:
                                 size_positions=sizes, dynamic_dims=dims)
     graph = SplitGraph(compiled(gm.forward))
     by_values: dict[tuple, SplitGraph] = {}  # per tuple of values read by .item(), once they are specialised
-    reads = _item_reads(gm.graph)
+    reads = _item_reads(gm)
 
     def run(*args):
         if by_values:
@@ -79,6 +82,9 @@ def graph_backend(gm: torch.fx.GraphModule, example_inputs) -> Callable:
                 if reads and _branched_on_data(e):  # on a number read from an input: specialise on it
                     return _specialised(gm, reads, by_values, graph, args, compiled)
                 graph.eager_because = f"{type(e).__name__}: {e}"
+                # (Dynamo keeps data-dependent ops in its graphs under capture_scalar_outputs and
+                # capture_dynamic_output_shape_ops; torch.cov's aten.equal is inside one call)
+                warnings.warn(f"tjit runs a graph of {len(gm.graph.nodes)} nodes eagerly: {e}", stacklevel=2)
             except UnsupportedOpError as e:
                 if reads:  # (an op that takes the number read as a literal: a float where its schema has one)
                     return _specialised(gm, reads, by_values, graph, args, compiled)
@@ -104,14 +110,43 @@ def _dynamic_dims(gm: torch.fx.GraphModule) -> dict[int, tuple[bool, ...]]:
     return found
 
 
-def _item_reads(graph: torch.fx.Graph) -> dict[torch.fx.Node, int]:
-    """`.item()` calls on the graph's inputs (node -> the input's position): with
-    dynamic=True, Dynamo passes a module's float attributes (attention's scale, a norm's eps)
-    as 0-d tensors read by .item(), and Python code that branches on such a number cannot be
-    traced without its value."""
-    positions = {node: k for k, node in enumerate(n for n in graph.nodes if n.op == "placeholder")}
-    return {node: positions[node.args[0]] for node in graph.nodes
-            if node.op == "call_method" and node.target == "item" and node.args[0] in positions}
+def _item_reads(gm: torch.fx.GraphModule) -> list[tuple[torch.fx.GraphModule, torch.fx.Node, int]]:
+    """`.item()` calls on the graph's inputs: (the module whose graph makes the call, the
+    call, the input's position), in graph order, the subgraphs of WRAPPERS included. With
+    dynamic=True, Dynamo passes a module's float attributes (attention's scale, a norm's
+    eps) as 0-d tensors read by .item(), and Python code that branches on such a number
+    cannot be traced without its value."""
+    positions = {node: k for k, node in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
+    return list(_item_reads_in(gm, positions))
+
+
+# higher-order ops that run one subgraph on the operands after it, as a function call would
+# (activation checkpointing; regions under another grad mode or autocast)
+WRAPPERS = ("tag_activation_checkpoint", "wrap_with_set_grad_enabled", "wrap_with_autocast")
+
+
+def _item_reads_in(gm: torch.fx.GraphModule, positions: dict[torch.fx.Node, int]):
+    """_item_reads in gm, whose placeholders `positions` maps to the outer graph's inputs."""
+    for node in gm.graph.nodes:
+        if node.op == "call_method" and node.target == "item" and node.args[0] in positions:
+            yield gm, node, positions[node.args[0]]
+        body = _wrapped_body(gm, node)
+        if body is not None:
+            subgraph, operands = body
+            inner = [n for n in subgraph.graph.nodes if n.op == "placeholder"]
+            yield from _item_reads_in(subgraph, {p: positions[a] for p, a in zip(inner, operands) if a in positions})
+
+
+def _wrapped_body(gm: torch.fx.GraphModule, node: torch.fx.Node):
+    """(subgraph, operands) of a call of one of WRAPPERS, else None."""
+    if node.op != "call_function" or getattr(node.target, "__name__", None) not in WRAPPERS:
+        return None
+    bodies = [k for k, a in enumerate(node.args) if isinstance(a, torch.fx.Node) and a.op == "get_attr"
+              and isinstance(getattr(gm, a.target, None), torch.fx.GraphModule)]
+    if len(bodies) != 1:
+        return None
+    subgraph, operands = getattr(gm, node.args[bodies[0]].target), node.args[bodies[0] + 1:]
+    return (subgraph, operands) if len(operands) == sum(n.op == "placeholder" for n in subgraph.graph.nodes) else None
 
 
 def _branched_on_data(error: DataDependentError) -> bool:
@@ -122,11 +157,11 @@ def _branched_on_data(error: DataDependentError) -> bool:
     return isinstance(error, NumberNeededError) or isinstance(error.__cause__, GuardOnDataDependentSymNode)
 
 
-def _specialised(gm, reads: dict, by_values: dict, graph: SplitGraph, args, compiled: Callable) -> Any:
+def _specialised(gm, reads: list, by_values: dict, graph: SplitGraph, args, compiled: Callable) -> Any:
     """The graph with each .item() of an input replaced by its value in this call, compiled
     once per tuple of values (a new value compiles anew; `graph` shows the latest; a dynamic
     graph's sizes stay symbols); eager where that is refused too."""
-    values = tuple(args[k].item() for k in reads.values())
+    values = tuple(args[k].item() for _, _, k in reads)
     found = by_values.get(values)
     if found is None:
         found = by_values[values] = SplitGraph(compiled(_with_values(gm, values).forward))
@@ -145,15 +180,47 @@ def _specialised(gm, reads: dict, by_values: dict, graph: SplitGraph, args, comp
 
 def _with_values(gm, values: tuple) -> torch.fx.GraphModule:
     """A copy of gm whose .item() reads of inputs are the given Python numbers (in the order
-    the reads come in the graph, as _item_reads lists them)."""
-    graph = torch.fx.Graph()
-    graph.output(graph.graph_copy(gm.graph, {}))
-    for node, value in zip(list(_item_reads(graph)), values):
+    _item_reads lists them)."""
+    copied = _copied(gm)
+    changed = set()
+    for (owner, node, _), value in zip(_item_reads(copied), values):
         for user in list(node.users):
             user.args = torch.fx.node.map_arg(user.args, lambda a: value if a is node else a)
             user.kwargs = torch.fx.node.map_arg(user.kwargs, lambda a: value if a is node else a)
-        graph.erase_node(node)
-    return torch.fx.GraphModule(gm, graph)
+        owner.graph.erase_node(node)
+        changed.add(owner)
+    for owner in changed:
+        owner.recompile()
+    return copied
+
+
+def _copied(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A copy of gm's graph and of its subgraphs' (the nodes' metadata shared)."""
+    graph = torch.fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))
+    copied = torch.fx.GraphModule(gm, graph)
+    for node in graph.nodes:
+        if node.op == "get_attr" and isinstance(getattr(copied, node.target, None), torch.fx.GraphModule):
+            setattr(copied, node.target, _copied(getattr(copied, node.target)))
+    return copied
+
+
+def _is_function_transform(node: torch.fx.Node) -> bool:
+    """A step of a torch.func transform Dynamo inlined (entering a grad or vmap level,
+    wrapping tensors for it): a failed trace inside one leaves functorch's levels broken."""
+    return node.op == "call_function" and \
+        getattr(node.target, "__module__", "").startswith(("torch._C._functorch", "torch._functorch"))
+
+
+def _eagerly(gm: torch.fx.GraphModule, reason: str) -> Callable:
+    """The graph run as Dynamo captured it, with a warning that says why."""
+    warnings.warn(f"tjit runs a graph of {len(gm.graph.nodes)} nodes eagerly: {reason}", stacklevel=3)
+
+    def run(*args):
+        return gm(*args)
+
+    run.split_graph = SplitGraph(None, eager_because=reason)
+    return run
 
 
 def _is_custom_function(node: torch.fx.Node) -> bool:

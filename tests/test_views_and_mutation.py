@@ -311,7 +311,13 @@ IN_PLACE_VARIANTS = {
     "pow_.Tensor": lambda x, i, e: x.abs().pow_(x.flip(0)),
     "float_power_.Scalar": lambda x, i, e: x.double().float_power_(2),
     "floor_divide_.Tensor": lambda x, i, e: e.clone().floor_divide_(e.flip(0).abs() + 1),
+    "_foreach_minimum_": lambda x, i, e: _foreach_minimum([x.clone(), x[:7].clone()], 0.25),  # (clamp_max_ per tensor)
 }
+
+
+def _foreach_minimum(tensors: list, bound: float) -> list:
+    torch._foreach_minimum_(tensors, bound)
+    return tensors
 
 
 @pytest.mark.parametrize("route", ["tjit.compile", "torch.compile"])

@@ -300,7 +300,7 @@ def test_vector_matrix_product_with_an_in_place_squeeze(fresh_seed):
 
 
 def test_an_in_place_view_op_on_an_input_is_refused():
-    with pytest.raises(tjit.UnsupportedOpError, match="shape of an input"):
+    with pytest.raises(tjit.UnsupportedOpError, match="shape of argument x in place"):
         tjit.compile(lambda x: x.unsqueeze_(0))(torch.randn(3))
 
 

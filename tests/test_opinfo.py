@@ -552,7 +552,7 @@ def test_opinfo(name):
     assert not failed, "\n".join(f"sample {o.sample}: {o.category}: {o.detail}" for o in failed)
 
 
-_CHANGES_SHAPE = "changes the shape of an input in place: refused by name (the caller's tensor keeps its shape)"
+_CHANGES_SHAPE = "changes the shape of an argument in place: refused by name (the caller's tensor keeps its shape)"
 EXPECTED_IN_PLACE_FAILURES = {
     **dict.fromkeys(["as_strided", "as_strided.partial_views", "resize_", "squeeze", "squeeze.multiple",
                      "unsqueeze", "t", "transpose"], _CHANGES_SHAPE),

@@ -357,23 +357,40 @@ def _branches_with_cond(x):
     return torch.cond(x.sum() > 0, lambda x: x * 2, lambda x: x - 1, (x,))
 
 
-def test_a_higher_order_op_is_refused_by_name_and_eager_still_runs_it():
+def test_a_higher_order_op_runs_as_it_is_and_the_rest_compiles():
     """torch.cond compiles its own call (fullgraph); run inside tjit's trace that compile failed
     and Dynamo kept the failure: the user's later eager torch.cond calls failed too, until
-    torch._dynamo.reset(), and tjit reported the failure as eager's own error. The trace now
-    runs such compiles as plain calls, so the op is recorded and refused by name; through
-    torch.compile its graph runs eagerly, with the warning."""
+    torch._dynamo.reset(). The trace runs such compiles as plain calls, so the op is recorded
+    and named. A higher-order op tjit's trace has no rule for (cond, while_loop,
+    flex_attention) refused the whole graph, which ran eagerly with a warning; the graph is
+    now cut around it: the op runs as it is, tjit compiles the rest (tjit.compile, too,
+    through Dynamo), gradients included."""
     import warnings
     x = torch.randn(300, 70)
     expected = _branches_with_cond(x)
-    with pytest.raises(tjit.UnsupportedOpError, match="higher_order.cond"):
-        tjit.compile(_branches_with_cond)(x)
-    torch.testing.assert_close(_branches_with_cond(x), expected)  # (eager, after the refusal)
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # (no graph runs eagerly)
+        torch.testing.assert_close(tjit.compile(_branches_with_cond)(x), expected)
         torch.testing.assert_close(torch.compile(_branches_with_cond, backend="tjit")(x), expected)
-    assert any("runs a graph" in str(w.message) and "cond" in str(w.message) for w in seen)
-    torch.testing.assert_close(_branches_with_cond(x), expected)
+    torch.testing.assert_close(_branches_with_cond(x), expected)  # (eager, after both)
+
+    def around_cond(x, w):
+        h = torch.tanh(x * w + 1)
+        y = torch.cond(h.sum() > 0, lambda h: h.sin(), lambda h: h.cos() * 2, (h,))
+        return (y * w).softmax(-1).square().sum()
+    for sign in (1, -1):  # (both branches)
+        x, w = (torch.randn(300, 70) * sign).requires_grad_(), torch.randn(70, requires_grad=True)
+        torch._dynamo.reset()
+        before = tjit.counters.launches
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)
+            got = torch.compile(around_cond, backend="tjit")(x, w)
+            got_grads = torch.autograd.grad(got, (x, w))
+        assert tjit.counters.launches > before
+        want = around_cond(x, w)
+        torch.testing.assert_close(got, want)
+        for g, e in zip(got_grads, torch.autograd.grad(want, (x, w))):
+            torch.testing.assert_close(g, e)
 
 
 def test_indexing_switches_to_int64_past_two_to_the_31():

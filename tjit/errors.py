@@ -52,6 +52,11 @@ class CustomFunctionError(SplitError):
     (runtime/split.py)."""
 
 
+class HigherOrderOpError(SplitError):
+    """A higher-order op (torch.cond, while_loop, flex_attention): tjit's trace has no rule
+    for one. Dynamo's graph is cut around it, which runs as it is (runtime/split.py)."""
+
+
 class GradientStateError(SplitError):
     """The function reads or writes a tensor's .grad (clip_grad_norm_, an optimizer step):
     state the trace's copies of the inputs do not carry, so a trace would read None; or it

@@ -23,8 +23,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_leaves, tree_map, tree_unflatten
 
-from ..errors import (CustomFunctionError, DataDependentError, EagerError, GradientStateError, LayoutError, SplitError,
-                      UnsupportedOpError, as_eager_error)
+from ..errors import (CustomFunctionError, DataDependentError, EagerError, GradientStateError, HigherOrderOpError,
+                      LayoutError, SplitError, UnsupportedOpError, as_eager_error)
 from .batch_norm import batch_norm_decompositions
 from .convert import Conversion, Converter, storage_key
 from .decompositions import tjit_decompositions, wrapped
@@ -572,7 +572,7 @@ def _trace_graph(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozens
                 raise DataDependentError(name, f"tracing failed: {type(e).__name__}: {str(e).strip()}") from e
             higher_order = _higher_order_op(e)
             if higher_order is not None:
-                raise UnsupportedOpError(f"torch.ops.higher_order.{higher_order}", "a higher-order op (torch.cond, "
+                raise HigherOrderOpError(f"torch.ops.higher_order.{higher_order}", "a higher-order op (torch.cond, "
                                          "while_loop, ...): tjit traces none yet") from e
             eager = _eager_error(fn, args, kwargs)
             if eager is not None:  # (the function's own error for these arguments: `raise ValueError(...)`)

@@ -53,7 +53,7 @@ def graph_backend(gm: torch.fx.GraphModule, example_inputs) -> Callable:
     """A Dynamo graph compiled by tjit on its first call; a graph tjit refuses (checked before
     anything runs, so no tensor was touched) runs eagerly instead, with a warning."""
     if any(_is_custom_function(node) for node in gm.graph.nodes):
-        return _around_custom_functions(gm)
+        return _around(gm, _is_custom_function)
     if any(_is_function_transform(node) for node in gm.graph.nodes):
         return _eagerly(gm, "it applies torch.func transforms (grad, vmap, jacrev, ...), which tjit's trace cannot "
                             "follow")
@@ -71,8 +71,11 @@ def graph_backend(gm: torch.fx.GraphModule, example_inputs) -> Callable:
     graph = SplitGraph(compiled(gm.forward))
     by_values: dict[tuple, SplitGraph] = {}  # per tuple of values read by .item(), once they are specialised
     reads = _item_reads(gm)
+    cut: list[Callable] = []  # the graph cut around a higher-order op tjit refuses, once it has
 
     def run(*args):
+        if cut:
+            return cut[0](*args)
         if by_values:
             return _specialised(gm, reads, by_values, graph, args, compiled)
         if graph.eager_because is None:
@@ -88,6 +91,11 @@ def graph_backend(gm: torch.fx.GraphModule, example_inputs) -> Callable:
             except UnsupportedOpError as e:
                 if reads:  # (an op that takes the number read as a literal: a float where its schema has one)
                     return _specialised(gm, reads, by_values, graph, args, compiled)
+                refused = _refused_higher_order_op(gm, e)
+                if refused is not None:  # (flex_attention, torch.cond: run as they are, the rest compiled)
+                    cut.append(_around(gm, lambda node: node.op == "call_function" and node.target is refused))
+                    graph.compiled, graph.parts = None, cut[0].split_graph.parts
+                    return cut[0](*args)
                 graph.eager_because = f"{type(e).__name__}: {e}"
                 warnings.warn(f"tjit runs a graph of {len(gm.graph.nodes)} nodes eagerly: {e}", stacklevel=2)
         if graph.eager_because is not None:
@@ -227,28 +235,39 @@ def _is_custom_function(node: torch.fx.Node) -> bool:
     return node.op == "call_function" and node.target is torch.ops.higher_order.autograd_function_apply
 
 
-def _around_custom_functions(gm: torch.fx.GraphModule) -> Callable:
-    """The graph cut before and after each custom autograd.Function it applies (Dynamo's
-    autograd_function_apply, with the Function's forward and backward as subgraphs): the
-    Functions run eagerly, so their backward is the user's, as eager's; tjit compiles the
-    parts between them (a Function on a gradient path would make tjit refuse the whole graph)."""
+def _refused_higher_order_op(gm: torch.fx.GraphModule, e: UnsupportedOpError):
+    """The higher-order op of gm that tjit's trace refused (torch.cond, flex_attention: tjit
+    traces none), if that is what it refused."""
+    prefix = "torch.ops.higher_order."
+    if not e.op.startswith(prefix):
+        return None
+    return next((node.target for node in gm.graph.nodes if node.op == "call_function"
+                 and getattr(node.target, "__name__", None) == e.op[len(prefix):]), None)
+
+
+def _around(gm: torch.fx.GraphModule, eager: Callable[[torch.fx.Node], bool]) -> Callable:
+    """The graph cut before and after each node for which `eager` holds, which run as they are;
+    tjit compiles the parts between them. Custom autograd.Functions (Dynamo's
+    autograd_function_apply, the Function's forward and backward as subgraphs) run so, their
+    backward the user's, as eager's (a Function on a gradient path would make tjit refuse the
+    whole graph); so do higher-order ops tjit's trace refuses."""
     from torch.fx.passes.split_module import split_module
     part_of: dict[torch.fx.Node, int] = {}
     current = 0
     for node in gm.graph.nodes:
         source = node.args[0] if node.op == "call_function" and node.args else None
-        if _is_custom_function(node):
+        if eager(node):
             current += 1
             part_of[node] = current
             current += 1
-        elif isinstance(source, torch.fx.Node) and _is_custom_function(source):
-            part_of[node] = part_of[source]  # (a result taken out of the Function's tuple)
+        elif isinstance(source, torch.fx.Node) and eager(source):
+            part_of[node] = part_of[source]  # (a result taken out of the op's tuple)
         else:
             part_of[node] = current
     split = split_module(gm, None, lambda node: part_of[node], keep_original_order=True)
     graph = SplitGraph(None)
     for name, part in list(split.named_children()):
-        if not any(_is_custom_function(node) for node in part.graph.nodes):
+        if not any(eager(node) for node in part.graph.nodes):
             compiled = graph_backend(part, None)
             graph.parts.append(compiled.split_graph)
             setattr(split, name, _Called(compiled))

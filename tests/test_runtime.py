@@ -1004,21 +1004,56 @@ def test_a_compiled_function_called_where_dynamo_traces_joins_the_callers_graph(
     torch.testing.assert_close(tjit.compile(_calls_a_compiled_helper)(x), _calls_a_compiled_helper(x))
 
 
-def test_a_graph_applying_torch_func_transforms_runs_eagerly_and_says_so():
+def test_torch_func_transforms_inside_a_compiled_function_run_as_they_are_and_the_rest_compiles():
     """Dynamo inlines torch.func.grad and jacrev into its graph (functorch's levels entered and
     left by plain calls): tjit's trace of it failed inside a level, which it left broken, and
-    reported the next eager run's internal assert as eager's own error. The graph now runs as
-    Dynamo captured it, with a warning."""
+    reported the next eager run's internal assert as eager's own error; tjit.compile refused
+    the function. The graph is now cut around each transform, which runs as Dynamo captured
+    it, and tjit compiles the ops around it."""
+    import warnings
     from torch.func import grad, jacrev
 
     def gradient(x, w):
-        return grad(lambda w: torch.tanh(x @ w).pow(2).sum())(w)
+        h = torch.tanh(x * 2)
+        g = grad(lambda w: torch.tanh(h @ w).pow(2).sum())(w)
+        return (g * 3).softmax(-1)
 
     def jacobian(x, w):
-        return jacrev(lambda x: torch.tanh(x @ w) * x)(x)
+        return jacrev(lambda x: torch.tanh(x @ w) * x)(x.exp()).cumsum(0)
     x, w = torch.randn(40), torch.randn(40, 40)
     for f in (gradient, jacobian):
+        for compiled in (lambda f: torch.compile(f, backend="tjit"), tjit.compile):
+            torch._dynamo.reset()
+            before = tjit.counters.launches
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", UserWarning)  # (no graph runs eagerly)
+                got = compiled(f)(x, w)
+            assert tjit.counters.launches > before
+            torch.testing.assert_close(got, f(x, w))
+
+
+def test_flex_attention_runs_as_it_is_between_compiled_ops():
+    """flex_attention (a higher-order op, with a score_mod whose block mask torch builds under
+    vmap) and the work around it: the op and the transform run as they are, tjit compiles the
+    rest (the whole graph ran eagerly, with a warning). Forward only: eager has no
+    flex_attention backward on the CPU."""
+    import warnings
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    causal = create_block_mask(lambda b, h, i, j: i >= j, None, None, 40, 40, device="cpu")
+
+    def relative(x, w):
+        q, k, v = (torch.tanh(x * w[j]) for j in range(3))
+        return flex_attention(q, k, v, score_mod=lambda s, b, h, i, j: s + (i - j) * 0.1).softmax(-1)
+
+    def masked(x, w):
+        q, k, v = (torch.tanh(x * w[j]) for j in range(3))
+        return flex_attention(q, k, v, block_mask=causal).square().sum(-1)
+    x, w = torch.randn(2, 2, 40, 16), torch.randn(3, 16)
+    for f in (relative, masked):
         torch._dynamo.reset()
-        with pytest.warns(UserWarning, match="torch.func transforms"):
+        before = tjit.counters.launches
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)
             got = torch.compile(f, backend="tjit")(x, w)
+        assert tjit.counters.launches > before
         torch.testing.assert_close(got, f(x, w))

@@ -570,6 +570,10 @@ def _trace_graph(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozens
                 raise TypeError(str(e)) from None  # eager's: the call itself does not fit (a missing argument)
             if _needs_tensor_data(e):
                 raise DataDependentError(name, f"tracing failed: {type(e).__name__}: {str(e).strip()}") from e
+            if "TensorWrapper" in str(e) or "BatchedTensor" in str(e):  # (a grad or vmap level's tensors)
+                raise SplitError(name, "it applies a torch.func transform (grad, vmap, jacrev, ...), whose tensors "
+                                       "kernels cannot read: Dynamo inlines it, and tjit compiles the ops around "
+                                       "it") from e
             higher_order = _higher_order_op(e)
             if higher_order is not None:
                 raise HigherOrderOpError(f"torch.ops.higher_order.{higher_order}", "a higher-order op (torch.cond, "

@@ -11,6 +11,7 @@ torch call (torch.cov calls aten.equal) runs eagerly as a whole, and `graphs` sa
 """
 from __future__ import annotations
 
+import operator
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -52,11 +53,9 @@ class SplitFunction:
 def graph_backend(gm: torch.fx.GraphModule, example_inputs) -> Callable:
     """A Dynamo graph compiled by tjit on its first call; a graph tjit refuses (checked before
     anything runs, so no tensor was touched) runs eagerly instead, with a warning."""
-    if any(_is_custom_function(node) for node in gm.graph.nodes):
-        return _around(gm, _is_custom_function)
-    if any(_is_function_transform(node) for node in gm.graph.nodes):
-        return _eagerly(gm, "it applies torch.func transforms (grad, vmap, jacrev, ...), which tjit's trace cannot "
-                            "follow")
+    eager = {node for node in gm.graph.nodes if _is_custom_function(node)} | _function_transforms(gm)
+    if eager:
+        return _around(gm, eager)
     from .compiled import CompiledFunction
     # (Dynamo passes each symbol of a dynamic graph as an int: the graph is traced with
     # symbolic sizes at once, and a new size is specialised from that trace)
@@ -93,7 +92,7 @@ def graph_backend(gm: torch.fx.GraphModule, example_inputs) -> Callable:
                     return _specialised(gm, reads, by_values, graph, args, compiled)
                 refused = _refused_higher_order_op(gm, e)
                 if refused is not None:  # (flex_attention, torch.cond: run as they are, the rest compiled)
-                    cut.append(_around(gm, lambda node: node.op == "call_function" and node.target is refused))
+                    cut.append(_around(gm, {node for node in gm.graph.nodes if node.target is refused}))
                     graph.compiled, graph.parts = None, cut[0].split_graph.parts
                     return cut[0](*args)
                 graph.eager_because = f"{type(e).__name__}: {e}"
@@ -213,22 +212,27 @@ def _copied(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return copied
 
 
+def _function_transforms(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
+    """The nodes of the torch.func transforms (grad, vmap, jacrev) Dynamo inlined: each level
+    entered and left by plain calls (`_grad_increment_nesting` ... `_grad_decrement_nesting`,
+    saved-tensor hooks off around them), the ops between run on the level's wrapped tensors,
+    which tjit's trace cannot follow (a failed trace inside a level left functorch's levels
+    broken)."""
+    if not any(_is_function_transform(node) for node in gm.graph.nodes):
+        return set()
+    found, depth = set(), 0
+    for node in gm.graph.nodes:
+        name = getattr(node.target, "__name__", "") if node.op == "call_function" else ""
+        depth += name.endswith("_increment_nesting") or name == "_saved_tensors_hooks_disable"
+        if depth > 0 or _is_function_transform(node):
+            found.add(node)
+        depth -= name.endswith("_decrement_nesting") or name == "_saved_tensors_hooks_enable"
+    return found
+
+
 def _is_function_transform(node: torch.fx.Node) -> bool:
-    """A step of a torch.func transform Dynamo inlined (entering a grad or vmap level,
-    wrapping tensors for it): a failed trace inside one leaves functorch's levels broken."""
     return node.op == "call_function" and \
         getattr(node.target, "__module__", "").startswith(("torch._C._functorch", "torch._functorch"))
-
-
-def _eagerly(gm: torch.fx.GraphModule, reason: str) -> Callable:
-    """The graph run as Dynamo captured it, with a warning that says why."""
-    warnings.warn(f"tjit runs a graph of {len(gm.graph.nodes)} nodes eagerly: {reason}", stacklevel=3)
-
-    def run(*args):
-        return gm(*args)
-
-    run.split_graph = SplitGraph(None, eager_because=reason)
-    return run
 
 
 def _is_custom_function(node: torch.fx.Node) -> bool:
@@ -245,29 +249,27 @@ def _refused_higher_order_op(gm: torch.fx.GraphModule, e: UnsupportedOpError):
                  and getattr(node.target, "__name__", None) == e.op[len(prefix):]), None)
 
 
-def _around(gm: torch.fx.GraphModule, eager: Callable[[torch.fx.Node], bool]) -> Callable:
-    """The graph cut before and after each node for which `eager` holds, which run as they are;
-    tjit compiles the parts between them. Custom autograd.Functions (Dynamo's
+def _around(gm: torch.fx.GraphModule, eager: set[torch.fx.Node]) -> Callable:
+    """The graph cut before and after each run of `eager` nodes, which run as they are; tjit
+    compiles the parts between them. Custom autograd.Functions (Dynamo's
     autograd_function_apply, the Function's forward and backward as subgraphs) run so, their
     backward the user's, as eager's (a Function on a gradient path would make tjit refuse the
-    whole graph); so do higher-order ops tjit's trace refuses."""
+    whole graph); so do torch.func transforms and higher-order ops tjit's trace refuses."""
     from torch.fx.passes.split_module import split_module
     part_of: dict[torch.fx.Node, int] = {}
-    current = 0
+    eager, eager_parts, current, in_eager = set(eager), set(), 0, False
     for node in gm.graph.nodes:
-        source = node.args[0] if node.op == "call_function" and node.args else None
-        if eager(node):
-            current += 1
-            part_of[node] = current
-            current += 1
-        elif isinstance(source, torch.fx.Node) and eager(source):
-            part_of[node] = part_of[source]  # (a result taken out of the op's tuple)
-        else:
-            part_of[node] = current
+        if node.op == "call_function" and node.target is operator.getitem and node.args[0] in eager:
+            eager.add(node)  # (a result taken out of the op's tuple)
+        if (node in eager) != in_eager:
+            current, in_eager = current + 1, not in_eager
+        part_of[node] = current
+        if in_eager:
+            eager_parts.add(current)
     split = split_module(gm, None, lambda node: part_of[node], keep_original_order=True)
     graph = SplitGraph(None)
     for name, part in list(split.named_children()):
-        if not any(eager(node) for node in part.graph.nodes):
+        if int(name[len("submod_"):]) not in eager_parts:
             compiled = graph_backend(part, None)
             graph.parts.append(compiled.split_graph)
             setattr(split, name, _Called(compiled))

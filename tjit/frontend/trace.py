@@ -95,6 +95,7 @@ def fake_trace(fn: Callable, inputs: list, symbolic: bool = False,
     mode = _fake_mode(symbolic)
     keep = KeepRealTensors()
     dims = iter(dynamic_dims or ())
+    levels = torch._C._functorch.get_dynamic_layer_stack_depth()
     try:
         # (force_eager: what the function compiles with torch.compile runs as it is, traced;
         # torch.cond compiles its own call, which failing inside this trace left Dynamo
@@ -106,6 +107,9 @@ def fake_trace(fn: Callable, inputs: list, symbolic: bool = False,
                            _allow_non_fake_inputs=True)(*fakes), fakes
     finally:
         keep.restore()
+        # (a Dynamo graph enters and leaves torch.func's levels by plain calls: a trace that
+        # stops inside one must not leave it entered, which breaks every later transform)
+        torch._C._functorch.pop_dynamic_layer_stack_and_undo_to_depth(levels)
 
 
 def _fake_input(mode, tensor: torch.Tensor, symbolic: bool, dynamic: Optional[tuple[bool, ...]]):

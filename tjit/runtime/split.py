@@ -53,9 +53,8 @@ class SplitFunction:
 def graph_backend(gm: torch.fx.GraphModule, example_inputs) -> Callable:
     """A Dynamo graph compiled by tjit on its first call; a graph tjit refuses (checked before
     anything runs, so no tensor was touched) runs eagerly instead, with a warning."""
-    eager = {node for node in gm.graph.nodes if _is_custom_function(node)} | _function_transforms(gm)
-    if eager:
-        return _around(gm, eager)
+    if any(_is_custom_function(node) for node in gm.graph.nodes):
+        return _around(gm, {node for node in gm.graph.nodes if _is_custom_function(node)})
     from .compiled import CompiledFunction
     # (Dynamo passes each symbol of a dynamic graph as an int: the graph is traced with
     # symbolic sizes at once, and a new size is specialised from that trace)
@@ -90,9 +89,9 @@ def graph_backend(gm: torch.fx.GraphModule, example_inputs) -> Callable:
             except UnsupportedOpError as e:
                 if reads:  # (an op that takes the number read as a literal: a float where its schema has one)
                     return _specialised(gm, reads, by_values, graph, args, compiled)
-                refused = _refused_higher_order_op(gm, e)
-                if refused is not None:  # (flex_attention, torch.cond: run as they are, the rest compiled)
-                    cut.append(_around(gm, {node for node in gm.graph.nodes if node.target is refused}))
+                eager = _refused_higher_order_op(gm, e) or _function_transforms(gm)
+                if eager:  # (flex_attention, torch.cond, torch.func.grad: run as they are, the rest compiled)
+                    cut.append(_around(gm, eager))
                     graph.compiled, graph.parts = None, cut[0].split_graph.parts
                     return cut[0](*args)
                 graph.eager_because = f"{type(e).__name__}: {e}"
@@ -215,9 +214,8 @@ def _copied(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 def _function_transforms(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
     """The nodes of the torch.func transforms (grad, vmap, jacrev) Dynamo inlined: each level
     entered and left by plain calls (`_grad_increment_nesting` ... `_grad_decrement_nesting`,
-    saved-tensor hooks off around them), the ops between run on the level's wrapped tensors,
-    which tjit's trace cannot follow (a failed trace inside a level left functorch's levels
-    broken)."""
+    saved-tensor hooks off around them), the ops between run on the level's wrapped tensors.
+    (tjit's trace follows vmap, as HF models build their masks, but not grad.)"""
     if not any(_is_function_transform(node) for node in gm.graph.nodes):
         return set()
     found, depth = set(), 0
@@ -239,14 +237,12 @@ def _is_custom_function(node: torch.fx.Node) -> bool:
     return node.op == "call_function" and node.target is torch.ops.higher_order.autograd_function_apply
 
 
-def _refused_higher_order_op(gm: torch.fx.GraphModule, e: UnsupportedOpError):
-    """The higher-order op of gm that tjit's trace refused (torch.cond, flex_attention: tjit
-    traces none), if that is what it refused."""
+def _refused_higher_order_op(gm: torch.fx.GraphModule, e: UnsupportedOpError) -> set[torch.fx.Node]:
+    """The calls of the higher-order op that tjit's trace refused (torch.cond, flex_attention:
+    tjit traces none), if that is what it refused."""
     prefix = "torch.ops.higher_order."
-    if not e.op.startswith(prefix):
-        return None
-    return next((node.target for node in gm.graph.nodes if node.op == "call_function"
-                 and getattr(node.target, "__name__", None) == e.op[len(prefix):]), None)
+    return {node for node in gm.graph.nodes if e.op.startswith(prefix) and node.op == "call_function"
+            and getattr(node.target, "__name__", None) == e.op[len(prefix):]}
 
 
 def _around(gm: torch.fx.GraphModule, eager: set[torch.fx.Node]) -> Callable:

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch.testing._comparison import default_tolerances
 
 import tjit
-from helpers import assert_as_accurate_as_eager, clone_args
+from helpers import assert_as_accurate_as_eager, assert_matches_eager, clone_args
 
 pytestmark = [
     pytest.mark.usefixtures("fresh_seed"),
@@ -1311,3 +1311,34 @@ def test_a_residual_read_through_a_row_view_under_autocast_with_a_second_result(
     exact, eager, got = grads
     for k, (g, e, x) in enumerate(zip(got, eager, exact)):
         assert_as_accurate_as_eager(g, e, x, 1.6e-2, 1e-5, f"gradient of parameter {k}")
+
+
+SATURATING = {
+    "softplus": F.softplus,
+    "softplus(beta=2)": lambda x: F.softplus(x, beta=2.0),
+    "mish": F.mish,
+    "elu": F.elu,
+    "selu": F.selu,
+    "celu": lambda x: F.celu(x, alpha=0.5),
+    "bce(sigmoid)": lambda x: F.binary_cross_entropy(torch.sigmoid(x), (x > 0).to(x.dtype), reduction="none"),
+    "bce(sigmoid, weight)": lambda x: F.binary_cross_entropy(torch.sigmoid(x), (x > 0).to(x.dtype),
+                                                             weight=x.detach().abs() + 1),
+}
+
+
+@pytest.mark.parametrize("name", list(SATURATING))
+def test_gradients_where_an_activation_saturates_match_eager(name):
+    """Inputs where exp overflows (x > 88.7) or a sigmoid rounds to exactly 0 or 1: softplus,
+    mish and the elus computed exp of the branch they did not take, whose inf derivative
+    times the select's 0 made their gradient NaN (eager's is 1); binary cross-entropy's
+    clamped logs did the same where eager divides by max((1 - p) p, 1e-12)."""
+    fn = SATURATING[name]
+    x = torch.cat([torch.tensor([0.0, 1.0, 17.0, 20.0, 50.0, 88.0, 89.0, 100.0, 1e4, -1e4, -89.0, -120.0]),
+                   torch.randn(300 * 70) * 60]).reshape(-1, 3)  # (several programs)
+    a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+    expected, got = fn(a), tjit.compile(fn)(b)
+    assert_matches_eager(got, expected)
+    g = torch.rand_like(expected)
+    expected.backward(g)
+    got.backward(g)
+    torch.testing.assert_close(b.grad, a.grad, equal_nan=False)

@@ -453,16 +453,26 @@ def _silu(cv, node, x):
 @_float_activation("softplus_cpu")
 def _softplus(cv, node, x, beta=1, threshold=20):
     v = x_of(cv, node, x)
+    return _softplus_of(v, beta, threshold).value
+
+
+def _softplus_of(v: X, beta=1, threshold=20) -> X:
+    """log1p(exp(v * beta)) / beta, v itself above the threshold. The exponential is taken of 0
+    where it is not used: exp(89) is inf, and its derivative, inf times the select's 0, made
+    the gradient NaN (eager's is 1)."""
     scaled = v * beta
-    soft = scaled.op("exp").op("log1p") / beta
-    return (scaled > threshold).where(v, soft).value
+    above = scaled > threshold
+    soft = above.where(scaled.wrap(0.0), scaled).op("exp").op("log1p") / beta
+    return above.where(v, soft)
 
 
 @register(aten.mish)
 @_float_activation("mish_cpu")
 def _mish(cv, node, x):
+    # (softplus above 20 is v in float32 and float64 alike, and so is tanh of it: 1; its
+    # gradient is eager's, not exp(v) / (1 + exp(v)), NaN past 88.7)
     v = x_of(cv, node, x)
-    return (v * v.op("exp").op("log1p").op("tanh")).value
+    return (v * _softplus_of(v).op("tanh")).value
 
 
 @register(aten.hardsigmoid)
@@ -497,8 +507,10 @@ def _frac(cv, node, x):
 @_float_activation("elu_cpu")
 def _elu(cv, node, x, alpha=1, scale=1, input_scale=1):
     v = x_of(cv, node, x)
-    neg = (v * input_scale).op("expm1") * (alpha * scale)
-    return (v > 0).where(v * scale, neg).value
+    positive = v > 0
+    # (the exponential of 0 where it is not used: its derivative at v = 89, inf, made the gradient NaN)
+    neg = (positive.where(v.wrap(0.0), v) * input_scale).op("expm1") * (alpha * scale)
+    return positive.where(v * scale, neg).value
 
 
 @register(aten.celu)

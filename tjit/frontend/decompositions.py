@@ -7,6 +7,10 @@
   product its gradient kernels recompute on their own tiles), that count can be 0: NaN
   gradients. Eager's gradient is exp(x - result), with no tie test; here the max is
   detached, so the gradient is that too.
+- `binary_cross_entropy`: torch's takes logs clamped at -100, whose derivative where the
+  input is exactly 0 or 1 (a saturated sigmoid) is inf times the clamp's 0: NaN. Eager's
+  gradient for the input is (input - target) / max((1 - input) * input, 1e-12); here the loss
+  is torch's, with that gradient.
 - `index_add`: torch's decomposition checks the number of indices but not eager's "source
   tensor shape must match self tensor shape, excluding the specified dimension", so a
   source of the wrong shape was broadcast into a result where eager raises.
@@ -16,8 +20,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
+from torch._decomp.decompositions import apply_loss_reduction, pw_cast_for_opmath
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND
-from torch._prims_common.wrappers import elementwise_type_promotion_wrapper
+from torch._prims_common.wrappers import elementwise_type_promotion_wrapper, out_wrapper
 
 aten = torch.ops.aten
 
@@ -35,6 +40,22 @@ def logsumexp(self: torch.Tensor, dim, keepdim: bool = False) -> torch.Tensor:
     return torch.sum(torch.exp(self - maxes), dims, keepdim).log().add(maxes_squeezed)
 
 
+@out_wrapper()
+@pw_cast_for_opmath
+def binary_cross_entropy(self: torch.Tensor, target: torch.Tensor, weight=None, reduction: int = 1) -> torch.Tensor:
+    """torch's decomposition of the loss, with eager's gradient for the input (see the module
+    text): the loss of the input detached, plus a term whose value is 0 and whose gradient is
+    eager's."""
+    given = self.detach()
+    loss = (target - 1) * torch.maximum(torch.log1p(-given), self.new_full((), -100)) \
+        - target * torch.maximum(torch.log(given), self.new_full((), -100))
+    slope = (given - target.detach()) / torch.clamp_min((1 - given) * given, 1e-12)
+    if weight is not None:
+        loss, slope = loss * weight, slope * weight.detach()
+    along = self * slope
+    return apply_loss_reduction(loss - (along.detach() - along), reduction)  # (x - 0 keeps the sign of a zero x)
+
+
 def index_add(decomposition):
     """torch's decomposition of an index_add overload, after eager's shape check."""
     def checked(x, dim, index, source, *args, **kwargs):
@@ -50,7 +71,8 @@ def index_add(decomposition):
 
 def tjit_decompositions(table: dict) -> dict:
     """The entries above, for a table that holds torch's (index_add's wrap torch's own)."""
-    return {aten.logsumexp.default: logsumexp} | wrapped(table, (aten.index_add, aten.index_add_), index_add)
+    return {aten.logsumexp.default: logsumexp, aten.binary_cross_entropy.default: binary_cross_entropy} | \
+        wrapped(table, (aten.index_add, aten.index_add_), index_add)
 
 
 def wrapped(table: dict, ops, wrapper) -> dict:

@@ -67,7 +67,7 @@ def _in_eagers_precision_only(decomposition: Callable) -> Callable:
 
 aten = torch.ops.aten
 KEPT_WHOLE = (aten.clamp_min, aten.clamp_max, aten.silu, aten.softplus, aten.mish, aten.hardsigmoid, aten.hardswish,
-              aten.frac, aten.celu, aten.selu, aten.lerp, aten.addcmul, aten.addcdiv,
+              aten.frac, aten.elu, aten.celu, aten.selu, aten.lerp, aten.addcmul, aten.addcdiv,
               aten.xlogy,  # its decomposition's where() gives no gradient to x at x == 0; eager's is log(y)
               aten.sinc,  # its decomposition's where() differentiates 0 / 0 at x == 0 (NaN; eager's is 0)
               aten.std, aten.std_mean,  # sqrt(var) differentiated at var == 0 is inf * 0 (NaN; eager's is 0)

@@ -715,7 +715,7 @@ def functional_overload(in_place) -> Optional[torch._ops.OpOverload]:
     if not isinstance(functional, torch._ops.OpOverloadPacket):
         return None
     wanted = _arguments(in_place)
-    return next((overload for overload in map(functional.__getattr__, functional.overloads())
+    return next((overload for overload in (getattr(functional, o) for o in functional.overloads())
                  if _arguments(overload) == wanted), None)
 
 

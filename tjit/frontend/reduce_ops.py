@@ -204,8 +204,15 @@ def variance(cv, node, x, axes, correction, acc):
 
 
 def _moment_dtype(node, x: GraphNode, what: str) -> DType:
+    """The type var and std accumulate in: eager's. On the CPU, eager's Welford accumulates
+    float32 in double (its var of a row with a large mean and a small spread is exact to 1e-7
+    where float32's loses three digits, and it squares 1e20 without overflow); on CUDA in
+    float32; 16-bit floats in float32 on both."""
     if not x.dtype.is_float:
         raise UnsupportedOpError(str(node.target), f"{what} of a {x.dtype!r} tensor (eager needs floats too)")
+    results = [t for t in torch.utils._pytree.tree_leaves(node.meta.get("val")) if isinstance(t, torch.Tensor)]
+    if x.dtype is DType.float32 and results and results[0].device.type == "cpu":
+        return DType.float64
     return opmath(x.dtype)
 
 

@@ -314,6 +314,10 @@ EAGER_ERRORS = {
                                  (torch.randn(3, 2), torch.tensor([0, 2]), torch.randn(2))),
     "index_add_'s source shape": (lambda a, i, s: a.index_add_(1, i, s),
                                   (torch.randn(3, 4), torch.tensor([0, 2]), torch.randn(2, 2))),
+    # (max and min over no elements were tjit's refusal, a RuntimeError, where eager raises IndexError)
+    "max over an empty dim": (lambda a: a.max(-1), (torch.randn(7, 0),)),
+    "min over an empty dim": (lambda a: a.min(1).values * 2, (torch.randn(7, 0),)),
+    "max of an empty tensor": (lambda a: a.max(), (torch.randn(7, 0),)),
 }
 
 

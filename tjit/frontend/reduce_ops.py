@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from ..errors import UnsupportedOpError
+from ..errors import UnsupportedOpError, as_eager_error
 from ..ir import Contiguous, DType, GraphNode, toposort
 from .aten_ops import X, opmath, out_dtype, register
 
@@ -100,7 +100,7 @@ def _max(cv, node, x, dim=None, keepdim=False):
     if isinstance(dim, GraphNode) or not isinstance(node.meta["val"], (tuple, list)) and dim is not None:
         raise UnsupportedOpError(str(node.target), "elementwise max/min of two tensors goes through maximum")
     axes = reduced_axes(x, dim)
-    _refuse_empty(node, x, axes, op)
+    _refuse_empty(node, x, axes, op, whole=dim is None)
     with_indices = isinstance(node.meta["val"], (tuple, list))
     values = cv.reduce(op, x, axes, grad_to_first=with_indices)
     if not with_indices:
@@ -125,10 +125,15 @@ def _arg_operand(cv, x: GraphNode) -> GraphNode:
     return cv.cast(x, DType.int8) if x.dtype is DType.bool else x
 
 
-def _refuse_empty(node, x: GraphNode, axes, op: str) -> None:
-    if any(x.shape[a] == 0 for a in axes) or (not axes and 0 in x.shape):
-        raise UnsupportedOpError(str(node.target), f"{op} of an empty tensor has no identity "
-                                                   f"(eager raises too); input shape {list(x.shape)}")
+def _refuse_empty(node, x: GraphNode, axes, op: str, whole: bool = False) -> None:
+    """Eager's error for a max, min or arg-reduction over no elements (it has no identity);
+    whole: the call named no dim."""
+    if whole and 0 in x.shape:
+        raise as_eager_error(RuntimeError(f"{op}(): Expected reduction dim to be specified for input.numel() == 0. "
+                                          "Specify the reduction dim with the 'dim' argument."))
+    empty = [a for a in axes if x.shape[a] == 0] or ([0] if not axes and 0 in x.shape else [])
+    if empty:
+        raise as_eager_error(IndexError(f"{op}(): Expected reduction dim {empty[0]} to have non-zero size."))
 
 
 @register(aten.any, aten.all)

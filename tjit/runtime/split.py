@@ -52,7 +52,9 @@ class SplitFunction:
 
 def graph_backend(gm: torch.fx.GraphModule, example_inputs) -> Callable:
     """A Dynamo graph compiled by tjit on its first call; a graph tjit refuses (checked before
-    anything runs, so no tensor was touched) runs eagerly instead, with a warning."""
+    anything runs, so no tensor was touched) runs eagerly instead, with a warning, unless what
+    it refused can run as it is between compiled parts (_around: custom autograd.Functions, a
+    higher-order op tjit's trace has no rule for, torch.func transforms it cannot follow)."""
     if any(_is_custom_function(node) for node in gm.graph.nodes):
         return _around(gm, {node for node in gm.graph.nodes if _is_custom_function(node)})
     from .compiled import CompiledFunction
@@ -69,7 +71,7 @@ def graph_backend(gm: torch.fx.GraphModule, example_inputs) -> Callable:
     graph = SplitGraph(compiled(gm.forward))
     by_values: dict[tuple, SplitGraph] = {}  # per tuple of values read by .item(), once they are specialised
     reads = _item_reads(gm)
-    cut: list[Callable] = []  # the graph cut around a higher-order op tjit refuses, once it has
+    cut: list[Callable] = []  # the graph cut around what tjit refused in it (_around), once it has
 
     def run(*args):
         if cut:

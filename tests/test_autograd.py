@@ -1342,3 +1342,44 @@ def test_gradients_where_an_activation_saturates_match_eager(name):
     expected.backward(g)
     got.backward(g)
     torch.testing.assert_close(b.grad, a.grad, equal_nan=False)
+
+
+NAN, INF = float("nan"), float("inf")
+# (function, its arguments' special values): points where eager's derivative formula and the
+# derivative of tjit's formula for the value used to differ
+AT_SPECIAL_POINTS = {
+    "xlog1py": (torch.special.xlog1py, [0.0, 0.0, 0.0, 1.0, NAN], [0.5, 3.0, -2.0, -1.0, 0.5]),
+    "entr": (torch.special.entr, [0.0, 1.0, INF, -1.0, NAN]),
+    "logit": (torch.logit, [0.0, 1.0, 0.5, -0.25, 1.25, NAN]),
+    "logit(eps)": (lambda x: torch.logit(x, eps=1e-3), [0.0, 1.0, 1e-4, 0.5, -0.25, 1.25]),
+    "atan2": (torch.atan2, [0.0, -0.0, 1e-30, 0.0, 1.0], [0.0, 0.0, 1e-30, 1e-30, 0.0]),
+    "hypot": (torch.hypot, [1e-30, 0.0, 3e-25, 2.0], [1e-30, 1e-30, 4e-25, 0.0]),
+    "pow(-2)": (lambda x: x.pow(-2), [0.0, -0.0, 1e-20, -1e-20]),
+    "hardsigmoid": (F.hardsigmoid, [NAN, -3.0, 3.0]),
+    "clamp": (lambda x: x.clamp(-0.5, 0.5), [NAN, -0.5, 0.5]),
+    "clamp_min": (lambda x: x.clamp_min(0.25), [NAN, 0.25]),
+    "clamp_max": (lambda x: torch.clamp_max(x, 0.25), [NAN, 0.25]),
+}
+
+
+@pytest.mark.parametrize("name", list(AT_SPECIAL_POINTS))
+def test_gradients_at_special_points_match_eager(name):
+    """Values and gradients at the points where an op's formula has a special case (0 * log,
+    0 / 0, a select's bound, NaN), among random values over several programs: xlog1py's d/dx
+    at x == 0 was 0 (eager's log1p(y)); entr's, logit's and pow(x, -2)'s at 0 NaN (eager's
+    inf); logit's outside [0, 1] finite (eager's NaN); atan2's at (0, 0) and where the squares
+    underflow NaN or inf (eager's 0), hypot's there NaN; hardsigmoid's and clamp's at NaN 1
+    (eager's 0). (At NaN, eager's CPU gradients of the elus, hardswish and logit with an eps
+    differ between its vectorized loop and the scalar one for a tail: not compared.)"""
+    fn, *specials = AT_SPECIAL_POINTS[name]
+    n = 300 * 70
+    args = [torch.cat([torch.tensor(s), torch.rand(n) * 4 - 2]) for s in specials]  # (logit's mostly outside)
+    eager_args = [a.clone().requires_grad_() for a in args]
+    got_args = [a.clone().requires_grad_() for a in args]
+    expected, got = fn(*eager_args), tjit.compile(fn)(*got_args)
+    torch.testing.assert_close(got, expected, equal_nan=True)
+    g = torch.rand_like(expected)
+    expected.backward(g)
+    got.backward(g)
+    for k, (a, b) in enumerate(zip(eager_args, got_args)):
+        torch.testing.assert_close(b.grad, a.grad, equal_nan=True, msg=lambda m: f"gradient of argument {k}: {m}")

@@ -242,8 +242,11 @@ def _rounded_quotient(rounding: str):
 
 
 def _atan2(a: Algebra, g, y, p, q):
-    scale = a.div(g, a.add(a.square(p), a.square(q)))
-    return a.mul(scale, q), a.mul(scale, a.neg(p))
+    # eager's: g q / (p^2 + q^2) and -g p / (p^2 + q^2), the reciprocal taken as 0 where the
+    # sum is 0 (at (0, 0), and where the squares underflow): 0 there, not NaN or inf
+    squares = a.add(a.square(p), a.square(q))
+    recip = a.where(a.test("eq", squares, 0.0), 0.0, a.ew("recip", squares))
+    return a.mul(a.mul(g, q), recip), a.mul(a.mul(g, a.neg(p)), recip)
 
 
 BINARY_RULES = {

@@ -201,6 +201,15 @@ def x_of(cv, node, arg, dtype=None) -> X:
     return X(cv, node, operand(cv, arg, dtype, out_shape(node)), dtype)
 
 
+def differentiated_as(value: X, surrogate: X) -> X:
+    """`value`, whose gradient is `surrogate`'s (straight_through): eager's derivative
+    formula, where the IR's derivative of the formula that computes the value differs from it
+    at special points (a select's untaken side, a quotient's 0 / 0). The surrogate's own value
+    is not used; it is written as x * stop_gradient(slope), or x / stop_gradient(denominator),
+    so that its derivative is eager's product or quotient."""
+    return surrogate.op("straight_through", value)
+
+
 # -- arithmetic ---------------------------------------------------------------------------------
 def _check_alpha(node, alpha) -> None:
     """eager's add and sub refuse a float alpha for an integer or bool result (torch's meta
@@ -334,7 +343,7 @@ def _pow_by_scalar(cv, node, base, e, dtype: DType):
     if e == 0:
         return x.wrap(1).value  # even NaN ** 0 is 1
     table = {1: lambda: x, 2: lambda: x * x, 3: lambda: x * x * x, -1: lambda: x.op("recip"),
-             -2: lambda: (x * x).op("recip")}
+             -2: lambda: differentiated_as((x * x).op("recip"), x.op("pow", -2.0))}  # (eager's -2 x^-3: inf at 0)
     if dtype is not DType.float16:
         table.update({0.5: lambda: x.op("sqrt"), -0.5: lambda: x.op("rsqrt")})
     return table[e]().value if e in table else None
@@ -478,7 +487,10 @@ def _mish(cv, node, x):
 @register(aten.hardsigmoid)
 @_float_activation("hardsigmoid_cpu")
 def _hardsigmoid(cv, node, x):
-    return (_clamped_by_selects(x_of(cv, node, x) + 3.0, 0.0, 6.0) / 6.0).value
+    # (eager's gradient is 1/6 strictly inside (-3, 3) only: 0 at NaN too, which the clamp passes)
+    t = x_of(cv, node, x) + 3.0
+    inside = (t > 0.0).op("logical_and", t < 6.0, result=DType.bool)
+    return (inside.where(t, _clamped_by_selects(t, 0.0, 6.0).op("stop_gradient")) / 6.0).value
 
 
 @register(aten.hardswish)
@@ -590,11 +602,16 @@ def _clamp(cv, node, x, min=None, max=None):
     if node.target in (aten.clamp_max.default, aten.clamp_max.Tensor):
         min, max = None, min
     min, max = checked_number(node, min), checked_number(node, max)
-    value = operand(cv, x, out_dtype(node), out_shape(node))
+    given = operand(cv, x, out_dtype(node), out_shape(node))
+    value = given
     if min is not None:
         value = _bounded(cv, node, value, min, "lt")
     if max is not None:
         value = _bounded(cv, node, value, max, "gt")
+    if given.dtype.is_float:  # eager's gradient is 0 at NaN (x >= min and x <= max fails there)
+        nan = cv.elementwise("isnan", [given], DType.bool)
+        value = cv.elementwise("where", [nan, cv.elementwise("stop_gradient", [given], given.dtype), value],
+                               value.dtype)
     return value
 
 
@@ -623,6 +640,45 @@ def _xlogy(cv, node, a, b):
     # (log of 1 where the product is not taken: its gradient there is 0, not 0 * NaN)
     product = x * at_zero.where(y.wrap(1.0), y).op("log")
     return at_zero.where(x.wrap(0.0), product).value
+
+
+@register(aten.special_xlog1py)
+def _xlog1py(cv, node, a, b):
+    """x * log1p(y), 0 where x == 0 unless y is NaN, written as xlogy is so that the IR's
+    derivative is eager's: d/dx is log1p(y) at x == 0 too (0 only where y <= -1 there; the
+    decomposition's select gave 0 wherever x == 0), d/dy is x / (1 + y)."""
+    x, y = x_of(cv, node, a), x_of(cv, node, b)
+    outside_log = y.op("le", -1.0, result=DType.bool).op("logical_or", y.op("eq", math.inf, result=DType.bool),
+                                                         result=DType.bool)
+    at_zero = x.op("eq", 0.0, result=DType.bool).op("logical_and", outside_log, result=DType.bool)
+    product = x * at_zero.where(y.wrap(0.0), y).op("log1p")
+    return at_zero.where(x.wrap(0.0), product).value
+
+
+@register(aten.special_entr)
+def _entr(cv, node, a):
+    """eager's -x log(x) for x > 0, 0 at 0, -inf below 0 and x itself where NaN; its gradient
+    eager's -(log(x) + 1): +inf at 0, where the selects' derivative was 0 * -inf (NaN)."""
+    x = x_of(cv, node, a)
+    below = x.op("eq", 0.0, result=DType.bool).where(x.wrap(0.0), x.wrap(-math.inf))
+    value = x.op("isnan", result=DType.bool).where(x, (x > 0).where(-x * x.op("log"), below))
+    slope = -(x.op("log") + 1.0)
+    return differentiated_as(value, x * slope.op("stop_gradient")).value
+
+
+@register(aten.logit)
+def _logit(cv, node, a, eps=None):
+    """log(x / (1 - x)), x first clamped to [eps, 1 - eps] given an eps (the values of torch's
+    decomposition); the gradient eager's logit_backward: g / (x (1 - x)), inf at 0 and 1
+    (the quotient's derivative gave NaN there), NaN outside [0, 1] without an eps (it gave
+    a finite slope of the NaN value), 0 outside [eps, 1 - eps] with one."""
+    x = x_of(cv, node, a)
+    lo, hi, off = (0.0, 1.0, math.nan) if eps is None else (eps, 1.0 - eps, math.inf)
+    z = x if eps is None else _clamped_by_selects(x, lo, hi)
+    value = (z / (1.0 - z)).op("log")
+    outside = (x < lo).op("logical_or", x > hi, result=DType.bool)
+    denominator = outside.where(x.wrap(off), x * (1.0 - x))
+    return differentiated_as(value, x / denominator.op("stop_gradient")).value
 
 
 @register(aten.sinc)
@@ -655,7 +711,13 @@ def _hypot(cv, node, a, b):
     ratio = (hi > 0).where(lo / hi, hi.wrap(0.0))
     r = hi * (ratio * ratio + 1.0).op("sqrt")
     is_inf = x.op("isinf", result=DType.bool).op("logical_or", y.op("isinf", result=DType.bool), result=DType.bool)
-    return is_inf.where(hi.wrap(math.inf), r).value
+    value = is_inf.where(hi.wrap(math.inf), r)
+    # eager's gradient, g * a / result: the ratio's derivative overflowed where the squares
+    # of a tiny max underflow (NaN where eager's is finite)
+    a_, b_ = x_of(cv, node, a), x_of(cv, node, b)
+    result = value.op("stop_gradient")
+    slopes = a_ * (a_ / result).op("stop_gradient") + b_ * (b_ / result).op("stop_gradient")
+    return differentiated_as(value, slopes).value
 
 
 @register(aten.where)

@@ -70,6 +70,9 @@ KEPT_WHOLE = (aten.clamp_min, aten.clamp_max, aten.silu, aten.softplus, aten.mis
               aten.frac, aten.elu, aten.celu, aten.selu, aten.lerp, aten.addcmul, aten.addcdiv,
               aten.xlogy,  # its decomposition's where() gives no gradient to x at x == 0; eager's is log(y)
               aten.sinc,  # its decomposition's where() differentiates 0 / 0 at x == 0 (NaN; eager's is 0)
+              # their decompositions' selects differentiate otherwise than eager's formulas at 0
+              # (xlog1py's d/dx, entr's, logit's; logit's outside [0, 1] too)
+              aten.special_xlog1py, aten.special_entr, aten.logit,
               aten.std, aten.std_mean,  # sqrt(var) differentiated at var == 0 is inf * 0 (NaN; eager's is 0)
               aten._safe_softmax,  # its decomposition's backward meets softmax's NaN in fully masked rows
               aten.baddbmm,  # its decomposition computes 16-bit products in float32 operands (frontend/matmul.py)

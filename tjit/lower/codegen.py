@@ -20,7 +20,7 @@ from ..ir import (AxisStrategy, Const, Cumulative, Dot, DType, Elementwise, Exte
 from ..errors import IndexOutOfBoundsError, UnsupportedOpError
 from ..ir.ops import op_def
 from ..frontend.dot import accumulates_in_memory
-from .domains import at_product, dots_in, is_value_ref, leaf_view
+from .domains import at_product, dots_in, is_value_ref, kernel_expression, kernel_expressions, leaf_view
 from .elementwise import _cast, literal, render, tl_dtype
 from .fusion import (BufferTarget, InputTarget, KernelGroup, OutputTarget, PutAt, ScatterTarget, buffer_of,
                      expression_leaves, is_kernel_input)
@@ -208,7 +208,7 @@ class _Emitter(GridReductionEmitter):
         if library_only is not None:  # (a copy converts nothing: it would reach Triton's argument types only)
             raise UnsupportedOpError(f"dtype {library_only.torch}", "a kernel would load or store it: tjit "
                                      "computes this type in library calls only")
-        self.widest = max(n.dtype.itemsize for s in group.stores for n in toposort([s.value], stop=is_kernel_input))
+        self.widest = max(n.dtype.itemsize for s in group.stores for n in kernel_expression(s.value))
         self.accumulated = self._accumulated_product() if group.domain.dot else None
         strides = [a.view.strides for a in self.accesses]
         self.tiles = self._dot_tiles() if group.domain.dot else None
@@ -240,14 +240,14 @@ class _Emitter(GridReductionEmitter):
         self.checks: list[Check] = []
         self._zero_div_code = 0  # the status code of this kernel's integer divisions (0: none yet)
         divides = any(_checked_division(n) or _checks_index(n)
-                      for n in toposort(self._store_values(), stop=is_kernel_input))
+                      for n in kernel_expressions(self._store_values()))
         scatters = [s.target.node for s in group.stores if isinstance(s.target, ScatterTarget)]
         if any(n.op.checked for n in self._gathers() + scatters) or divides:
             self.buffers[("status",)] = STATUS
             self.params.append(STATUS.param)
         self.totals = list({id(t): t for s in group.stores for t in s.totals}.values())
         if self.split:  # every reduction is finished by the last program
-            self.totals = [n for n in toposort(self._store_values(), stop=is_kernel_input) if isinstance(n.op, Reduce)]
+            self.totals = [n for n in kernel_expressions(self._store_values()) if isinstance(n.op, Reduce)]
         self.scratch = [BufferRef("scratch", f"partial{j}", work_dtype(t.dtype)) for j, t in enumerate(self.totals)]
         if self.totals:
             for ref in [COUNTER] + self.scratch:
@@ -285,7 +285,7 @@ class _Emitter(GridReductionEmitter):
         return self._buffer("buffer", "", base.dtype, base)
 
     def _gathers(self) -> list[GraphNode]:
-        return [n for n in toposort(self._store_values(), stop=is_kernel_input) if isinstance(n.op, Gather)]
+        return [n for n in kernel_expressions(self._store_values()) if isinstance(n.op, Gather)]
 
     def _collect(self, output_strides):
         self.gather_access: dict[int, int] = {}
@@ -397,7 +397,7 @@ class _Emitter(GridReductionEmitter):
         return store.value
 
     def _dot_tiles(self) -> DotTiles:
-        dots = [n for n in toposort(self._store_values(), stop=is_kernel_input) if isinstance(n.op, Dot)]
+        dots = [n for n in kernel_expressions(self._store_values()) if isinstance(n.op, Dot)]
         *_, m, n = self.shape
         k = max(d.src[0].shape[-1] for d in dots)
         computed = sum(not is_kernel_input(s) for d in dots for s in d.src)  # (prologues)
@@ -641,7 +641,7 @@ class _Emitter(GridReductionEmitter):
 
     def _looped_values(self, inner: list[str], sizes) -> list[str]:
         stores = [(s, n) for s, n in zip(self.group.stores, self.store_access) if not s.totals]
-        reduces = [n for n in toposort(self._roots(), stop=is_kernel_input) if isinstance(n.op, Reduce)]
+        reduces = [n for n in kernel_expressions(self._roots()) if isinstance(n.op, Reduce)]
         red_loop = [k for k in self.red_dims if self.space.loop_dims[k].kind == "loop"]
         start = f"step{red_loop[0]} * BLOCK_{red_loop[0]}" if len(self.red_dims) == 1 and red_loop else "0"
         ctx = LoopContext(self._row_shape(), list(self.red_dims), "mask", self._fresh, start,

@@ -118,9 +118,30 @@ def is_kernel_input(node: GraphNode) -> bool:
 
 
 @per_node
+def kernel_expression(value: GraphNode) -> list[GraphNode]:
+    """What a store of `value` computes and reads, producers first: toposort down to the
+    kernel inputs, which are listed. One walk per node, shared by lowering's questions about
+    an expression (its reductions, leaves, gathers, ...): a deep model's stores have
+    expressions of thousands of nodes before placement cuts them, each walked again for
+    every question."""
+    return toposort([value], stop=is_kernel_input)
+
+
+def kernel_expressions(values) -> list[GraphNode]:
+    """kernel_expression of several values, each node once: toposort(values, stop=is_kernel_input)."""
+    seen, order = set(), []
+    for value in values:
+        for node in kernel_expression(value):
+            if id(node) not in seen:
+                seen.add(id(node))
+                order.append(node)
+    return order
+
+
+@per_node
 def reduces_in(value: GraphNode) -> list[GraphNode]:
     """Reductions and scans a store's fused expression computes, nearest the store first."""
-    nodes = toposort([value], stop=is_kernel_input)
+    nodes = kernel_expression(value)
     return [n for n in reversed(nodes) if isinstance(n.op, (Reduce, Cumulative))]
 
 
@@ -128,6 +149,8 @@ def reduces_in(value: GraphNode) -> list[GraphNode]:
 def dots_in(value: GraphNode) -> list[GraphNode]:
     """The matrix products a store's fused expression computes (a product that an operand
     computes on its tiles is part of that product's work: not listed)."""
+    if not any(isinstance(n.op, Dot) for n in kernel_expression(value)):  # (the walk below sees fewer)
+        return []
     return [n for n in toposort([value], stop=at_product) if isinstance(n.op, Dot)]
 
 
@@ -145,7 +168,7 @@ def reduces_in_epilogue(value: GraphNode) -> list[GraphNode]:
 def operand_leaves(operand: GraphNode) -> list[GraphNode]:
     """What a product's operand reads: itself (memory), or the leaves of the expression its
     kernel computes on each tile (a prologue)."""
-    return [n for n in toposort([operand], stop=is_kernel_input) if is_kernel_input(n)]
+    return [n for n in kernel_expression(operand) if is_kernel_input(n)]
 
 
 def leaf_view(leaf: GraphNode) -> View:
@@ -224,7 +247,7 @@ def store_domain(value: GraphNode) -> Placement:
     if dots and any(d.shape != value.shape for d in dots):
         return Placement(Domain(value.shape), dots)
     if not reduces:
-        refs = [n for n in toposort([value], stop=is_kernel_input) if is_value_ref(n)]
+        refs = [n for n in kernel_expression(value) if is_value_ref(n)]
         return Placement(Domain(value.shape, dot=bool(dots)), [r.src[0] for r in refs])
     return _reduction_placement(value, reduces)
 
@@ -244,7 +267,7 @@ def _nested_products_read_again(dots: list[GraphNode]) -> list[GraphNode]:
 
 def nested_products(dots: list[GraphNode]) -> list[GraphNode]:
     """The products the dots' a operands compute on their tiles, once per dot that does."""
-    return [n for d in dots for n in toposort([d.src[0]], stop=is_kernel_input) if isinstance(n.op, Dot)]
+    return [n for d in dots for n in kernel_expression(d.src[0]) if isinstance(n.op, Dot)]
 
 
 def _reduces_product_rows(domain: Domain, dots: list[GraphNode]) -> bool:
@@ -274,7 +297,7 @@ def _foreign(values, domain: Domain = None) -> list[GraphNode]:
     reduces = [r for v in values for r in reduces_in(v)]
     domain = domain or domain_of_reduce(reduces[0])
     foreign = [r for r in reduces if domain_of_reduce(r) != domain]
-    for node in toposort(values, stop=is_kernel_input):
+    for node in kernel_expressions(values):
         if is_reduce_ref(node) and node.src[0] not in foreign and reference_space(node) is None:
             foreign.append(node.src[0])
         if is_value_ref(node) and isinstance(node.src[0].op, Gather) and not _is_row_alias(node, domain):
@@ -462,7 +485,7 @@ def read_from_buffers(value: GraphNode, buffers: dict[int, GraphNode], copies: O
     of one lowering), `buffers` is keyed by original nodes and a copy reads its original's."""
     key = (lambda node: id(copies.original(node))) if copies is not None else id
     new: dict[int, GraphNode] = {}
-    for node in toposort([value], stop=is_kernel_input):
+    for node in kernel_expression(value):
         if key(node) in buffers and node is not value:
             new[id(node)] = buffers[key(node)]
             continue

@@ -22,7 +22,7 @@ from ..ir import (Contiguous, Cumulative, Dot, Elementwise, Extern, ExternCall, 
 from ..frontend.build import apply_view_desc, inverse_views
 from ..frontend.dot import accumulates_in_memory
 from .domains import (Copies, Domain, Placement, aligned_permutation, domain_of_reduce, dots_in, is_kernel_input,
-                      nested_products, product_key, read_from_buffers, read_through, reduces_in, reshaped_expression,
+                      kernel_expression, nested_products, product_key, read_from_buffers, read_through, reduces_in, reshaped_expression,
                       splits_into, store_domain, totals_fit, totals_of)
 from .hazards import gather_tables, reads_apart, reads_older_version, same_program_access, stage
 from .online_product import online_product
@@ -107,7 +107,7 @@ class ExternStep:
 @per_node
 def expression_leaves(value: GraphNode) -> list[GraphNode]:
     """The kernel inputs a store's fused expression reads."""
-    return [n for n in toposort([value], stop=is_kernel_input) if is_kernel_input(n)]
+    return [n for n in kernel_expression(value) if is_kernel_input(n)]
 
 
 def buffer_of(leaf: GraphNode) -> Optional[GraphNode]:
@@ -754,14 +754,14 @@ def _store_shared_values(stores: list[Store], levels: dict[int, int]) -> list[St
     found: dict[int, GraphNode] = {}
     levels_of: dict[int, set[int]] = {}
     for store in stores:
-        for node in toposort([store.value], stop=is_kernel_input):
+        for node in kernel_expression(store.value):
             if not is_kernel_input(node) and node.dtype.is_float:
                 levels_of.setdefault(id(node), set()).add(levels[id(store)])
                 found.setdefault(id(node), node)
     shared = {key: (node, min(levels_of[key])) for key, node in found.items()
               if len(levels_of[key]) > 1 and node.shape in hosts.get(min(levels_of[key]), {})
               and not _computes_non_pointwise(node) and _loads(node) > RECOMPUTED_LOADS and not _broadcast(node)}
-    within = {key: [id(n) for n in toposort([node], stop=is_kernel_input) if n is not node]
+    within = {key: [id(n) for n in kernel_expression(node) if n is not node]
               for key, (node, _) in shared.items()}
     # a recurrence: a value computed again from an earlier such value (each step's state from
     # the one before) costs every later step more; a value two kernels compute once each is
@@ -797,7 +797,7 @@ def _loads(value: GraphNode) -> int:
 
 
 def _computes_non_pointwise(value: GraphNode) -> bool:
-    return any(isinstance(n.op, (Reduce, Cumulative, Gather, Dot)) for n in toposort([value], stop=is_kernel_input))
+    return any(isinstance(n.op, (Reduce, Cumulative, Gather, Dot)) for n in kernel_expression(value))
 
 
 def _sink_buffers(stores: list[Store], edges: dict[int, list], levels: dict[int, int], copies: Copies) -> dict[int, int]:

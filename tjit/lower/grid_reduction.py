@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ..ir import Const, Cumulative, DType, Elementwise, Gather, GraphNode, Reduce, ViewOp, toposort
-from .domains import GRID_OPS, is_kernel_input, is_value_ref
+from .domains import GRID_OPS, is_kernel_input, is_value_ref, kernel_expressions
 from .elementwise import _cast, literal, render, tl_dtype
 from .reduction import LoopContext, Plain, combine, identity, work_dtype
 
@@ -29,7 +29,7 @@ class GridReductionEmitter:
         their results by elementwise ops and literals only."""
         if len(self.domain.axes) != len(self.shape) or any(s.totals for s in self.group.stores):
             return False
-        reduces = [n for n in toposort(self._store_values(), stop=is_kernel_input) if isinstance(n.op, Reduce)]
+        reduces = [n for n in kernel_expressions(self._store_values()) if isinstance(n.op, Reduce)]
         if not reduces or any(r.op.op not in GRID_OPS or self._nested(r) for r in reduces):
             return False
         stop = lambda n: is_kernel_input(n) or isinstance(n.op, Reduce)  # noqa: E731

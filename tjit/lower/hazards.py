@@ -13,8 +13,8 @@ kernel, which the writing kernel then reads.
 from __future__ import annotations
 
 from ..analysis.addresses import disjoint, meets_only_where_tied
-from ..ir import Contiguous, Dot, Gather, GraphNode, Input, View, ViewOp, Window, nested_axes, toposort
-from .domains import Domain, is_kernel_input, normal, operand_leaves
+from ..ir import Contiguous, Dot, Gather, GraphNode, Input, View, ViewOp, Window, nested_axes
+from .domains import Domain, kernel_expression, normal, operand_leaves
 
 
 def reads_older_version(leaf: GraphNode, name: str, version: int) -> bool:
@@ -34,7 +34,7 @@ def gather_tables(value: GraphNode) -> set[int]:
     """ids of the leaves a store's expression reads at addresses other than their own view's:
     data-dependent ones (Gather), shifted ones (Window), and a matrix product's operands
     (each program reads whole rows of one and columns of the other)."""
-    nodes = toposort([value], stop=is_kernel_input)
+    nodes = kernel_expression(value)
     return {id(n.src[0]) for n in nodes if isinstance(n.op, (Gather, Window))} | \
         {id(leaf) for n in nodes if isinstance(n.op, Dot) for s in n.src for leaf in operand_leaves(s)}
 

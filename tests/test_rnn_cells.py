@@ -4,6 +4,7 @@ fuse into one kernel per step between the matmuls, with no library call copying 
 to write it in place."""
 import pytest
 import torch
+import torch.nn.functional as F
 
 import tjit
 from helpers import check_against_eager, clone_args, launches
@@ -127,3 +128,22 @@ def test_backward_work_grows_linearly_with_the_steps(cell):
     fn = unrolled_gru if cell == "gru" else tanh_loop
     check_gradients(fn, *args(16))
     assert backward_loads(fn, *args(16)) <= 2.2 * backward_loads(fn, *args(8))
+
+
+def embedded_residual_stack(ids, table, ws):
+    x = table[ids]  # a token embedding's lookup, under the residual stream
+    for w in ws:
+        x = x + F.layer_norm(x, x.shape[-1:]) @ w
+    return F.layer_norm(x, x.shape[-1:])
+
+
+@pytest.mark.usefixtures("library_matmuls")  # (about library calls: a matmul is the call)
+def test_a_residual_stream_over_an_embedding_is_read_from_memory_not_recomputed():
+    """Each layer's norm kernel reads the residual stream an earlier kernel wrote: with the
+    embedding lookup (a gather) under it, the stream counted as non-pointwise, and every
+    layer's kernel summed the lookup and all earlier layers' outputs again (the last of 12
+    layers' kernels read 16 tensors: quadratic in depth; now at most 8, whatever the depth)."""
+    layers, d = 12, 40
+    args = (torch.randint(0, 50, (3, 37)), torch.randn(50, d), [torch.randn(d, d) / d for _ in range(layers)])
+    cf = check_against_eager(embedded_residual_stack, *args)
+    assert most_pointers(cf, *args) <= 8

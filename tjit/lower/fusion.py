@@ -760,7 +760,7 @@ def _store_shared_values(stores: list[Store], levels: dict[int, int]) -> list[St
                 found.setdefault(id(node), node)
     shared = {key: (node, min(levels_of[key])) for key, node in found.items()
               if len(levels_of[key]) > 1 and node.shape in hosts.get(min(levels_of[key]), {})
-              and not _computes_non_pointwise(node) and _loads(node) > RECOMPUTED_LOADS and not _broadcast(node)}
+              and not _reduces_or_multiplies(node) and _loads(node) > RECOMPUTED_LOADS and not _broadcast(node)}
     within = {key: [id(n) for n in kernel_expression(node) if n is not node]
               for key, (node, _) in shared.items()}
     # a recurrence: a value computed again from an earlier such value (each step's state from
@@ -794,6 +794,13 @@ def _broadcast(value: GraphNode) -> bool:
 def _loads(value: GraphNode) -> int:
     """The memory reads (not literals) of a value's expression."""
     return sum(buffer_of(leaf) is not None for leaf in expression_leaves(value))
+
+
+def _reduces_or_multiplies(value: GraphNode) -> bool:
+    """Whether a value's expression reduces, scans or multiplies matrices (a kernel over its
+    shape may not compute those); a gather it may (a transformer's residual stream is its
+    token embedding's lookup plus every layer's outputs)."""
+    return any(isinstance(n.op, (Reduce, Cumulative, Dot)) for n in kernel_expression(value))
 
 
 def _computes_non_pointwise(value: GraphNode) -> bool:

@@ -714,9 +714,9 @@ def _hypot(cv, node, a, b):
     value = is_inf.where(hi.wrap(math.inf), r)
     # eager's gradient, g * a / result: the ratio's derivative overflowed where the squares
     # of a tiny max underflow (NaN where eager's is finite)
-    a_, b_ = x_of(cv, node, a), x_of(cv, node, b)
+    signed_a, signed_b = x_of(cv, node, a), x_of(cv, node, b)
     result = value.op("stop_gradient")
-    slopes = a_ * (a_ / result).op("stop_gradient") + b_ * (b_ / result).op("stop_gradient")
+    slopes = signed_a * (signed_a / result).op("stop_gradient") + signed_b * (signed_b / result).op("stop_gradient")
     return differentiated_as(value, slopes).value
 
 

@@ -22,8 +22,8 @@ from ..ir import (Contiguous, Cumulative, Dot, Elementwise, Extern, ExternCall, 
 from ..frontend.build import apply_view_desc, inverse_views
 from ..frontend.dot import accumulates_in_memory
 from .domains import (Copies, Domain, Placement, aligned_permutation, domain_of_reduce, dots_in, is_kernel_input,
-                      kernel_expression, nested_products, product_key, read_from_buffers, read_through, reduces_in, reshaped_expression,
-                      splits_into, store_domain, totals_fit, totals_of)
+                      kernel_expression, nested_products, product_key, read_from_buffers, read_through, reduces_in,
+                      reshaped_expression, splits_into, store_domain, totals_fit, totals_of)
 from .hazards import gather_tables, reads_apart, reads_older_version, same_program_access, stage
 from .online_product import online_product
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Whole models: tjit against Inductor (Triton for CPU tensors) on the zoo of tests/zoo.py.
 
-    python bench/models.py [--models a,b] [--quick] [--cold] [--warm-start] [--batch N] [--json PATH] [--plot PATH]
+    python bench/models.py [--models a,b] [--quick] [--cold] [--warm-start] [--batch N] [--layers N]
+                           [--json PATH] [--plot PATH]
 
 Per model (tests/zoo.py's ZOO, same weights and inputs for every compiler) and per compiler:
 `torch.compile(..., backend=...)` with tjit's Dynamo backend (tjit_backend) and Inductor's (compile_fx, what
@@ -68,7 +69,9 @@ import argparse
 import collections
 import contextlib
 import copy
+import dataclasses
 import gc
+import inspect
 import json
 import os
 import statistics
@@ -100,7 +103,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import measure  # noqa: E402
 from measure import AtenKernels, TritonLaunches  # noqa: E402
-from zoo import ZOO, WithLoss  # noqa: E402
+from zoo import ZOO, TransformerConfig, WithLoss  # noqa: E402
 
 COMPILERS = ("tjit", "inductor")
 QUICK = ("resnet", "mixer")  # the fastest two in the interpreter (a transformer takes ~10 min)
@@ -275,14 +278,25 @@ def maxdiff(a, b) -> float:
     return float((a.detach() - b.detach()).abs().max()) if a.numel() else 0.0
 
 
+def build(spec, layers: Optional[int] = None) -> nn.Module:
+    """The zoo's model; with `layers`, a transformer of the zoo (GPT-2, Llama, BERT) with that
+    many layers (its other sizes as the zoo's): how compile time and kernels grow with depth."""
+    if layers is None:
+        return spec.build()
+    config = inspect.signature(spec.build).parameters.get("c")
+    if config is None or not isinstance(config.default, TransformerConfig):
+        raise SystemExit(f"--layers: {spec.name} is not one of the zoo's transformers (gpt2, llama, bert)")
+    return spec.build(dataclasses.replace(config.default, layers=layers))
+
+
 def run_one(name: str, compiler: str, memory: bool = True, timing_only: bool = False,
-            record_bytes: bool = True, batch: int = 2) -> dict:
+            record_bytes: bool = True, batch: int = 2, layers: Optional[int] = None) -> dict:
     """Everything measured for one model and one compiler; errors recorded, not raised."""
     import torch._dynamo
     torch._dynamo.reset()
     spec = ZOO[name]
     torch.manual_seed(0)
-    model = spec.build()
+    model = build(spec, layers)
     eager = copy.deepcopy(model)
     x = spec.inputs(torch.Generator().manual_seed(1), batch)
     target = target_for(spec, x, eager)
@@ -510,6 +524,8 @@ def main() -> int:
                     "(much faster on the larger models)")
     ap.add_argument("--batch", type=int, default=2, help="inputs per batch (default 2: the parameters' memory "
                     "dominates a step's; at 16 its activations do)")
+    ap.add_argument("--layers", type=int, help="the transformers (gpt2, llama, bert) with this many layers "
+                    "(the zoo's have 2; not with --cold or --warm-start)")
     ap.add_argument("--compilers", default=",".join(COMPILERS), help=argparse.SUPPRESS)
     ap.add_argument("--json", metavar="PATH", help="write every number as JSON")
     ap.add_argument("--plot", metavar="PATH", help="bar chart of kernels per training step and compile time")
@@ -532,6 +548,8 @@ def main() -> int:
     unknown = [n for n in names if n not in ZOO]
     if unknown:
         ap.error(f"unknown model(s) {unknown}; the zoo has {list(ZOO)}")
+    if opts.layers is not None and (opts.cold or opts.warm_start):
+        ap.error("--layers measures in this process only (not with --cold or --warm-start)")
     compilers = opts.compilers.split(",")
     setup_inductor()
     progress("warming up both backends ...")
@@ -542,7 +560,7 @@ def main() -> int:
         for comp in compilers:
             progress(f"{name} / {comp} ...")
             t = time.perf_counter()
-            row = run_one(name, comp, record_bytes=not opts.no_bytes, batch=opts.batch)
+            row = run_one(name, comp, record_bytes=not opts.no_bytes, batch=opts.batch, layers=opts.layers)
             if opts.cold:
                 progress(f"{name} / {comp}: cold process ...")
                 row["cold"] = cold(name, comp)

@@ -706,7 +706,8 @@ def _copysign(cv, node, a, b):
 def _hypot(cv, node, a, b):
     """max * sqrt(1 + (min/max)^2): no overflow or underflow in the squares; inf wins over NaN."""
     refuse_dtypes(node, "hypot_cpu", INT_TYPES, [out_dtype(node)])
-    x, y = x_of(cv, node, a).op("abs"), x_of(cv, node, b).op("abs")
+    p, q = x_of(cv, node, a), x_of(cv, node, b)
+    x, y = p.op("abs"), q.op("abs")
     hi, lo = x.op("max", y), x.op("min", y)
     ratio = (hi > 0).where(lo / hi, hi.wrap(0.0))
     r = hi * (ratio * ratio + 1.0).op("sqrt")
@@ -714,9 +715,8 @@ def _hypot(cv, node, a, b):
     value = is_inf.where(hi.wrap(math.inf), r)
     # eager's gradient, g * a / result: the ratio's derivative overflowed where the squares
     # of a tiny max underflow (NaN where eager's is finite)
-    signed_a, signed_b = x_of(cv, node, a), x_of(cv, node, b)
     result = value.op("stop_gradient")
-    slopes = signed_a * (signed_a / result).op("stop_gradient") + signed_b * (signed_b / result).op("stop_gradient")
+    slopes = p * (p / result).op("stop_gradient") + q * (q / result).op("stop_gradient")
     return differentiated_as(value, slopes).value
 
 

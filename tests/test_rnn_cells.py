@@ -147,3 +147,30 @@ def test_a_residual_stream_over_an_embedding_is_read_from_memory_not_recomputed(
     args = (torch.randint(0, 50, (3, 37)), torch.randn(50, d), [torch.randn(d, d) / d for _ in range(layers)])
     cf = check_against_eager(embedded_residual_stack, *args)
     assert most_pointers(cf, *args) <= 8
+
+
+def embedded_residual_layers(ids, table, *ws):
+    return embedded_residual_stack(ids, table, ws).square().mean()
+
+
+@pytest.mark.usefixtures("library_matmuls")  # (about library calls: a matmul is the call)
+def test_a_training_forward_writes_each_saved_residual_stream_once():
+    """In training each layer's residual stream is saved for the backward (an output of the
+    forward). Its store ran in the forward's last kernel, which computed every layer's stream
+    again from the lookup and the layers' outputs, and, since that kernel read them all
+    anyway, each layer's norm kernel computed its stream from them too rather than read an
+    earlier one (the 12th layer's kernel loaded 9 tensors, the last kernel 23). Now the
+    kernel that first computes a layer's stream writes it into the saved output's memory,
+    and the next layer's reads it."""
+    layers, d = 12, 40
+    ids, table = torch.randint(0, 50, (3, 37)), torch.randn(50, d)
+    ws = [torch.randn(d, d) / d for _ in range(layers)]
+    grads = []
+    for run in (embedded_residual_layers, tjit.compile(embedded_residual_layers)):
+        leaves = [a.clone().requires_grad_() for a in (table, *ws)]
+        grads.append(torch.autograd.grad(run(ids, *leaves), leaves))
+    for got, want in zip(*reversed(grads)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+    leaves = [a.clone().requires_grad_() for a in (table, *ws)]
+    forward = tjit.explain(tjit.compile(embedded_residual_layers), ids, *leaves).kernels
+    assert max(k.source.count("tl.load") for k in forward) <= 6  # (the stream, a layer's output, ...)

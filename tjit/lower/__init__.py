@@ -8,7 +8,7 @@ from ..errors import TjitError
 from ..ir import (AxisStrategy, Contiguous, Extern, Graph, GraphNode, ViewOp, copies_its_source, covered_memory,
                   toposort)
 from .codegen import KernelPlan, plan_kernel
-from .fusion import BufferTarget, ExternStep, KernelGroup, OutputTarget, group_kernels
+from .fusion import BufferTarget, ExternStep, KernelGroup, OutputTarget, group_kernels, same_layout
 from .horizontal import merge_independent_kernels
 from .library import LibraryPlan, plan_library_call
 
@@ -48,7 +48,8 @@ def lower(graph: Graph, output_strides: dict[str, tuple[int, ...]],
     scan accumulates in double on CPU, in float32 on CUDA), the kernels follow the device's."""
     call_outputs = returned_call_results(graph, output_strides)
     buffer_outputs = returned_buffers(graph, output_strides, call_outputs)
-    ordered = group_kernels(graph, frozenset(call_outputs) | frozenset(buffer_outputs))
+    ordered, shared_outputs = group_kernels(graph, frozenset(call_outputs) | frozenset(buffer_outputs), output_strides)
+    buffer_outputs.update(shared_outputs)
     returned = frozenset(id(node) for node in call_outputs.values())
     steps = [plan_library_call(g, returned) if isinstance(g, ExternStep) else
              plan_kernel(g, output_strides, forced_strategies(g, strategies or {}), device) for g in ordered]
@@ -68,7 +69,7 @@ def returned_call_results(graph: Graph, output_strides: dict[str, tuple[int, ...
         strides = output_strides.get(name)
         result = node.src[0] if isinstance(node.op, ViewOp) else node
         if isinstance(result.op, Extern) and result.op.index is not None and id(result) not in taken \
-                and strides is not None and _same_layout(node, strides) \
+                and strides is not None and same_layout(node, strides) \
                 and (node is result or (node.view.numel == result.view.numel and result.view.is_contiguous())):
             found[name] = result
             taken.add(id(result))
@@ -93,14 +94,10 @@ def returned_buffers(graph: Graph, output_strides: dict[str, tuple[int, ...]],
             layout = buffer
         strides = output_strides.get(name)
         if name not in taken and buffer is not None and id(buffer) not in seen and strides is not None \
-                and _same_layout(layout, strides):
+                and same_layout(layout, strides):
             found[name] = buffer
             seen.add(id(buffer))
     return found
-
-
-def _same_layout(node: GraphNode, strides: tuple[int, ...]) -> bool:
-    return node.view.offset == 0 and all(size == 1 or a == b for size, a, b in zip(node.shape, node.view.strides, strides))
 
 
 def forced_strategies(group: KernelGroup, strategies: StrategyMap) -> Optional[tuple[AxisStrategy, ...]]:

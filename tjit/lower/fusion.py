@@ -434,9 +434,13 @@ def _hazardous_reads(reader: Store, writer: Store) -> list[GraphNode]:
                  or not same_program_access(leaf.view, mutation.view, writer.domain))]
 
 
-def group_kernels(graph: Graph, unstored: frozenset = frozenset()) -> list[Union[KernelGroup, ExternStep]]:
+def group_kernels(graph: Graph, unstored: frozenset = frozenset(),
+                  output_strides: Optional[dict[str, tuple[int, ...]]] = None
+                  ) -> tuple[list[Union[KernelGroup, ExternStep]], dict[str, GraphNode]]:
     """Stores with the same domain and level share a kernel; library calls run between the
-    kernels, in level order. unstored: outputs no kernel writes (see collect_stores)."""
+    kernels, in level order. unstored: outputs no kernel writes (see collect_stores).
+    Also returns the outputs that are now the memory of a buffer grouping added (output name
+    -> the Contiguous node: _store_shared_values), which lower returns as that buffer."""
     externs = collect_externs(graph)
     copies = Copies()  # (so a later pass knows the copies placing makes for their originals)
     stores = in_product_layouts(collect_stores(graph, unstored), externs, graph, unstored)
@@ -455,15 +459,18 @@ def group_kernels(graph: Graph, unstored: frozenset = frozenset()) -> list[Union
         if _read_earlier_buffers(stores, levels, copies, externs, graph.view_chains):  # (the levels still hold: each buffer read is of an earlier one)
             edges = _dependencies(stores, externs)
         levels = _sink_buffers(stores, edges, levels, copies)
+        # (outputs sink once the shared values are read from buffers: until then each later
+        # kernel computes them again, so an output looks free to wait for the last kernel,
+        # and the last kernel computing them makes each earlier kernel's reads look free)
+        shared, shared_outputs = _store_shared_values(stores, levels, output_strides or {})
+        if shared:
+            stores = [*(s for s in stores if id(s) not in shared_outputs), *shared]
+            _read_earlier_buffers(stores, levels, copies, externs, graph.view_chains)
         levels = _sink_outputs(stores, externs, levels)
         _join_reduction_kernels(stores, levels, copies)
-        shared = _store_shared_values(stores, levels)
-        if shared:
-            stores += shared
-            _read_earlier_buffers(stores, levels, copies, externs, graph.view_chains)
         hosts = _host_online_statistics(stores, externs, levels)
     else:
-        hosts = {}
+        hosts, shared_outputs = {}, {}
     groups: dict[tuple, KernelGroup] = {}
     group_of: dict[int, KernelGroup] = {}  # id of a store -> its kernel
     for store in stores:
@@ -483,7 +490,8 @@ def group_kernels(graph: Graph, unstored: frozenset = frozenset()) -> list[Union
     for step in externs:
         step.level = levels[id(step)]
     # at one level nothing depends on anything else; calls first, so their results die early
-    return sorted([*externs, *groups.values()], key=lambda g: (g.level, isinstance(g, KernelGroup)))
+    ordered = sorted([*externs, *groups.values()], key=lambda g: (g.level, isinstance(g, KernelGroup)))
+    return ordered, {name: buffer for name, buffer in shared_outputs.values()}
 
 
 def _host_online_statistics(stores: list[Store], externs: list[ExternStep], levels: dict[int, int]
@@ -737,7 +745,8 @@ def _latest_reader_but(item, readers: dict[object, list[tuple[int, int]]], key) 
     return max((lv for lv, reader in readers.get(key, []) if reader != id(item)), default=-1)
 
 
-def _store_shared_values(stores: list[Store], levels: dict[int, int]) -> list[Store]:
+def _store_shared_values(stores: list[Store], levels: dict[int, int], output_strides: dict[str, tuple[int, ...]]
+                         ) -> tuple[list[Store], dict[int, tuple[str, GraphNode]]]:
     """Buffer stores for pointwise values of a recurrence computed from more than
     RECOMPUTED_LOADS loads by stores of several levels (an LSTM's cell state: every later
     step's kernel would compute it again from the gates of every step before), each in a
@@ -746,7 +755,13 @@ def _store_shared_values(stores: list[Store], levels: dict[int, int]) -> list[St
     of each first level: the rest follow from reading them. Not a value that is the same
     along an axis (_broadcast: a norm's shifted mean, expanded to its rows), which its
     kernels compute from row statistics: its buffer would hold it once per column. (Levels
-    of the new stores are added to `levels`.)"""
+    of the new stores are added to `levels`.)
+    A value that is also an output in the buffer's layout (a training forward's residual
+    stream, saved for the backward) is stored whether or not it is the largest, into the
+    output's memory: the output's own store, which would compute it again from every term
+    since the last buffer (and keep those terms alive for it), goes; a value little more
+    than such an output is left to its kernels. Returns the new stores, and id of each
+    output store that goes -> (its output's name, the buffer)."""
     hosts = {}  # level -> domain of a kernel over each full shape
     for s in stores:
         if not s.domain.axes or s.domain.squeezed_shape != ():
@@ -772,13 +787,49 @@ def _store_shared_values(stores: list[Store], levels: dict[int, int]) -> list[St
         if earlier:
             chained.update([key, *earlier])
     inner = {(k, first) for key, (_, first) in shared.items() if key in chained for k in within[key]}
-    added = []
-    for key, (node, first) in shared.items():
-        if key in chained and (key, first) not in inner:
-            buffer = GraphNode(Contiguous(), node.dtype, (node,), View.contiguous(node.shape))
-            added.append(Store(BufferTarget(buffer), node, hosts[first][node.shape]))
-            levels[id(added[-1])] = first
-    return added
+    outputs: dict[int, Store] = {}  # id of a value -> the first store of an output that is it
+    for s in stores:
+        if isinstance(s.target, OutputTarget) and s.target_shape is None:
+            outputs.setdefault(id(s.value), s)
+    buffers: dict[int, GraphNode] = {}  # key -> its buffer
+    added, returned = [], {}
+
+    def add(key: int, buffer: GraphNode) -> None:
+        node, first = shared[key]
+        buffers[key] = buffer
+        added.append(Store(BufferTarget(buffer), node, hosts[first][node.shape]))
+        levels[id(added[-1])] = first
+
+    candidates = [key for key in shared if key in chained]  # (producers first)
+    for key in candidates:  # outputs first: their memory is written anyway
+        node, output = shared[key][0], outputs.get(key)
+        buffer = GraphNode(Contiguous(), node.dtype, (node,), View.contiguous(node.shape))
+        strides = output_strides.get(output.target.name) if output is not None else None
+        if strides is not None and same_layout(buffer, strides):
+            add(key, buffer)
+            returned[id(output)] = (output.target.name, buffer)
+    in_outputs = dict(buffers)
+    for key in candidates:
+        node, first = shared[key]
+        # (not a value little more than an output's buffer: a norm's shifted rows of one)
+        if key not in buffers and (key, first) not in inner and _loads_beyond(node, in_outputs) > RECOMPUTED_LOADS:
+            add(key, GraphNode(Contiguous(), node.dtype, (node,), View.contiguous(node.shape)))
+    return added, returned
+
+
+def _loads_beyond(value: GraphNode, buffers: dict[int, GraphNode]) -> int:
+    """The memory reads of a value's expression where the nodes `buffers` holds (by key) are
+    read from their buffers, one read each."""
+    if not buffers:
+        return _loads(value)
+    held = lambda n: n is not value and id(n) in buffers  # noqa: E731
+    nodes = toposort([value], stop=lambda n: is_kernel_input(n) or held(n))
+    return sum(held(n) or (is_kernel_input(n) and buffer_of(n) is not None) for n in nodes)
+
+
+def same_layout(node: GraphNode, strides: tuple[int, ...]) -> bool:
+    """Whether memory with these strides holds the node's view (strides of size-1 axes aside)."""
+    return node.view.offset == 0 and all(size == 1 or a == b for size, a, b in zip(node.shape, node.view.strides, strides))
 
 
 def _broadcast(value: GraphNode) -> bool:

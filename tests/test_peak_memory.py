@@ -195,7 +195,7 @@ def residual_tower_read_transposed(cls, patches, pos, w, norm_w):
 
 def bytes_read_by_the_kernels_writing(compiled, args, gradients) -> dict[str, int]:
     kernels = tjit.explain(compiled, *args).backward.kernels
-    return {g: sum(k.bytes_read for k in kernels if f"grad_{g}_ptr" in k.source.split(")")[0]) for g in gradients}
+    return {g: sum(k.bytes_read for k in kernels if f"grad_{g}" in k.tensors.values()) for g in gradients}
 
 
 def bottom_reads_at_2_and_6_layers(fn, bottom) -> dict[int, dict[str, int]]:

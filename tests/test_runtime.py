@@ -1057,3 +1057,28 @@ def test_flex_attention_runs_as_it_is_between_compiled_ops():
             got = torch.compile(f, backend="tjit")(x, w)
         assert tjit.counters.launches > before
         torch.testing.assert_close(got, f(x, w))
+
+
+def normed_residual_layers(x, *ws):
+    for w in ws:
+        x = x + torch.tanh(torch.nn.functional.layer_norm(x, x.shape[-1:], w[0]) @ w)  # (a kernel reads w)
+    return x
+
+
+@pytest.mark.usefixtures("library_matmuls")  # (a matmul is a library call: the layers' kernels are their norms)
+@pytest.mark.parametrize("grad", [False, True])
+def test_the_layers_of_a_model_share_their_kernels_sources(grad):
+    """A kernel's source names its inputs and outputs by their places among its arguments
+    (in0, out0, ...), not by the graph's names, so layers that differ only in the tensors they
+    read and write share one source: one kernel loaded (and on a GPU compiled) for all of them.
+    With the graph's names each layer's kernels were sources of their own (a GPT-2 training
+    step's 107 kernel sources at 8 layers, 42 now). (With gradients: the forward's kernels;
+    the backward's still differ per layer, each reading more of the layers above it.)"""
+    def sources(layers: int) -> tuple[int, int]:
+        args = [torch.randn(70, 40)] + [torch.randn(40, 40) / 8 for _ in range(layers)]
+        args = [a.requires_grad_(grad) for a in args]
+        check_against_eager(normed_residual_layers, *args)
+        kernels = tjit.explain(normed_residual_layers, *args).kernels
+        return len(kernels), len({k.name for k in kernels})
+    (kernels8, sources8), (kernels12, sources12) = sources(8), sources(12)
+    assert kernels12 >= kernels8 + 4 and sources12 == sources8

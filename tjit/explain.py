@@ -24,6 +24,7 @@ class KernelReport:
     bytes_written: int
     grid: tuple[int, ...]
     notes: tuple[str, ...] = ()  # its in-place writes, and the copies made for them
+    tensors: dict[str, str] = field(default_factory=dict)  # its pointer arguments' names -> the tensors they are
 
 
 @dataclass
@@ -98,6 +99,8 @@ class Explanation:
                           f"reads {k.bytes_read} B, writes {k.bytes_written} B"]
             lines += [f"  {s}" for s in k.strategies]
             lines += [f"  {note}" for note in k.notes]
+            if k.tensors:
+                lines.append("  " + ", ".join(f"{param.removesuffix('_ptr')}: {name}" for param, name in k.tensors.items()))
             lines.append(k.source)
         lines += [f"number argument {name}: {how}" for name, how in self.numbers.items()]
         lines += [f"matrix product {how}" for how in self.matmuls]
@@ -146,8 +149,10 @@ class SplitExplanation:
 
 
 def report(plan: KernelPlan) -> KernelReport:
+    # (a kernel's source names its inputs and outputs by their places: in0, out0, ...)
+    tensors = {param: buffer.name for param, buffer in zip(plan.param_names, plan.buffers) if buffer.label}
     return KernelReport(plan.name, plan.shape, plan.source, [d.describe() for d in plan.space.loop_dims],
-                        plan.bytes_read, plan.bytes_written, plan.grid, plan.notes)
+                        plan.bytes_read, plan.bytes_written, plan.grid, plan.notes, tensors)
 
 
 def explain(fn, *args, **kwargs) -> Explanation:

@@ -41,11 +41,15 @@ class BufferRef:
     name: str
     dtype: DType
     node: Optional[GraphNode] = None
+    # the kernel's own name for an input or output (in0, out0, ...: its place among the
+    # kernel's), so the graph's names stay out of the source: the layers of a model, which
+    # differ only in the tensors they read and write, share one kernel source, loaded and
+    # compiled once (explain lists which tensor each is)
+    label: str = ""
 
     @property
     def param(self) -> str:
-        prefix = {"input": "in_", "output": "", "buffer": "", "status": "", "counter": "", "scratch": ""}[self.kind]
-        return prefix + "".join(c if c.isalnum() else "_" for c in self.name) + "_ptr"
+        return (self.label or "".join(c if c.isalnum() else "_" for c in self.name)) + "_ptr"
 
 
 @dataclass
@@ -274,9 +278,11 @@ class _Emitter(GridReductionEmitter):
     def _buffer(self, kind: str, name: str, dtype: DType, node=None) -> BufferRef:
         key = (kind, name) if node is None else (kind, id(node))
         if key not in self.buffers:
+            ordinal = sum(1 for k in self.buffers if k[0] == kind)
             if node is not None:
-                name = f"buf{sum(1 for k in self.buffers if k[0] == 'buffer')}"
-            self.buffers[key] = BufferRef(kind, name, dtype, node)
+                name = f"buf{ordinal}"
+            label = {"input": f"in{ordinal}", "output": f"out{ordinal}"}.get(kind, "")
+            self.buffers[key] = BufferRef(kind, name, dtype, node, label)
         return self.buffers[key]
 
     def _buffer_for_node(self, base: GraphNode) -> BufferRef:

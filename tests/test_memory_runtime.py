@@ -80,6 +80,27 @@ def test_each_thread_gets_its_own_slab():
         torch.testing.assert_close(got, three_kernels(x))
 
 
+def test_only_the_launches_that_check_or_count_hold_a_word():
+    """A status word (where a kernel reports a failed check) or a counter word (a grid
+    reduction's finished programs) is held between calls for each launch that uses one,
+    not one of each for every launch (a ResNet's training step held 200 B of them)."""
+    def f(x, w, table, i):
+        y = torch.tanh(x).cumsum(0)  # a scan: no word
+        z = table[i].softmax(-1)  # a checked gather: a status word
+        return y, z, w.sum() * 2  # a sum split over programs (from 65,536 elements): a counter word
+    args = (torch.randn(300), torch.randn(70_000), torch.randn(30, 70), torch.randint(0, 30, (40,)))
+    cf = check_against_eager(f, *args)
+    executable = cf.entry_for(*args).executable
+    checking = [s for s in executable.launches if s.plan.checks]
+    counting = [s for s in executable.launches if any(b.kind == "counter" for b in s.plan.buffers)]
+    assert len(checking) == len(counting) == 1 and len(executable.launches) >= 3
+    assert executable.words_bytes() == 4 * (len(checking) + len(counting))
+    bad = (*args[:3], torch.tensor([0, 30] * 20))
+    with pytest.raises(IndexError):
+        cf(*bad)
+    torch.testing.assert_close(cf(*args)[1], f(*args)[1])  # (the failed check's word was cleared)
+
+
 def test_release_gives_back_and_the_next_call_allocates_again():
     x = torch.randn(9, 7)
     cf = tjit.compile(three_kernels)

@@ -103,11 +103,14 @@ class Executable:
         # kernels with checks take a status word; it is read after the call (one sync) when a
         # check is made: always in the interpreter, only index checks in compiled kernels
         # (integer division by zero is not checked there: CUDA eager does not raise)
-        self._checked = any(_plan(step).checks for step in self.launches)
         self._reads_status = any(self._interpreting or not check.interpreted_only
                                  for step in self.launches for check in _plan(step).checks)
         self._status: dict[torch.device, torch.Tensor] = {}
         self._counters: dict[torch.device, torch.Tensor] = {}
+        # the launches that take a status or a counter word, in the order of their words: only
+        # those (a function whose kernels check nothing and reduce over no grid holds none)
+        self._word_users = {kind: [launch for launch in self.launches if any(w[0] == kind for w in _words_bound(launch))]
+                            for kind in ("status", "counter")}
         self._words: dict[tuple, dict] = {}  # (device, thread) -> each launch's status and counter views
         self._dead_after = _dead_library_results(program)
         # buffers in memory of their own (Program.buffers_apart): allocated right before the
@@ -250,9 +253,8 @@ class Executable:
         of the thread holds it, shared with the other graphs the thread runs: it is at least
         this large), and one int32 per launch of status words (with checks) and grid-reduction
         counters."""
-        words = allocated_bytes(4 * len(self.launches), device_type)
-        return {"slab": allocated_bytes(self.slab_size, device_type),
-                "status words": words * (1 + self._checked)}
+        words = sum(allocated_bytes(4 * len(users), device_type) for users in self._word_users.values())
+        return {"slab": allocated_bytes(self.slab_size, device_type), "status words": words}
 
     def allocations(self, device_type: str, phase: str = "call", consumable: Optional[dict] = None) -> "RunAllocations":
         """The allocations and releases of one run, predicted from the plan, in the order run()
@@ -365,14 +367,14 @@ class Executable:
             self._slabs.pop(key, None)
 
     def _status_on(self, device) -> torch.Tensor:
-        """One int32 per launch where a kernel reports a failed check (index out of range);
-        zero while all is well, so it is allocated once (per device and thread) and kept."""
-        return self._per_thread(self._status, device)
+        """One int32 per launch with checks, where its kernel reports a failed one (index out
+        of range); zero while all is well, so it is allocated once (per device and thread) and kept."""
+        return self._per_thread(self._status, device, len(self._word_users["status"]))
 
     def _counters_on(self, device) -> torch.Tensor:
-        """One int32 per launch that counts finished programs of a grid reduction; the last
+        """One int32 per launch that counts finished programs (a grid reduction's); the last
         program resets it, so it is zeroed once (per device and thread, like the slab) and kept."""
-        return self._per_thread(self._counters, device)
+        return self._per_thread(self._counters, device, len(self._word_users["counter"]))
 
     def _words_on(self, key: tuple) -> dict:
         """The status and counter words, and each launch's views of them (at its step), as a
@@ -381,21 +383,20 @@ class Executable:
         if found is None:
             device = key[0]
             # (keyed by tuples, as every key but an input's: an argument may be named "status")
-            found = {("counter",): self._counters_on(device)}
-            if self._checked:
-                found[("status",)] = self._status_on(device)
-            for launch in self.launches:
-                for word, _ in getattr(launch, "bound", ()):  # (a LibraryPlan binds none)
-                    if isinstance(word, tuple) and word[0] in ("status", "counter"):
-                        found[word] = found[word[:1]][launch.step:]
+            found = {}
+            for kind, words in (("status", self._status_on), ("counter", self._counters_on)):
+                if self._word_users[kind]:
+                    found[(kind,)] = words(device)
+                for slot, launch in enumerate(self._word_users[kind]):
+                    found[(kind, launch.step)] = found[(kind,)][slot:]  # (its word, where it writes)
             self._words[key] = found
         return found
 
-    def _per_thread(self, table: dict, device) -> torch.Tensor:
+    def _per_thread(self, table: dict, device, words: int) -> torch.Tensor:
         key = (torch.device(device), threading.get_ident())
         found = table.get(key)
         if found is None:
-            found = table[key] = torch.zeros(len(self.launches), dtype=torch.int32, device=device)
+            found = table[key] = torch.zeros(words, dtype=torch.int32, device=device)
             POOL.register(self)  # (memory held between calls: tjit.memory.stats() counts it)
         return found
 
@@ -409,7 +410,7 @@ class Executable:
         IndexError and a RuntimeError) for an index out of range, RuntimeError("ZeroDivisionError")
         for an integer division by zero."""
         codes = status.tolist()  # one sync, as eager's checked indexing needs
-        for step, code in zip(self.launches, codes):
+        for step, code in zip(self._word_users["status"], codes):
             if code:
                 status.zero_()
                 check = _plan(step).checks[code - 1]
@@ -679,6 +680,11 @@ def _last_read_of_inputs(steps) -> dict[str, int]:
             if access.buffer.kind == "input" and not access.store:
                 found[access.buffer.name] = k
     return found
+
+
+def _words_bound(step) -> set:
+    """The status and counter words a launch binds (a LibraryPlan binds none)."""
+    return {key for key, _ in getattr(step, "bound", ()) if isinstance(key, tuple) and key[0] in ("status", "counter")}
 
 
 def _plan(step) -> "KernelPlan | LibraryPlan":

@@ -759,8 +759,8 @@ def _store_shared_values(stores: list[Store], levels: dict[int, int], output_str
     A value that is also an output in the buffer's layout (a training forward's residual
     stream, saved for the backward) is stored whether or not it is the largest, into the
     output's memory: the output's own store, which would compute it again from every term
-    since the last buffer (and keep those terms alive for it), goes; a value little more
-    than such an output is left to its kernels. Returns the new stores, and id of each
+    since the last buffer (and keep those terms alive for it), goes; a value computed from
+    such an output alone is left to its kernels. Returns the new stores, and id of each
     output store that goes -> (its output's name, the buffer)."""
     hosts = {}  # level -> domain of a kernel over each full shape
     for s in stores:
@@ -811,8 +811,8 @@ def _store_shared_values(stores: list[Store], levels: dict[int, int], output_str
     in_outputs = dict(buffers)
     for key in candidates:
         node, first = shared[key]
-        # (not a value little more than an output's buffer: a norm's shifted rows of one)
-        if key not in buffers and (key, first) not in inner and _loads_beyond(node, in_outputs) > RECOMPUTED_LOADS:
+        # (not a value computed from one output's buffer alone: a norm's shifted rows of one)
+        if key not in buffers and (key, first) not in inner and _loads_beyond(node, in_outputs) > 1:
             add(key, GraphNode(Contiguous(), node.dtype, (node,), View.contiguous(node.shape)))
     return added, returned
 

@@ -251,8 +251,8 @@ class Executable:
     def held_bytes(self, device_type: str) -> dict[str, int]:
         """Memory this function keeps between calls, per device and thread: its slab (the arena
         of the thread holds it, shared with the other graphs the thread runs: it is at least
-        this large), and one int32 per launch of status words (with checks) and grid-reduction
-        counters."""
+        this large), and one int32 per launch that checks (its status word) or counts its
+        finished programs (a grid reduction's counter word)."""
         words = sum(allocated_bytes(4 * len(users), device_type) for users in self._word_users.values())
         return {"slab": allocated_bytes(self.slab_size, device_type), "status words": words}
 

@@ -100,17 +100,17 @@ class Executable:
                     launch.binaries = binaries if binaries.usable() else None
         self._slabs: dict[tuple, Slab] = {}
         self._precompiled: set = set()  # devices whose kernels were compiled before the first launch there
-        # kernels with checks take a status word; it is read after the call (one sync) when a
-        # check is made: always in the interpreter, only index checks in compiled kernels
-        # (integer division by zero is not checked there: CUDA eager does not raise)
-        self._reads_status = any(self._interpreting or not check.interpreted_only
-                                 for step in self.launches for check in _plan(step).checks)
         self._status: dict[torch.device, torch.Tensor] = {}
         self._counters: dict[torch.device, torch.Tensor] = {}
         # the launches that take a status or a counter word, in the order of their words: only
         # those (a function whose kernels check nothing and reduce over no grid holds none)
         self._word_users = {kind: [launch for launch in self.launches if any(w[0] == kind for w in _words_bound(launch))]
                             for kind in ("status", "counter")}
+        # kernels with checks take a status word; it is read after the call (one sync) when a
+        # check is made: always in the interpreter, only index checks in compiled kernels
+        # (integer division by zero is not checked there: CUDA eager does not raise)
+        self._reads_status = any(self._interpreting or not check.interpreted_only
+                                 for step in self._word_users["status"] for check in step.plan.checks)
         self._words: dict[tuple, dict] = {}  # (device, thread) -> each launch's status and counter views
         self._dead_after = _dead_library_results(program)
         # buffers in memory of their own (Program.buffers_apart): allocated right before the
@@ -230,7 +230,8 @@ class Executable:
                 for storage in consumed_after.get(k, ()):  # a value saved for backward, read for the last time
                     storage.resize_(0)
         except BaseException:
-            memory[("counter",)].zero_()  # a grid reduction cut short must not skew the next call's count
+            if ("counter",) in memory:  # a grid reduction cut short must not skew the next call's count
+                memory[("counter",)].zero_()
             raise
 
     # what explain(), the logs and the benchmarks read

@@ -1072,7 +1072,7 @@ def test_the_layers_of_a_model_share_their_kernels_sources(grad):
     (in0, out0, ...), not by the graph's names, so layers that differ only in the tensors they
     read and write share one source: one kernel loaded (and on a GPU compiled) for all of them.
     With the graph's names each layer's kernels were sources of their own (a GPT-2 training
-    step's 107 kernel sources at 8 layers, 42 now). (With gradients: the forward's kernels;
+    step's 107 kernel sources at 8 layers, 30 now). (With gradients: the forward's kernels;
     the backward's still differ per layer, each reading more of the layers above it.)"""
     def sources(layers: int) -> tuple[int, int]:
         args = [torch.randn(70, 40)] + [torch.randn(40, 40) / 8 for _ in range(layers)]

@@ -69,7 +69,7 @@ def returned_call_results(graph: Graph, output_strides: dict[str, tuple[int, ...
         strides = output_strides.get(name)
         result = node.src[0] if isinstance(node.op, ViewOp) else node
         if isinstance(result.op, Extern) and result.op.index is not None and id(result) not in taken \
-                and strides is not None and same_layout(node, strides) \
+                and strides is not None and same_layout(node.view, strides) \
                 and (node is result or (node.view.numel == result.view.numel and result.view.is_contiguous())):
             found[name] = result
             taken.add(id(result))
@@ -94,7 +94,7 @@ def returned_buffers(graph: Graph, output_strides: dict[str, tuple[int, ...]],
             layout = buffer
         strides = output_strides.get(name)
         if name not in taken and buffer is not None and id(buffer) not in seen and strides is not None \
-                and same_layout(layout, strides):
+                and same_layout(layout.view, strides):
             found[name] = buffer
             seen.add(id(buffer))
     return found

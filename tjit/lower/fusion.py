@@ -794,26 +794,25 @@ def _store_shared_values(stores: list[Store], levels: dict[int, int], output_str
     buffers: dict[int, GraphNode] = {}  # key -> its buffer
     added, returned = [], {}
 
-    def add(key: int, buffer: GraphNode) -> None:
+    def add(key: int) -> GraphNode:
         node, first = shared[key]
-        buffers[key] = buffer
-        added.append(Store(BufferTarget(buffer), node, hosts[first][node.shape]))
+        buffers[key] = GraphNode(Contiguous(), node.dtype, (node,), View.contiguous(node.shape))
+        added.append(Store(BufferTarget(buffers[key]), node, hosts[first][node.shape]))
         levels[id(added[-1])] = first
+        return buffers[key]
 
     candidates = [key for key in shared if key in chained]  # (producers first)
     for key in candidates:  # outputs first: their memory is written anyway
-        node, output = shared[key][0], outputs.get(key)
-        buffer = GraphNode(Contiguous(), node.dtype, (node,), View.contiguous(node.shape))
+        output = outputs.get(key)
         strides = output_strides.get(output.target.name) if output is not None else None
-        if strides is not None and same_layout(buffer, strides):
-            add(key, buffer)
-            returned[id(output)] = (output.target.name, buffer)
+        if strides is not None and same_layout(View.contiguous(shared[key][0].shape), strides):
+            returned[id(output)] = (output.target.name, add(key))
     in_outputs = dict(buffers)
     for key in candidates:
         node, first = shared[key]
         # (not a value computed from one output's buffer alone: a norm's shifted rows of one)
         if key not in buffers and (key, first) not in inner and _loads_beyond(node, in_outputs) > 1:
-            add(key, GraphNode(Contiguous(), node.dtype, (node,), View.contiguous(node.shape)))
+            add(key)
     return added, returned
 
 
@@ -827,9 +826,9 @@ def _loads_beyond(value: GraphNode, buffers: dict[int, GraphNode]) -> int:
     return sum(held(n) or (is_kernel_input(n) and buffer_of(n) is not None) for n in nodes)
 
 
-def same_layout(node: GraphNode, strides: tuple[int, ...]) -> bool:
-    """Whether memory with these strides holds the node's view (strides of size-1 axes aside)."""
-    return node.view.offset == 0 and all(size == 1 or a == b for size, a, b in zip(node.shape, node.view.strides, strides))
+def same_layout(view: View, strides: tuple[int, ...]) -> bool:
+    """Whether memory with these strides holds the view (strides of size-1 axes aside)."""
+    return view.offset == 0 and all(size == 1 or a == b for size, a, b in zip(view.shape, view.strides, strides))
 
 
 def _broadcast(value: GraphNode) -> bool:

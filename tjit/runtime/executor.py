@@ -104,7 +104,8 @@ class Executable:
         self._counters: dict[torch.device, torch.Tensor] = {}
         # the launches that take a status or a counter word, in the order of their words: only
         # those (a function whose kernels check nothing and reduce over no grid holds none)
-        self._word_users = {kind: [launch for launch in self.launches if any(w[0] == kind for w in _words_bound(launch))]
+        self._word_users = {kind: [step for step in self.launches if isinstance(step, Launch)
+                                   and any(ref.kind == kind for ref in step.plan.buffers)]
                             for kind in ("status", "counter")}
         # kernels with checks take a status word; it is read after the call (one sync) when a
         # check is made: always in the interpreter, only index checks in compiled kernels
@@ -681,11 +682,6 @@ def _last_read_of_inputs(steps) -> dict[str, int]:
             if access.buffer.kind == "input" and not access.store:
                 found[access.buffer.name] = k
     return found
-
-
-def _words_bound(step) -> set:
-    """The status and counter words a launch binds (a LibraryPlan binds none)."""
-    return {key for key, _ in getattr(step, "bound", ()) if isinstance(key, tuple) and key[0] in ("status", "counter")}
 
 
 def _plan(step) -> "KernelPlan | LibraryPlan":

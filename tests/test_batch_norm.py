@@ -266,3 +266,25 @@ def test_a_hand_written_norm_that_updates_its_statistics_under_no_grad_is_compil
     eager.eval(), ours.eval()
     x = torch.randn(4, 3, 22, 21)
     torch.testing.assert_close(compiled(x), eager(x), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(4, 6, 9, 11), (3, 5, 40, 37)], ids=["one_block", "several_programs"])
+def test_training_keeps_eagers_float32_statistics_for_the_backward(shape, fresh_seed):
+    """Besides its arguments, the backward reads only each channel's mean and inverse std in
+    float32, the bytes eager's saves: the variance is accumulated in double on the CPU, but
+    its gradient centres on the float32 mean as eager's does, and a per-channel value
+    broadcast over the batch is kept compact. (It kept the double sums: twice eager's.)"""
+    def f(x, m, v, w, b):
+        return torch.relu(F.batch_norm(x, m, v, w, b, training=True))
+    x, m, v, w, b = _arguments(shape, torch.float32, torch.float32, True, True, False)
+    for t in (x, w, b):
+        t.requires_grad_()
+    y = tjit.compile(f)(x, m.clone(), v.clone(), w, b)
+    arguments = {t.data_ptr() for t in (x, w, b)}
+    kept = [t for t in y.grad_fn.saved_tensors if t.data_ptr() not in arguments]
+    assert sorted((t.numel(), t.dtype) for t in kept) == [(shape[1], torch.float32)] * 2
+    cotangent = torch.randn(shape)
+    ours = torch.autograd.grad(y, (x, w, b), cotangent)
+    eager = torch.autograd.grad(f(x, m.clone(), v.clone(), w, b), (x, w, b), cotangent)
+    for name, a, e in zip(("x", "weight", "bias"), ours, eager):
+        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4, msg=lambda s: f"grad {name}: {s}")

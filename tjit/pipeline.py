@@ -31,7 +31,7 @@ from .analysis.bounds import outside, reached
 from .errors import TjitError
 from .frontend.convert import Conversion
 from .frontend.trace import Traced, convert_traced, trace
-from .ir.graph import format_graph
+from .ir.graph import format_graph, value_graph
 from .ir import (AxisStrategy, Contiguous, Cumulative, Elementwise, Extern, Graph, GraphNode, Input, Reduce, View,
                  ViewOp, toposort)
 from .ir.ops import OPS, REDUCE_OPS, SCAN_OPS
@@ -101,6 +101,7 @@ def build_program(graph: Graph, output_strides: dict[str, tuple[int, ...]], stra
     """partition + codegen + memory: the Program of an IR graph. output_strides: the layout
     of each graph output; donated: input name -> bytes of its memory the caller gives up."""
     verify("convert", verify_graph, graph)
+    graph = value_graph(graph)
     lowered = lower(graph, output_strides, strategies, device)
     steps = [s for s in lowered.steps if s.writes_anything]
     verify("codegen", verify_steps, graph, steps)

@@ -15,6 +15,7 @@ are baked into the kernels, like any input's), then it is lowered like any forwa
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -23,8 +24,8 @@ import torch
 from ..errors import UnsupportedOpError
 from ..frontend.build import ValueBuilder, apply_view_desc, inverse_views
 from ..frontend.library import joint_library_call_gradient
-from ..ir import (Contiguous, Dot, DType, Elementwise, Extern, Graph, GraphNode, Input, Reduce, View, ViewOp,
-                  contiguous_strides, copies_its_source, covered_memory, toposort)
+from ..ir import (Contiguous, Dot, DType, Elementwise, Extern, Graph, GraphBuilder, GraphNode, Input, Iota, Reduce, View,
+                  ViewOp, contiguous_strides, copies_its_source, covered_memory, toposort)
 from .accumulate import total_gradient
 from .algebra import Algebra
 from .complex import as_call_result, complex_vjp, touches_complex
@@ -78,6 +79,9 @@ class AutogradPlan:
     # asked (see plan_autograd): those the IR does not reach get a zero gradient, as in eager
     eager_reaches: dict[str, frozenset] = field(default_factory=dict)
     _saved_ids: dict[int, str] = field(default_factory=dict, repr=False)  # forward node -> name it is read by
+    # saved intermediates kept compact (_compact): the value's shape with 1 along the axes it
+    # is constant on, read back broadcast
+    compact: frozenset = frozenset()
 
     def forward_graph(self) -> Graph:
         """The forward graph with the saved intermediates as extra outputs."""
@@ -162,7 +166,8 @@ def backward_graph(plan: AutogradPlan, layouts: dict[str, GradLayout],
     alg = Algebra(vb)
     needs = _needs_grad(plan.graph, set(plan.grad_inputs))
     strides = {**saved_layouts(plan), **(output_strides or {})}
-    recompute = _Recompute(vb, plan._saved_ids, strides, _saved_copies(plan), plan.graph.view_sources)
+    compact = {name: node.shape for name, node in plan.saved.items() if name in plan.compact}
+    recompute = _Recompute(vb, plan._saved_ids, strides, _saved_copies(plan), plan.graph.view_sources, compact)
     grads = _sweep(alg, plan, layouts, recompute, needs)
     outputs = {}
     for name, (dense, scattered) in grads.items():
@@ -237,15 +242,18 @@ class _Recompute:
     or read from what the forward saved."""
 
     def __init__(self, vb: ValueBuilder, saved: dict[int, str], output_strides: Optional[dict] = None,
-                 copies: Optional[dict[int, GraphNode]] = None, view_sources: Optional[dict] = None):
+                 copies: Optional[dict[int, GraphNode]] = None, view_sources: Optional[dict] = None,
+                 compact_shapes: Optional[dict[str, tuple[int, ...]]] = None):
         """output_strides: the layout each forward output is returned in (eager's, not always
         contiguous): a saved output is read in it. copies: see _saved_copies; a value with a
         saved copy is read from the copy. view_sources: Graph.view_sources; a node that
         computes a view of a value from the value's leaves is built as that view of the
         value, as the value is got (a saved copy of a residual stream's value, read through
         the view that picks a norm's shift, rather than the stream recomputed from every
-        layer below)."""
+        layer below). compact_shapes: the saved values kept compact (see _compact), by name:
+        the shape they are kept in, read back broadcast to the value's."""
         self.vb, self.saved, self.output_strides = vb, saved, output_strides or {}
+        self.compact_shapes = compact_shapes or {}
         self.copies = copies or {}
         self.view_sources = view_sources or {}
         self._viewing: set[int] = set()  # nodes being built as views of their sources
@@ -294,7 +302,8 @@ class _Recompute:
                     copy = self.vb.view(copy, ("reshape", n.shape))
             elif id(n) in self.saved:
                 name = self.saved[id(n)]
-                copy = self.vb.b.input(name, n.dtype, _saved_view(n, self.output_strides.get(name)))
+                copy = self.vb.b.input(name, n.dtype, _saved_view(n, self.output_strides.get(name),
+                                                                  self.compact_shapes.get(name)))
             elif isinstance(n.op, Input):
                 copy = self.vb.b.input(n.op.name, n.dtype, n.view, n.op.version)
             elif isinstance(n.op, Elementwise) and n.op.op == "index_in_range":
@@ -332,13 +341,18 @@ class _ViewTracking(ValueBuilder):
         return found
 
 
-def _saved_view(node: GraphNode, strides: Optional[tuple[int, ...]] = None) -> View:
+def _saved_view(node: GraphNode, strides: Optional[tuple[int, ...]] = None,
+                 compact_shape: Optional[tuple[int, ...]] = None) -> View:
     """How the backward reads a saved value: an input as the caller passed it, an output in
     the layout it is returned in, an intermediate (or a copy of an input written in place) as
-    the tape holds it."""
+    the tape holds it; one kept compact (compact_shape) broadcast along the axes it was
+    compacted on."""
     if isinstance(node.op, Input) and strides is None:
         return node.view
-    return View(node.shape, tuple(strides)) if strides is not None else View.contiguous(node.shape)
+    view = View(node.shape, tuple(strides)) if strides is not None else View.contiguous(node.shape)
+    if compact_shape is not None:
+        view = View(node.shape, tuple(0 if kept == 1 else st for kept, st in zip(compact_shape, view.strides)))
+    return view
 
 
 def _needs_grad(graph: Graph, grad_inputs: set[str]) -> set[int]:
@@ -484,14 +498,56 @@ def _read_by_backward(roots: list[GraphNode], origin: dict[int, list[GraphNode]]
 def _choose_saved(plan: AutogradPlan, read: list[GraphNode], mutated: dict[str, int]) -> None:
     """mutated: the inputs written in place, with their last versions: their values from
     before the last write cannot be kept by reference (an input whose new contents are a
-    result is kept as a copy, like an intermediate)."""
-    import networkx as nx  # (here: importing it costs 0.15 s, which a call without gradients need not pay)
+    result is kept as a copy, like an intermediate).
+
+    Two cuts where some value could be kept compact (_constant_axes): with and without
+    compact values. The cut's costs count an input kept by reference at its bytes (so that
+    ties go to the inputs), though the tape holds nothing for it: a compact row statistic can
+    then win a cut that keeps full-size intermediates instead of the residual stream's input
+    (more tape, fewer loads). The one whose tape is smaller is taken (ties: without)."""
     graph = plan.graph
     written = _written(graph)
     output_of = {id(node): name for name, node in graph.outputs.items()}
+    order = toposort(read)
+    none = {id(n): frozenset() for n in order}
+    costs = lambda constant: {id(n): _cost(n, output_of, mutated, written, constant[id(n)]) for n in order}  # noqa: E731
+    constant, kept = none, _minimum_cut(order, read, costs(none), mutated)
+    if kept is None:  # the formulas read no forward value at all
+        return
+    found = _constant_axes(order)
+    if any(found.values()):
+        compacted = _minimum_cut(order, read, costs(found), mutated)
+        tape = lambda cut, constant: sum(_tape_bytes(n, constant[id(n)], output_of, written) for n in cut)  # noqa: E731
+        if tape(compacted, found) < tape(kept, none):
+            constant, kept = found, compacted
+    saved_outputs, saved_inputs, compact = [], [], set()
+    compacting = _Compacting()
+    for node in kept:
+        key = id(node)
+        if isinstance(node.op, Input) and node.op.name not in written:
+            saved_inputs.append(node.op.name)
+            plan._saved_ids[key] = node.op.name
+        elif key in output_of:
+            saved_outputs.append(output_of[key])
+            plan._saved_ids[key] = output_of[key]
+        else:
+            name = f"{SAVED_PREFIX}{len(plan.saved)}"
+            plan.saved[name] = compacting(node, constant[key]) if constant[key] else node
+            plan._saved_ids[key] = name
+            if constant[key]:
+                compact.add(name)
+    plan.saved_inputs, plan.saved_outputs = tuple(saved_inputs), tuple(saved_outputs)
+    plan.compact = frozenset(compact)
+
+
+def _minimum_cut(order: list[GraphNode], read: list[GraphNode], cost: dict[int, int], mutated: dict[str, int]
+                 ) -> Optional[list[GraphNode]]:
+    """The nodes (in `order`) a minimum cut in `cost` keeps, between the forward's inputs and
+    the values the gradient formulas `read`; None if they read no forward value."""
+    import networkx as nx  # (here: importing it costs 0.15 s, which a call without gradients need not pay)
     flow = nx.DiGraph()
-    for node in toposort(read):
-        flow.add_edge(("in", id(node)), ("out", id(node)), capacity=_cost(node, output_of, mutated, written))
+    for node in order:
+        flow.add_edge(("in", id(node)), ("out", id(node)), capacity=cost[id(node)])
         for s in node.src:
             flow.add_edge(("out", id(s)), ("in", id(node)))  # no capacity: never cut
         if isinstance(node.op, Input) or isinstance(node.op, Dot) and not node.op.recomputed or \
@@ -502,8 +558,8 @@ def _choose_saved(plan: AutogradPlan, read: list[GraphNode], mutated: dict[str, 
             flow.add_edge("inputs", ("in", id(node)))
     for node in read:
         flow.add_edge(("out", id(node)), "backward")
-    if "inputs" not in flow:  # the formulas read no forward value at all
-        return
+    if "inputs" not in flow:
+        return None
     # (Boykov-Kolmogorov: 5x faster than the default preflow-push on a 16-layer transformer's
     # graph; the source side, what the residual graph reaches from the source, is the same
     # for every maximum flow)
@@ -511,22 +567,59 @@ def _choose_saved(plan: AutogradPlan, read: list[GraphNode], mutated: dict[str, 
     if cut >= INFINITE:
         raise UnsupportedOpError("in-place write", f"the backward needs values of input(s) {sorted(mutated)} from "
                                  "before the function wrote into them")
-    nodes = {id(n): n for n in toposort(read)}
-    saved_outputs, saved_inputs = [], []
-    for key, node in nodes.items():
-        if ("in", key) not in reachable or ("out", key) in reachable:
-            continue
-        if isinstance(node.op, Input) and node.op.name not in written:
-            saved_inputs.append(node.op.name)
-            plan._saved_ids[key] = node.op.name
-        elif key in output_of:
-            saved_outputs.append(output_of[key])
-            plan._saved_ids[key] = output_of[key]
+    return [n for n in order if ("in", id(n)) in reachable and ("out", id(n)) not in reachable]
+
+
+def _tape_bytes(node: GraphNode, constant: frozenset[int], output_of: dict[int, str], written: set[str]) -> int:
+    """Bytes the tape holds to keep a node: none for an input kept by reference or an output
+    (the caller's), a compact node's (constant along `constant`) for one kept compact."""
+    if isinstance(node.op, Input) and node.op.name not in written or id(node) in output_of:
+        return 0
+    return math.prod(1 if d in constant else size for d, size in enumerate(node.shape)) * node.dtype.itemsize
+
+
+def _constant_axes(order: list[GraphNode]) -> dict[int, frozenset[int]]:
+    """Per node (producers first in `order`), the axes longer than 1 along which its value
+    is the same by construction: a view's or coordinate's that step 0 along them, and an
+    elementwise op's that all its operands are constant along (a batch norm's per-channel
+    mean and inverse std, broadcast over batch and pixels). Saved for the backward, such a
+    value is kept compact (_Compacting): its bytes are those of one element along them, as
+    eager saves a norm's statistics."""
+    found: dict[int, frozenset[int]] = {}
+    for node in order:
+        if isinstance(node.op, (ViewOp, Iota)):
+            axes = frozenset(d for d, (size, stride) in enumerate(zip(node.shape, node.view.strides))
+                             if size > 1 and stride == 0)
+        elif isinstance(node.op, Elementwise) and node.src:
+            axes = frozenset.intersection(*(found.get(id(s), frozenset()) for s in node.src))
         else:
-            name = f"{SAVED_PREFIX}{len(plan.saved)}"
-            plan.saved[name] = node
-            plan._saved_ids[key] = name
-    plan.saved_inputs, plan.saved_outputs = tuple(saved_inputs), tuple(saved_outputs)
+            axes = frozenset()
+        found[id(node)] = axes
+    return found
+
+
+class _Compacting:
+    """node, axes -> the node's value with 1 along those axes (where it is constant:
+    _constant_axes): its expression rebuilt over views that read one element along them."""
+
+    def __init__(self):
+        self.builder = GraphBuilder()
+
+    def __call__(self, node: GraphNode, axes: frozenset[int]) -> GraphNode:
+        shape = tuple(1 if d in axes else size for d, size in enumerate(node.shape))
+        memo: dict[int, GraphNode] = {}
+        for n in toposort([node], stop=lambda n: not isinstance(n.op, Elementwise)):
+            if isinstance(n.op, Elementwise):
+                memo[id(n)] = self.builder.node(n.op, n.dtype, tuple(memo[id(s)] for s in n.src),
+                                                View.contiguous(shape))
+                continue
+            view = View(shape, n.view.strides, n.view.offset)
+            base = n.src[0] if isinstance(n.op, ViewOp) else None
+            if base is not None and base.shape == shape and view.is_contiguous() and base.view.is_contiguous():
+                memo[id(n)] = base  # (a row statistic's broadcast read: the statistic itself)
+            else:
+                memo[id(n)] = self.builder.node(n.op, n.dtype, n.src, view)
+        return memo[id(node)]
 
 
 def _is_total(node: GraphNode) -> bool:
@@ -551,9 +644,11 @@ def _is_buffer(node: GraphNode) -> bool:
     return isinstance(node.op, Contiguous)
 
 
-def _cost(node: GraphNode, output_of: dict[int, str], mutated: dict[str, int], written: set[str]) -> int:
+def _cost(node: GraphNode, output_of: dict[int, str], mutated: dict[str, int], written: set[str],
+          constant: frozenset[int] = frozenset()) -> int:
     """Bytes to keep the node for backward, scaled so ties prefer inputs (but those written in
-    place, kept as copies), then outputs."""
+    place, kept as copies), then outputs, then intermediates, then those kept compact
+    (constant along some axes: _constant_axes)."""
     if isinstance(node.op, Input) and node.op.version < mutated.get(node.op.name, -1):
         return INFINITE
     if not node.src and not isinstance(node.op, Input):  # literals are never saved
@@ -562,4 +657,7 @@ def _cost(node: GraphNode, output_of: dict[int, str], mutated: dict[str, int], w
         return INFINITE  # a view of a complex value: no kernel can copy it out; its source is saved
     kept_by_reference = isinstance(node.op, Input) and node.op.name not in written
     preference = 0 if kept_by_reference else 1 if id(node) in output_of else 2
-    return (node.view.numel * node.dtype.itemsize) * 1000 + preference
+    numel = node.view.numel
+    if preference == 2 and constant:  # (after a value of its size it is computed from: a row's max)
+        numel, preference = math.prod(1 if d in constant else size for d, size in enumerate(node.shape)), 3
+    return (numel * node.dtype.itemsize) * 1000 + preference

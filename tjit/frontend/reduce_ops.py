@@ -166,14 +166,26 @@ def moments(cv, node, x: GraphNode, axes, acc: DType):
     mean = _scaled(cv, X(cv, node, cv.reduce("add", xs_shifted, axes), acc), 1.0 / n if n else math.nan)
     if first is not None:
         mean = cv.elementwise("add", [mean, first], acc)
-    # the sum of squared deviations does not depend on the mean it subtracts (its derivative
-    # there, -2 sum(x - mean), is 0), so the gradient does not go through it: that saves the
-    # backward a reduction of what the mean's gradient gets from it (torch's var_backward,
-    # 2 (x - mean) / n, is the same)
-    centre = cv.elementwise("stop_gradient", [keepdim_view(cv, mean, xs.shape)], acc)
-    centered = cv.elementwise("add", [xs, cv.elementwise("neg", [centre], acc)], acc)
-    m2 = cv.reduce("add", cv.elementwise("mul", [centered, centered], acc), axes)
-    return mean, m2
+    squares = _squared_deviations(cv, xs, keepdim_view(cv, mean, xs.shape))
+    if x.dtype is DType.float32 and acc is DType.float64:
+        # float32 accumulated in double (eager's CPU Welford): the value is the double's, the
+        # gradient 2 (x - mean) / n centres on the mean rounded to float32, as eager's
+        # var_backward (and batch norm's backward, from its saved float32 mean) does. The
+        # backward then needs only float32 statistics: a batch norm saves eager's bytes
+        rounded = cv.cast(cv.cast(mean, DType.float32), acc)
+        surrogate = _squared_deviations(cv, xs, keepdim_view(cv, rounded, xs.shape))
+        squares = cv.elementwise("straight_through", [surrogate, squares], acc)
+    return mean, cv.reduce("add", squares, axes)
+
+
+def _squared_deviations(cv, xs: GraphNode, centre: GraphNode) -> GraphNode:
+    """(xs - centre)^2, with no gradient through the centre: the sum of squared deviations
+    does not depend on the mean it subtracts (its derivative there, -2 sum(x - mean), is 0),
+    so the gradient does not go through it: that saves the backward a reduction of what the
+    mean's gradient gets from it (torch's var_backward, 2 (x - mean) / n, is the same)."""
+    centre = cv.elementwise("stop_gradient", [centre], xs.dtype)
+    centered = cv.elementwise("add", [xs, cv.elementwise("neg", [centre], xs.dtype)], xs.dtype)
+    return cv.elementwise("mul", [centered, centered], xs.dtype)
 
 
 def _first_element(cv, xs: GraphNode, axes) -> GraphNode:

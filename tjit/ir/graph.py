@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 from .dtype import DType
@@ -303,6 +303,11 @@ class GraphBuilder:
             found = self._interned[key] = GraphNode(op, dtype, tuple(src), view)
         return found
 
+    def adopt(self, node: GraphNode) -> GraphNode:
+        """node, made by another builder, as this builder's node of its key (the one it
+        already has, if any)."""
+        return self._interned.setdefault((node.op, node.dtype, tuple(id(s) for s in node.src), node.view), node)
+
     def input(self, name: str, dtype: DType, view: View, version: int = 0) -> GraphNode:
         node = self.node(Input(name, version), dtype, (), view)
         made = self._inputs.setdefault(name, [])
@@ -318,6 +323,36 @@ class GraphBuilder:
         graph = Graph(tuple(input_names), dict(outputs), tuple(mutations), effects=tuple(effects))
         graph._inputs = {n: tuple(weakref.ref(node) for node in nodes) for n, nodes in self._inputs.items()}
         return graph
+
+
+def value_graph(graph: Graph) -> Graph:
+    """The graph with each straight_through(surrogate, value) replaced by its value: what
+    kernels compute. The surrogate is there for the gradient only (autograd differentiates
+    the graph itself, before this); computed, it would cost a kernel work and loads for
+    nothing, and hide a looped variance's form from the Welford pass that reads its input
+    once (lower/reduction.py)."""
+    order = graph.nodes()
+    if not any(_is_straight_through(n) for n in order):
+        return graph
+    builder, new = GraphBuilder(), {}
+    for node in order:
+        if _is_straight_through(node):
+            new[id(node)] = new[id(node.src[1])]
+        elif any(new[id(s)] is not s for s in node.src):
+            new[id(node)] = builder.node(node.op, node.dtype, [new[id(s)] for s in node.src], node.view)
+        else:
+            new[id(node)] = builder.adopt(node)
+    moved = lambda n: new.get(id(n), n)  # noqa: E731
+    return Graph(graph.input_names, {name: moved(n) for name, n in graph.outputs.items()},
+                 tuple(replace(m, value=moved(m.value)) for m in graph.mutations), graph._inputs,
+                 tuple(moved(n) for n in graph.effects),
+                 {id(new[key]): (moved(value), desc) for key, (value, desc) in graph.view_sources.items() if key in new},
+                 {id(new[key]): [(moved(value), views) for value, views in chain]
+                  for key, chain in graph.view_chains.items() if key in new})
+
+
+def _is_straight_through(node: GraphNode) -> bool:
+    return isinstance(node.op, Elementwise) and node.op.op == "straight_through"
 
 
 def toposort(roots: Iterable[GraphNode], stop: Optional[Callable[[GraphNode], bool]] = None,

@@ -331,6 +331,10 @@ def test_attention_training_never_writes_its_probabilities(name, dtype):
     k together (what makes recomputing them worth it). Small: the interpreter runs these
     kernels slowly."""
     fn, forward_kernels, kernels = ATTENTION_TRAINING[name]
+    # (fixed inputs: drawn from whatever state earlier tests left the generator in, one draw
+    # in many put bfloat16's gradient error just past twice eager's, with the same values
+    # before and after a change that left them bit for bit equal)
+    torch.manual_seed(0)
     q, k, v = torch.randn(1, 2, 64, 32), torch.randn(1, 2, 96, 32), torch.randn(1, 2, 96, 32)
     args = [t.to(dtype) for t in (q, k, v, *[torch.randn(64, 96) for _ in ATTENTION[name][1]])]
     explanation = _trained_without_library_calls(fn, args, 3, torch.randn(fn(*args).shape).to(dtype))

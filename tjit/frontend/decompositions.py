@@ -11,6 +11,11 @@
   input is exactly 0 or 1 (a saturated sigmoid) is inf times the clamp's 0: NaN. Eager's
   gradient for the input is (input - target) / max((1 - input) * input, 1e-12); here the loss
   is torch's, with that gradient.
+- `native_group_norm` of a 16-bit input with float32 weight or bias on the CPU (a group norm
+  under autocast): eager accepts the mix, but the op's meta function gives its mean and rstd
+  the input's type where the CPU kernel writes float32, so the op run as a library call
+  fails; here it is torch's decomposition (torch._refs), computed in float32 and fused as
+  batch norm is. Other group norms stay library calls.
 - `index_add`: torch's decomposition checks the number of indices but not eager's "source
   tensor shape must match self tensor shape, excluding the specified dimension", so a
   source of the wrong shape was broadcast into a result where eager raises.
@@ -20,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
+import torch._refs
 from torch._decomp.decompositions import apply_loss_reduction, pw_cast_for_opmath
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND
 from torch._prims_common.wrappers import elementwise_type_promotion_wrapper, out_wrapper
@@ -69,9 +75,18 @@ def index_add(decomposition):
     return checked
 
 
+def group_norm_of_mixed_types(input, weight, bias, *args):
+    """torch's decomposition for a 16-bit input with float32 parameters on the CPU (see the
+    module text); NotImplemented (the op whole) otherwise."""
+    mixed = input.device.type == "cpu" and input.dtype in (torch.float16, torch.bfloat16) and \
+        any(p is not None and p.dtype == torch.float32 for p in (weight, bias))
+    return torch._refs.native_group_norm(input, weight, bias, *args) if mixed else NotImplemented
+
+
 def tjit_decompositions(table: dict) -> dict:
     """The entries above, for a table that holds torch's (index_add's wrap torch's own)."""
-    return {aten.logsumexp.default: logsumexp, aten.binary_cross_entropy.default: binary_cross_entropy} | \
+    return {aten.logsumexp.default: logsumexp, aten.binary_cross_entropy.default: binary_cross_entropy,
+            aten.native_group_norm.default: group_norm_of_mixed_types} | \
         wrapped(table, (aten.index_add, aten.index_add_), index_add)
 
 

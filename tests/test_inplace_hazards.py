@@ -100,6 +100,15 @@ EAGER_REFUSES = {
     "shifted_add": ((3000,), lambda x: x[:-1].add_(x[1:])),
     "expanded_target": ((3000,), lambda x: x.expand(3, 3000).add_(1)),
     "mul_transpose_3d": ((4, 30, 30), lambda x: x.mul_(x.transpose(1, 2))),
+    # indexed writes whose source is the written tensor itself (eager checks any overlap there)
+    "index_add_itself": ((300, 40), lambda x: x.index_add_(0, torch.arange(299, -1, -1), x)),
+    "index_copy_itself": ((300, 40), lambda x: x.index_copy_(0, torch.arange(299, -1, -1), x)),
+    "scatter_add_itself": ((300, 40), lambda x: x.scatter_add_(0, torch.arange(300).flip(0)[:, None].expand(300, 40), x)),
+    "scatter_itself": ((300, 40), lambda x: x.scatter_(1, torch.arange(40).flip(0).expand(300, 40), x)),
+    "index_put_itself": ((300, 40), lambda x: x.index_put_((torch.arange(300).flip(0),), x)),
+    "put_itself": ((300, 40), lambda x: x.put_(torch.arange(12000).flip(0), x)),
+    "scatter_add_a_view_of_itself": ((300, 40), lambda x: x[:200].scatter_add_(0, torch.zeros(100, 40, dtype=torch.long),
+                                                                               x[100:200])),
 }
 
 

@@ -28,7 +28,7 @@ from .build import ValueBuilder
 from .library import WriteThroughView, in_memory, library_call, view_of_contents
 from .scalars import (RuntimeScalar, arithmetic, is_arithmetic, is_symbolic_number, read_number,
                       with_runtime_numbers)
-from .overlap import check_in_place, is_non_overlapping_and_dense
+from .overlap import check_in_place, check_no_overlap_at_all, is_non_overlapping_and_dense
 
 @dataclass(frozen=True)
 class OutputSpec:
@@ -368,6 +368,9 @@ class Converter(ValueBuilder):
         """Write `value` into the tensor `target` as an in-place op does."""
         val = self.meta(target)
         check_in_place(str(self.current.target), val, self._tensor_operands(self.current, skip=target))
+        if isinstance(self.current.target, torch._ops.OpOverload):
+            check_no_overlap_at_all(self.current.target, val, self._tensor_operands(self.current, skip=target,
+                                                                                    written_too=True))
         value = self.expand_to(self.cast(value, DType.from_torch(val.dtype)), tuple(val.shape))
         key = storage_key(val)
         # a write through x.detach() is not seen by eager's autograd: x's later reads pass their
@@ -455,12 +458,13 @@ class Converter(ValueBuilder):
                 self.materialize_readers_of(name)
                 self.forwarded[name] = {}
 
-    def _tensor_operands(self, node: fx.Node, skip: fx.Node) -> list[torch.Tensor]:
-        """The tensors an FX node reads, other than `skip` (the tensor it writes)."""
+    def _tensor_operands(self, node: fx.Node, skip: fx.Node, written_too: bool = False) -> list[torch.Tensor]:
+        """The tensors an FX node reads, other than `skip` (the tensor it writes, its first
+        argument): with written_too, `skip` read as another argument too."""
         found = []
-        flat, _ = torch.utils._pytree.tree_flatten((node.args, node.kwargs))
+        flat, _ = torch.utils._pytree.tree_flatten((node.args[1:] if written_too else node.args, node.kwargs))
         for arg in flat:
-            val = arg.meta.get("val") if isinstance(arg, fx.Node) and arg is not skip else None
+            val = arg.meta.get("val") if isinstance(arg, fx.Node) and (written_too or arg is not skip) else None
             if isinstance(val, torch.Tensor):
                 found.append(val)
         return found

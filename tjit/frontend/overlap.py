@@ -92,6 +92,27 @@ def check_in_place(op: str, written: torch.Tensor, inputs: list[torch.Tensor]) -
                                          "reads every input before it writes. clone() the input")
 
 
+# in-place ops whose other tensor arguments eager checks for any overlap with the written
+# tensor, the same memory included (ATen's assert_no_overlap: `x.scatter_add_(0, i, x)`,
+# `x.index_add_(0, i, x)`, which decomposes to index_put_, raise), not only a partial one
+NO_OVERLAP_AT_ALL = frozenset({"scatter_", "scatter_add_", "scatter_reduce_", "index_put_", "_index_put_impl_",
+                               "put_", "index_copy_", "index_add_"})
+
+
+def check_no_overlap_at_all(op, written: torch.Tensor, others: list[torch.Tensor]) -> None:
+    """For an op of NO_OVERLAP_AT_ALL: eager's error when one of `others` (its tensor
+    arguments other than the written one, which may be the written tensor itself) shares
+    memory with it: the same tensor layout, or dense layouts that meet. (Layouts that are not
+    dense are eager's 'too hard': allowed.)"""
+    if op.overloadpacket.__name__ not in NO_OVERLAP_AT_ALL:
+        return
+    for t in others:
+        same = in_one_storage(written, t) and (t.shape, t.stride(), t.storage_offset()) == \
+            (written.shape, written.stride(), written.storage_offset())
+        if same or partially_overlaps(written, t):
+            raise EagerError(f"{op}: {PARTIAL_OVERLAP}")
+
+
 def read_after_written(written: torch.Tensor, t: torch.Tensor) -> bool:
     """An input `t` of an elementwise in-place op, in the written tensor's storage, that
     reads an address the op writes before it reads it, when visiting elements in increasing

@@ -109,6 +109,13 @@ EAGER_REFUSES = {
     "put_itself": ((300, 40), lambda x: x.put_(torch.arange(12000).flip(0), x)),
     "scatter_add_a_view_of_itself": ((300, 40), lambda x: x[:200].scatter_add_(0, torch.zeros(100, 40, dtype=torch.long),
                                                                                x[100:200])),
+    # in-place and out= ops that torch decomposes (into a functional op and a copy of its
+    # fresh result): checked as eager checks them, before the decomposition
+    "addcmul_transpose": ((40, 40), lambda x: x.addcmul_(x.t(), torch.ones(40, 40))),
+    "lerp_transpose": ((40, 40), lambda x: x.lerp_(x.t(), 0.4)),
+    "heaviside_an_element": ((300, 40), lambda x: x.heaviside_(x[0, 0])),
+    "index_add_itself_scaled": ((300, 40), lambda x: x.index_add_(0, torch.arange(299, -1, -1), x, alpha=-1)),
+    "logaddexp_out_shifted": ((3001,), lambda x: torch.logaddexp(x[1:], torch.ones(3000), out=x[:-1])),
 }
 
 
@@ -544,3 +551,16 @@ def test_a_dynamo_graph_refused_inside_its_no_grad_region_runs_eagerly_with_grad
     expected.backward()
     torch.testing.assert_close(got, expected)
     torch.testing.assert_close([t.grad for t in ours], [t.grad for t in theirs])
+
+
+@pytest.mark.parametrize("fn", [lambda b: torch.mv(b[1:3001].view(300, 10), torch.ones(10), out=b[:300]),
+                                lambda b: torch.tril(b[:1600].view(40, 40), out=b[:1600].view(40, 40).t())],
+                         ids=["mv", "tril"])
+def test_an_out_tensor_sharing_an_inputs_memory_is_refused(fn):
+    """Eager's answer there depends on the order it writes (it checks nothing); tjit refuses,
+    as for any out= op that is not elementwise, also where torch decomposes the op."""
+    b = torch.randn(3001)
+    before = b.clone()
+    with pytest.raises(tjit.UnsupportedOpError, match="shares memory"):
+        tjit.compile(fn)(b)
+    assert torch.equal(b, before)

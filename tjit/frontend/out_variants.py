@@ -80,7 +80,7 @@ def _rewrite(graph: fx.Graph, node: fx.Node) -> None:
                    if a.name in factory and a.name not in given})
     values = fx.node.map_arg((node.args, kwargs), lambda a: a.meta["val"])  # (the traced arguments)
     read = [v for v in tree_leaves(values) if isinstance(v, torch.Tensor)]
-    _check_overlaps(node.target, functional, written, read)
+    check_out_overlaps(node.target, functional, written, read)
     with graph.inserting_before(node):
         result = graph.call_function(functional, node.args, kwargs)
         result.meta["val"] = _result_meta(functional, values, read + written)
@@ -116,7 +116,7 @@ def _scratch(out: fx.Node, node: fx.Node) -> bool:
         and math.prod(out.args[0]) == 0 and list(out.users) == [node]
 
 
-def _check_overlaps(op, functional, written: list[torch.Tensor], read: list[torch.Tensor]) -> None:
+def check_out_overlaps(op, functional, written: list[torch.Tensor], read: list[torch.Tensor]) -> None:
     """Eager's checks of an out= tensor against the op's inputs: for an elementwise op, those
     of an in-place write (the out tensor may be an input itself, not part of one); for any
     other, memory an input shares with it is refused (eager's rules vary by op, and the

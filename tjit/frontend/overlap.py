@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from ..errors import EagerError, UnsupportedOpError
 from ..ir.view import View
@@ -133,3 +135,47 @@ def read_after_written(written: torch.Tensor, t: torch.Tensor) -> bool:
     read = View(tuple(written.shape), tuple(strides), t.storage_offset())
     return addresses.read_after_written(read, View(tuple(written.shape), tuple(written.stride()),
                                                    written.storage_offset()))
+
+
+class EagersOverlapChecks(TorchDispatchMode):
+    """The checks above on each aten op the traced function calls, before any decomposition
+    (entered inside make_fx's modes, it sees the function's own calls): an in-place op
+    (`x.addcmul_(x.t(), z)`) or out= op (`torch.logaddexp(a, b, out=view_of_a)`) that torch
+    decomposes reaches the converter as a functional op and a copy of its fresh result, whose
+    overlap with the inputs no later check can see. Elementwise ops get TensorIterator's
+    checks (check_in_place), the indexed writes of NO_OVERLAP_AT_ALL theirs; other ops are
+    checked where they are converted (convert.py, out_variants.py)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        schema = getattr(func, "_schema", None)
+        if schema is not None and schema.is_mutable:
+            _check_call(func, schema, args, kwargs)
+        return func(*args, **kwargs)
+
+
+def _check_call(func, schema, args: tuple, kwargs: dict) -> None:
+    values = list(args) + [kwargs.get(a.name) for a in schema.arguments[len(args):]]
+    writes = [a.alias_info is not None and a.alias_info.is_write for a in schema.arguments]
+    written = [v for v, w in zip(values, writes) if w and isinstance(v, torch.Tensor)]
+    if len(written) != 1:
+        return
+    read = [t for v, w in zip(values, writes) if not w for t in tree_leaves(v) if isinstance(t, torch.Tensor)]
+    if torch.Tag.out in func.tags:
+        from .out_variants import check_out_overlaps, functional_overload
+        functional = functional_overload(func)
+        if functional is not None:
+            check_out_overlaps(func, functional, written, read)
+    elif _pointwise(func):
+        check_in_place(str(func), written[0], read)
+    check_no_overlap_at_all(func, written[0], read)
+
+
+def _pointwise(func) -> bool:
+    """An elementwise op, or the in-place form of one (heaviside_ has not the tag heaviside has)."""
+    if torch.Tag.pointwise in func.tags:
+        return True
+    name = func.overloadpacket.__name__
+    functional = getattr(getattr(torch.ops.aten, name[:-1], None), func._overloadname, None) \
+        if name.endswith("_") else None
+    return functional is not None and torch.Tag.pointwise in functional.tags

@@ -30,6 +30,7 @@ from .convert import Conversion, Converter, storage_key
 from .decompositions import tjit_decompositions, wrapped
 from .foreach import foreach_decompositions
 from .out_variants import as_functional_and_copies
+from .overlap import EagersOverlapChecks
 from .rnn_cells import FunctionalCells
 from .scalars import is_symbolic_number
 
@@ -530,7 +531,7 @@ def _trace_graph(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozens
         watch.note_gradients([values[name] for name in tensor_names])
         # the modes watch the function's own calls only: around make_fx's set-up (fake copies of
         # the inputs) they would see hundreds of calls per trace
-        with watch, FunctionalCells():
+        with watch, FunctionalCells(), EagersOverlapChecks():
             result = _call_with(fn, args, kwargs, flat, values)
             watch.note_custom_functions(result)
         gained = [name for name in tensor_names if name not in requires_grad and name not in copied

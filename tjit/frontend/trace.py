@@ -263,7 +263,10 @@ class GradModeWatch(TorchFunctionMode):
         kwargs = kwargs or {}
         outs = [t for t in tree_leaves(kwargs["out"]) if isinstance(t, torch.Tensor)] if "out" in kwargs else []
         before = [(t.shape, t._version) for t in outs]
-        result = self._call(func, args, kwargs)
+        # (eager's overlap checks, on the aten ops of a call that may write: a dispatch mode
+        # around every call would cost a trace a fifth of its time)
+        with EagersOverlapChecks() if outs or _may_write(func, kwargs) else contextlib.nullcontext():
+            result = self._call(func, args, kwargs)
         if outs:
             _check_out_tensors(func, outs, before)
         return result
@@ -329,6 +332,12 @@ class GradModeWatch(TorchFunctionMode):
             if isinstance(v, torch.Tensor) and isinstance(v.grad_fn, torch.autograd.function.BackwardCFunction):
                 self.gradient_unknown = (CustomFunctionError, f"a custom autograd.Function ({type(v.grad_fn).__name__}): "
                                                               "eager runs its Python backward, which tjit does not trace")
+
+
+def _may_write(func, kwargs: dict) -> bool:
+    """A call that may write into a tensor argument: an in-place method or function
+    (`x.add_`, `x += y`, `x[i] = v`, `torch.relu_`) or one asked to (`inplace=True`)."""
+    return getattr(func, "__name__", "").endswith("_") or bool(kwargs.get("inplace"))
 
 
 def _turns_gradient_off(func, args: tuple, kwargs: dict) -> bool:
@@ -531,7 +540,7 @@ def _trace_graph(fn: Callable, args: tuple, kwargs: dict, requires_grad: frozens
         watch.note_gradients([values[name] for name in tensor_names])
         # the modes watch the function's own calls only: around make_fx's set-up (fake copies of
         # the inputs) they would see hundreds of calls per trace
-        with watch, FunctionalCells(), EagersOverlapChecks():
+        with watch, FunctionalCells():
             result = _call_with(fn, args, kwargs, flat, values)
             watch.note_custom_functions(result)
         gained = [name for name in tensor_names if name not in requires_grad and name not in copied

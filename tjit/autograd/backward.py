@@ -79,7 +79,7 @@ class AutogradPlan:
     # asked (see plan_autograd): those the IR does not reach get a zero gradient, as in eager
     eager_reaches: dict[str, frozenset] = field(default_factory=dict)
     _saved_ids: dict[int, str] = field(default_factory=dict, repr=False)  # forward node -> name it is read by
-    # saved intermediates kept compact (_compact): the value's shape with 1 along the axes it
+    # saved intermediates kept compact (_Compacting): the value's shape with 1 along the axes it
     # is constant on, read back broadcast
     compact: frozenset = frozenset()
 
@@ -250,7 +250,7 @@ class _Recompute:
         computes a view of a value from the value's leaves is built as that view of the
         value, as the value is got (a saved copy of a residual stream's value, read through
         the view that picks a norm's shift, rather than the stream recomputed from every
-        layer below). compact_shapes: the saved values kept compact (see _compact), by name:
+        layer below). compact_shapes: the saved values kept compact (see _Compacting), by name:
         the shape they are kept in, read back broadcast to the value's."""
         self.vb, self.saved, self.output_strides = vb, saved, output_strides or {}
         self.compact_shapes = compact_shapes or {}

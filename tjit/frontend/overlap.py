@@ -139,7 +139,8 @@ def read_after_written(written: torch.Tensor, t: torch.Tensor) -> bool:
 
 class EagersOverlapChecks(TorchDispatchMode):
     """The checks above on each aten op the traced function calls, before any decomposition
-    (entered inside make_fx's modes, it sees the function's own calls): an in-place op
+    (entered inside make_fx's modes, around each of the function's calls that may write:
+    trace.GradModeWatch): an in-place op
     (`x.addcmul_(x.t(), z)`) or out= op (`torch.logaddexp(a, b, out=view_of_a)`) that torch
     decomposes reaches the converter as a functional op and a copy of its fresh result, whose
     overlap with the inputs no later check can see. Elementwise ops get TensorIterator's

@@ -575,7 +575,12 @@ def _tape_bytes(node: GraphNode, constant: frozenset[int], output_of: dict[int, 
     (the caller's), a compact node's (constant along `constant`) for one kept compact."""
     if isinstance(node.op, Input) and node.op.name not in written or id(node) in output_of:
         return 0
-    return math.prod(1 if d in constant else size for d, size in enumerate(node.shape)) * node.dtype.itemsize
+    return math.prod(_compact_shape(node.shape, constant)) * node.dtype.itemsize
+
+
+def _compact_shape(shape: tuple[int, ...], axes: frozenset[int]) -> tuple[int, ...]:
+    """The shape a value constant along `axes` is kept in: 1 along them."""
+    return tuple(1 if d in axes else size for d, size in enumerate(shape))
 
 
 def _constant_axes(order: list[GraphNode]) -> dict[int, frozenset[int]]:
@@ -606,7 +611,7 @@ class _Compacting:
         self.builder = GraphBuilder()
 
     def __call__(self, node: GraphNode, axes: frozenset[int]) -> GraphNode:
-        shape = tuple(1 if d in axes else size for d, size in enumerate(node.shape))
+        shape = _compact_shape(node.shape, axes)
         memo: dict[int, GraphNode] = {}
         for n in toposort([node], stop=lambda n: not isinstance(n.op, Elementwise)):
             if isinstance(n.op, Elementwise):
@@ -659,5 +664,5 @@ def _cost(node: GraphNode, output_of: dict[int, str], mutated: dict[str, int], w
     preference = 0 if kept_by_reference else 1 if id(node) in output_of else 2
     numel = node.view.numel
     if preference == 2 and constant:  # (after a value of its size it is computed from: a row's max)
-        numel, preference = math.prod(1 if d in constant else size for d, size in enumerate(node.shape)), 3
+        numel, preference = math.prod(_compact_shape(node.shape, constant)), 3
     return (numel * node.dtype.itemsize) * 1000 + preference

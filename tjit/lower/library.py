@@ -17,7 +17,7 @@ import torch
 
 from ..frontend.library import STORAGE_ADDRESSED
 from ..ir import ExternCall, GraphNode, Input
-from .codegen import Access, BufferRef, Check
+from .codegen import Access, BufferRef
 from .fusion import ExternStep, buffer_of
 
 
@@ -34,7 +34,6 @@ class LibraryPlan:
     out_names: tuple[str, ...] = ()
     in_slab: tuple[GraphNode, ...] = ()  # the results that live in planned memory
     scratch: list = field(default_factory=list)
-    checks: list[Check] = field(default_factory=list)
     grid: tuple = (0,)
     writes_anything: bool = True
 

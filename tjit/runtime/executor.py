@@ -415,7 +415,7 @@ class Executable:
         for step, code in zip(self._word_users["status"], codes):
             if code:
                 status.zero_()
-                check = _plan(step).checks[code - 1]
+                check = step.plan.checks[code - 1]
                 raise check.error(check.message)
 
     def _constexprs(self, plan: KernelPlan) -> dict:
@@ -682,10 +682,6 @@ def _last_read_of_inputs(steps) -> dict[str, int]:
             if access.buffer.kind == "input" and not access.store:
                 found[access.buffer.name] = k
     return found
-
-
-def _plan(step) -> "KernelPlan | LibraryPlan":
-    return step if isinstance(step, LibraryPlan) else step.plan
 
 
 def memory_key_of(ref: BufferRef, k: int):

@@ -1,4 +1,5 @@
 """Caching, counters, torch.compile integration, insight and errors."""
+import ast
 import collections
 import contextlib
 import itertools
@@ -1082,3 +1083,37 @@ def test_the_layers_of_a_model_share_their_kernels_sources(grad):
         return len(kernels), len({k.name for k in kernels})
     (kernels8, sources8), (kernels12, sources12) = sources(8), sources(12)
     assert kernels12 >= kernels8 + 4 and sources12 == sources8
+
+
+KERNELS_OF_EVERY_KIND = [  # (pointwise with comparisons, looped reductions, a scan, a tl.dot, a gather, an argmax)
+    (lambda x, w, idx: (torch.where(x > 0, x, 0.1 * x).softmax(-1) + x.cumsum(-1)).gather(1, idx).argmax(1),
+     (torch.randn(37, 700), None, torch.randint(0, 700, (37, 5)))),
+    (lambda x, w, idx: (torch.relu(x @ w) + 1, x.cumsum(0)), (torch.randn(20, 24), torch.randn(24, 12), None)),
+    (lambda x, w, idx: (x // 3 + (x % 5 == 1)) * 2, (torch.randint(-50, 50, (300, 7)), None, None)),
+]
+
+
+def test_tjits_kernels_skip_tritons_own_rewrite_for_the_interpreter_and_get_its_tree(monkeypatch):
+    """The interpreter's rewrite of tjit's kernels (runtime/interpreter.py:
+    rewrite_kernel_for_interpreter) makes the tree Triton's own rewrite makes, and Triton's
+    is not run for them (it is for Triton's and tjit's helpers)."""
+    from triton.runtime import interpreter as ti
+    from tjit.runtime.interpreter import interpreted_tree
+    from tjit.runtime.loader import module_source
+    tritons = ti.FunctionRewriter.rewrite_ast
+
+    def only_helpers(self):
+        assert not self.fn.__name__.startswith("tjit_"), f"Triton rewrote tjit's kernel {self.fn.__name__}"
+        return tritons(self)
+    monkeypatch.setattr(ti.FunctionRewriter, "rewrite_ast", only_helpers)
+    kernels = []
+    for fn, args in KERNELS_OF_EVERY_KIND:
+        check_against_eager(fn, *args)
+        kernels += tjit.explain(fn, *args).kernels
+    assert {k.name.split("_")[1] for k in kernels} >= {"pointwise", "reduce", "dot"}
+    for k in kernels:
+        text = module_source(k)
+        ours = interpreted_tree(text, "kernel.py", k.name)
+        fdef = next(n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef) and n.name == k.name)
+        fdef.decorator_list = []
+        assert ours is not None and ast.dump(ours) == ast.dump(ti.ASTTransformer().visit(fdef)), k.name

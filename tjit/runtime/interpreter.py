@@ -6,11 +6,13 @@ present (and imports triton again if something imported it first).
 """
 from __future__ import annotations
 
+import ast
 import contextlib
 import inspect
 import os
 import sys
 import types
+from typing import Optional
 
 import numpy as np
 import torch
@@ -307,6 +309,61 @@ def _tree_reduce(self, input):
             data = data.item()
         ret.append(self.to_tensor(data, arg.dtype))
     return ret
+
+
+def rewrite_kernel_for_interpreter(kernel, text: str, path: str) -> None:
+    """Triton's interpreter rewrites a kernel's source before its first run: the value of each
+    assignment becomes a tensor (`x = v` -> `x = interpreter_semantic.to_tensor(v, False)`)
+    and chained comparisons are spelled out (its ASTTransformer). Its rewrite reads the source
+    back with inspect and visits every node, about 7 ms a kernel here: a quarter of a model's
+    first-call compile. tjit has the source in hand (`text`, the module at `path`) and makes
+    the same tree in one walk (1.7 ms; tests/test_runtime.py compares the trees). A kernel
+    with a chained comparison or a multiple assignment is left to Triton's rewrite."""
+    from triton.runtime import interpreter as ti
+    fn = kernel.fn
+    tree = interpreted_tree(text, path, fn.__name__)
+    if tree is None:
+        return
+    code = compile(ast.Module(body=[tree], type_ignores=[]), path, "exec")
+    for key, value in vars(ti).items():  # (names the rewritten code calls, as Triton's rewrite adds them)
+        fn.__globals__.setdefault(key, value)
+    made: dict = {}
+    exec(code, fn.__globals__, made)
+    ti.InterpretedFunction.rewritten_fn[fn] = made[fn.__name__]
+
+
+def interpreted_tree(text: str, path: str, name: str) -> Optional[ast.FunctionDef]:
+    """The function `name` of the module source `text` as Triton's ASTTransformer rewrites it
+    (without decorators), or None where that takes more than wrapping each single-target
+    assignment's value."""
+    fdef = next((n for n in ast.parse(text, filename=path).body if isinstance(n, ast.FunctionDef) and n.name == name),
+                None)
+    return None if fdef is None else _assignments_made_tensors(fdef)
+
+
+def _assignments_made_tensors(fdef: ast.FunctionDef) -> Optional[ast.FunctionDef]:
+    fdef.decorator_list = []
+    assignments = []
+    for node in ast.walk(fdef):
+        if type(node) is ast.Assign:
+            if len(node.targets) > 1:
+                return None
+            assignments.append(node)
+        elif type(node) is ast.Compare and len(node.ops) > 1:
+            return None
+    for node in assignments:
+        value = node.value
+        semantic = _located(ast.Name(id="interpreter_semantic", ctx=ast.Load()), value)
+        node.value = _located(ast.Call(func=_located(ast.Attribute(value=semantic, attr="to_tensor", ctx=ast.Load()),
+                                                     value),
+                                       args=[value, _located(ast.Constant(value=False), value)], keywords=[]), value)
+    return fdef
+
+
+def _located(node: ast.AST, like: ast.AST) -> ast.AST:
+    node.lineno, node.col_offset = like.lineno, like.col_offset
+    node.end_lineno, node.end_col_offset = like.end_lineno, like.end_col_offset
+    return node
 
 
 def interpreting() -> bool:

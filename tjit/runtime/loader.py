@@ -16,7 +16,7 @@ import torch
 
 from ..lower.codegen import KernelPlan
 from .counters import counters
-from .interpreter import install_patches, interpreting
+from .interpreter import install_patches, interpreting, rewrite_kernel_for_interpreter
 
 if interpreting():
     install_patches()
@@ -61,6 +61,8 @@ def load_kernel(plan: KernelPlan):
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
             _loaded[plan.name] = getattr(module, plan.name)
+            if interpreting():
+                rewrite_kernel_for_interpreter(_loaded[plan.name], text, str(path))
             counters.kernels_generated += 1
         return _loaded[plan.name]
 

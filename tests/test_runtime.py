@@ -1095,7 +1095,7 @@ KERNELS_OF_EVERY_KIND = [  # (pointwise with comparisons, looped reductions, a s
 
 def test_tjits_kernels_skip_tritons_own_rewrite_for_the_interpreter_and_get_its_tree(monkeypatch):
     """The interpreter's rewrite of tjit's kernels (runtime/interpreter.py:
-    rewrite_kernel_for_interpreter) makes the tree Triton's own rewrite makes, and Triton's
+    load_for_interpreter) makes the tree Triton's own rewrite makes, and Triton's
     is not run for them (it is for Triton's and tjit's helpers)."""
     from triton.runtime import interpreter as ti
     from tjit.runtime.interpreter import interpreted_tree
@@ -1113,7 +1113,7 @@ def test_tjits_kernels_skip_tritons_own_rewrite_for_the_interpreter_and_get_its_
     assert {k.name.split("_")[1] for k in kernels} >= {"pointwise", "reduce", "dot"}
     for k in kernels:
         text = module_source(k)
-        ours = interpreted_tree(text, "kernel.py", k.name)
+        ours = interpreted_tree(text, k.name)
         fdef = next(n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef) and n.name == k.name)
         fdef.decorator_list = []
         assert ours is not None and ast.dump(ours) == ast.dump(ti.ASTTransformer().visit(fdef)), k.name

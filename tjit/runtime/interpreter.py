@@ -311,53 +311,82 @@ def _tree_reduce(self, input):
     return ret
 
 
-def rewrite_kernel_for_interpreter(kernel, text: str, path: str) -> None:
-    """Triton's interpreter rewrites a kernel's source before its first run: the value of each
+def load_for_interpreter(name: str, text: str, path: str):
+    """The @triton.jit function `name` of the kernel module `text` (written at `path`),
+    rewritten for Triton's interpreter already.
+
+    The interpreter rewrites a kernel's source before its first run: the value of each
     assignment becomes a tensor (`x = v` -> `x = interpreter_semantic.to_tensor(v, False)`)
-    and chained comparisons are spelled out (its ASTTransformer). Its rewrite reads the source
-    back with inspect and visits every node, about 7 ms a kernel here: a quarter of a model's
-    first-call compile. tjit has the source in hand (`text`, the module at `path`) and makes
-    the same tree in one walk (1.7 ms; tests/test_runtime.py compares the trees). A kernel
-    with a chained comparison or a multiple assignment is left to Triton's rewrite."""
+    and chained comparisons are spelled out (its ASTTransformer). Its rewrite reads the
+    source back with inspect and visits every node, about 7 ms a kernel here: a quarter of a
+    model's first-call compile. tjit rewrites the tree of the source it has, wrapping the
+    assignments it finds among the statements, and compiles the module once, the kernel
+    rewritten (1.6 ms a kernel with the module's load; tests/test_runtime.py compares the
+    trees with Triton's)."""
     from triton.runtime import interpreter as ti
-    fn = kernel.fn
-    tree = interpreted_tree(text, path, fn.__name__)
-    if tree is None:
-        return
-    code = compile(ast.Module(body=[tree], type_ignores=[]), path, "exec")
-    for key, value in vars(ti).items():  # (names the rewritten code calls, as Triton's rewrite adds them)
-        fn.__globals__.setdefault(key, value)
-    made: dict = {}
-    exec(code, fn.__globals__, made)
-    ti.InterpretedFunction.rewritten_fn[fn] = made[fn.__name__]
+    tree = ast.parse(text, filename=path)
+    rewritten = _assignments_made_tensors(_function_def(tree, name))
+    module = types.ModuleType(name)
+    module.__file__ = path
+    if rewritten:
+        for key, value in vars(ti).items():  # (names the rewritten code calls, as Triton's rewrite adds them)
+            module.__dict__.setdefault(key, value)
+    exec(compile(tree, path, "exec"), module.__dict__)
+    kernel = getattr(module, name)
+    if rewritten:  # (otherwise Triton's rewrite runs at the first launch)
+        ti.InterpretedFunction.rewritten_fn[kernel.fn] = kernel.fn
+    return kernel
 
 
-def interpreted_tree(text: str, path: str, name: str) -> Optional[ast.FunctionDef]:
-    """The function `name` of the module source `text` as Triton's ASTTransformer rewrites it
-    (without decorators), or None where that takes more than wrapping each single-target
-    assignment's value."""
-    fdef = next((n for n in ast.parse(text, filename=path).body if isinstance(n, ast.FunctionDef) and n.name == name),
-                None)
-    return None if fdef is None else _assignments_made_tensors(fdef)
-
-
-def _assignments_made_tensors(fdef: ast.FunctionDef) -> Optional[ast.FunctionDef]:
+def interpreted_tree(text: str, name: str) -> Optional[ast.FunctionDef]:
+    """The function `name` of the module source `text`, without its decorators, as
+    load_for_interpreter rewrites it (None: as Triton's rewrite does)."""
+    fdef = _function_def(ast.parse(text), name)
     fdef.decorator_list = []
-    assignments = []
-    for node in ast.walk(fdef):
-        if type(node) is ast.Assign:
-            if len(node.targets) > 1:
-                return None
-            assignments.append(node)
-        elif type(node) is ast.Compare and len(node.ops) > 1:
-            return None
+    return fdef if _assignments_made_tensors(fdef) else None
+
+
+def _function_def(tree: ast.Module, name: str) -> ast.FunctionDef:
+    return next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
+
+
+def _assignments_made_tensors(fdef: ast.FunctionDef) -> bool:
+    """Rewrites fdef in place as Triton's ASTTransformer does, if that takes no more than
+    wrapping each single-target assignment's value (whether it did). Assignments are
+    statements, so only statements are walked; tjit's code generator writes no chained
+    comparison (each comparison is parenthesised or alone), which TJIT_VERIFY=1 checks."""
+    assignments = [node for node in _statements(fdef.body) if type(node) is ast.Assign]
+    if any(len(node.targets) > 1 for node in assignments):
+        return False
+    from ..pipeline import verify
+    verify("code generation", _chained_comparison_or_hidden_assignment, fdef, len(assignments))
     for node in assignments:
         value = node.value
         semantic = _located(ast.Name(id="interpreter_semantic", ctx=ast.Load()), value)
         node.value = _located(ast.Call(func=_located(ast.Attribute(value=semantic, attr="to_tensor", ctx=ast.Load()),
                                                      value),
                                        args=[value, _located(ast.Constant(value=False), value)], keywords=[]), value)
-    return fdef
+    return True
+
+
+def _statements(body: list):
+    for statement in body:
+        yield statement
+        for field in ("body", "orelse", "finalbody"):
+            yield from _statements(getattr(statement, field, ()))
+        for handler in getattr(statement, "handlers", ()):
+            yield from _statements(handler.body)
+
+
+def _chained_comparison_or_hidden_assignment(fdef: ast.FunctionDef, found: int) -> Optional[str]:
+    nodes = list(ast.walk(fdef))
+    chained = next((n for n in nodes if type(n) is ast.Compare and len(n.ops) > 1), None)
+    if chained is not None:
+        return f"kernel {fdef.name} chains comparisons (line {chained.lineno}), which its interpreter rewrite misses"
+    assignments = sum(type(n) is ast.Assign for n in nodes)
+    if assignments != found:
+        return f"kernel {fdef.name} has {assignments} assignments, {found} of them among its statements"
+    return None
 
 
 def _located(node: ast.AST, like: ast.AST) -> ast.AST:

@@ -16,7 +16,7 @@ import torch
 
 from ..lower.codegen import KernelPlan
 from .counters import counters
-from .interpreter import install_patches, interpreting, rewrite_kernel_for_interpreter
+from .interpreter import install_patches, interpreting, load_for_interpreter
 
 if interpreting():
     install_patches()
@@ -57,12 +57,13 @@ def load_kernel(plan: KernelPlan):
                 tmp = path.with_suffix(f".{os.getpid()}.tmp")
                 tmp.write_text(text)
                 tmp.replace(path)  # atomic, so concurrent processes never read half a file
-            spec = importlib.util.spec_from_file_location(plan.name, path)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            _loaded[plan.name] = getattr(module, plan.name)
             if interpreting():
-                rewrite_kernel_for_interpreter(_loaded[plan.name], text, str(path))
+                _loaded[plan.name] = load_for_interpreter(plan.name, text, str(path))
+            else:
+                spec = importlib.util.spec_from_file_location(plan.name, path)
+                module = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(module)
+                _loaded[plan.name] = getattr(module, plan.name)
             counters.kernels_generated += 1
         return _loaded[plan.name]
 

@@ -17,6 +17,9 @@ Value = Union[GraphNode, int, float, bool]
 
 
 def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    first = tuple(shapes[0])
+    if all(tuple(s) == first for s in shapes[1:]):  # (most calls: torch.broadcast_shapes costs 40 us each)
+        return first
     return tuple(torch.broadcast_shapes(*shapes))
 
 

@@ -203,6 +203,23 @@ class ValueBuilder:
         """How many leaves in memory node's fused expression reads."""
         return sum(_reads_memory(n) for n in toposort([node], stop=_reads_memory))
 
+    def reads_more_than(self, node: GraphNode, limit: int) -> bool:
+        """loads(node) > limit, walking the expression only until it is (an unrolled loop's
+        gradient pieces each read every step before them)."""
+        found, seen, stack = 0, set(), [node]
+        while stack:
+            n = stack.pop()
+            if id(n) in seen:
+                continue
+            seen.add(id(n))
+            if _reads_memory(n):
+                found += 1
+                if found > limit:
+                    return True
+            else:
+                stack.extend(n.src)
+        return False
+
     def reshaped_from(self, node: GraphNode) -> Optional[GraphNode]:
         """The computed value whose reshape node's expression is (built by pushing the reshape
         into it), if it is one."""

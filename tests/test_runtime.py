@@ -1117,3 +1117,20 @@ def test_tjits_kernels_skip_tritons_own_rewrite_for_the_interpreter_and_get_its_
         fdef = next(n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef) and n.name == k.name)
         fdef.decorator_list = []
         assert ours is not None and ast.dump(ours) == ast.dump(ti.ASTTransformer().visit(fdef)), k.name
+
+
+@pytest.mark.parametrize("body, ours", [
+    ("    x = a + 1\n    y = tl.where(x > 0, x, 0)\n    return y\n", True),
+    ("    x = 0 < a < 4\n    return x\n", False),  # (a chained comparison: Triton's rewrite spells it out)
+    ("    if a > 0:\n        x = y = a\n    return a\n", False),  # (several targets: Triton refuses them)
+])
+def test_a_kernel_is_rewritten_for_the_interpreter_by_tjit_only_where_the_trees_agree(body, ours):
+    from triton.runtime import interpreter as ti
+    from tjit.runtime.interpreter import interpreted_tree
+    text = "import triton\nimport triton.language as tl\n\n@triton.jit\ndef k(a):\n" + body
+    found = interpreted_tree(text, "k")
+    assert (found is not None) == ours
+    if ours:
+        fdef = next(n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef))
+        fdef.decorator_list = []
+        assert ast.dump(found) == ast.dump(ti.ASTTransformer().visit(fdef))

@@ -100,7 +100,7 @@ def test_a_callers_own_async_compile_is_left_to_it(first_runs):
         assert precompile.precompile(kernel_launches(executable), memory) == 0  # (it cannot be nested)
 
 
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # (numpy's, off the interpreter's errstate: see _launch)
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # (numpy's, off the interpreter's errstate: see Executable.run)
 @pytest.mark.parametrize("switch", ["1", "0"])
 def test_a_program_is_precompiled_at_its_first_run_off_the_interpreter(monkeypatch, switch):
     monkeypatch.setenv("TJIT_PRECOMPILE", switch)

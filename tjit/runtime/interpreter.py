@@ -327,12 +327,11 @@ def load_for_interpreter(name: str, text: str, path: str):
     rewritten = _assignments_made_tensors(_function_def(tree, name))
     module = types.ModuleType(name)
     module.__file__ = path
-    if rewritten:
-        for key, value in vars(ti).items():  # (names the rewritten code calls, as Triton's rewrite adds them)
-            module.__dict__.setdefault(key, value)
     exec(compile(tree, path, "exec"), module.__dict__)
     kernel = getattr(module, name)
     if rewritten:  # (otherwise Triton's rewrite runs at the first launch)
+        for key, value in vars(ti).items():  # (names the rewritten code calls, as Triton's rewrite adds them)
+            module.__dict__.setdefault(key, value)
         ti.InterpretedFunction.rewritten_fn[kernel.fn] = kernel.fn
     return kernel
 

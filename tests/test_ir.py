@@ -104,13 +104,17 @@ def test_nodes_are_hash_consed_and_printable():
 @given(st.lists(st.tuples(st.sampled_from(["add", "mul"]), st.integers(0, 9), st.integers(0, 9)), min_size=1,
                 max_size=12))
 @settings(max_examples=100, deadline=None)
-def test_reads_more_than_walks_only_as_far_as_it_must_and_agrees_with_loads(steps):
-    """ValueBuilder.reads_more_than(n, k) == loads(n) > k, on expressions over shared inputs."""
-    from tjit.frontend.build import ValueBuilder
+def test_loads_counted_up_to_a_limit_agree_with_every_read_counted(steps):
+    """ValueBuilder.loads(n, up_to=k) == min(reads, k), on expressions over shared inputs,
+    where reads counts the distinct memory reads the fused expression makes (a toposort)."""
+    from tjit.frontend.build import ValueBuilder, _reads_memory
+    from tjit.ir.graph import toposort
     vb = ValueBuilder()
     values = [vb.b.input(f"x{k}", DType.float32, View.contiguous((3,))) for k in range(4)]
     for op, i, j in steps:
         values.append(vb.elementwise(op, [values[i % len(values)], values[j % len(values)]], DType.float32))
     top = values[-1]
-    for limit in range(6):
-        assert vb.reads_more_than(top, limit) == (vb.loads(top) > limit)
+    reads = sum(_reads_memory(n) for n in toposort([top], stop=_reads_memory))
+    assert vb.loads(top) == reads
+    for limit in range(1, 6):
+        assert vb.loads(top, up_to=limit) == min(reads, limit)

@@ -67,7 +67,7 @@ def _pieces_from_buffers(alg: Algebra, contributions: list[GraphNode]) -> list[G
     stored = []
     for c in contributions:
         _, piece, place = alg.placements.get(id(c), (None, None, None))  # (which keeps c alive: ids are c's)
-        if piece is not None and alg.vb.reads_more_than(piece, PLACED_PIECE_LOADS):
+        if piece is not None and alg.vb.loads(piece, up_to=PLACED_PIECE_LOADS + 1) > PLACED_PIECE_LOADS:
             c = place(alg.vb.materialize(piece))
         stored.append(c)
     return stored

@@ -199,13 +199,10 @@ class ValueBuilder:
                 coords.append(self.cast(self.coordinate(shape, d), DType.int64))
         return self.read_at(table, coords, checked=not in_range, what=what)
 
-    def loads(self, node: GraphNode) -> int:
-        """How many leaves in memory node's fused expression reads."""
-        return sum(_reads_memory(n) for n in toposort([node], stop=_reads_memory))
-
-    def reads_more_than(self, node: GraphNode, limit: int) -> bool:
-        """loads(node) > limit, walking the expression only until it is (an unrolled loop's
-        gradient pieces each read every step before them)."""
+    def loads(self, node: GraphNode, up_to: Optional[int] = None) -> int:
+        """How many leaves in memory node's fused expression reads; with `up_to`, counted only
+        until that many are found (an unrolled loop's gradient pieces each read every step
+        before them: a test against a limit need not walk them all)."""
         found, seen, stack = 0, set(), [node]
         while stack:
             n = stack.pop()
@@ -214,11 +211,11 @@ class ValueBuilder:
             seen.add(id(n))
             if _reads_memory(n):
                 found += 1
-                if found > limit:
-                    return True
+                if found == up_to:
+                    break
             else:
                 stack.extend(n.src)
-        return False
+        return found
 
     def reshaped_from(self, node: GraphNode) -> Optional[GraphNode]:
         """The computed value whose reshape node's expression is (built by pushing the reshape

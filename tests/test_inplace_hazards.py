@@ -116,6 +116,8 @@ EAGER_REFUSES = {
     "heaviside_an_element": ((300, 40), lambda x: x.heaviside_(x[0, 0])),
     "index_add_itself_scaled": ((300, 40), lambda x: x.index_add_(0, torch.arange(299, -1, -1), x, alpha=-1)),
     "logaddexp_out_shifted": ((3001,), lambda x: torch.logaddexp(x[1:], torch.ones(3000), out=x[:-1])),
+    # a fill with a tensor's value copies it, which eager refuses into an expanded view
+    "fill_expanded_with_a_tensor": ((3000,), lambda x: x.expand(3, 3000).fill_(torch.ones(()))),
 }
 
 
@@ -131,6 +133,38 @@ def test_overlaps_eager_refuses_are_refused_with_eagers_error(name):
     assert isinstance(got.value, RuntimeError)
     assert str(eager.value) in str(got.value)
     assert torch.equal(x, before), "the user's tensor must be untouched"
+
+
+def _fill_a_column_of_an_intermediate(x):
+    y = x * 2
+    y[:, :1].expand(300, 41).fill_(0.5)
+    return y.sum(1)
+
+
+def _fill_then_read_the_view(x):
+    y = x.expand(3, 3000)
+    y.fill_(3.0)
+    return y.cumsum(0)
+
+
+# fills of views whose elements share memory: eager runs them (one number, written to an
+# address twice, is one write); tjit writes each address once
+FILLS_OF_SHARED_MEMORY = {
+    "fill_expanded": (torch.float32, (3000,), lambda x: (x.expand(3, 3000).fill_(1.5), x * 2)[1]),
+    "zero_expanded_columns": (torch.float32, (300, 1), lambda x: (x.expand(300, 41).zero_(), x + 1)[1]),
+    "fill_expanded_transpose": (torch.float16, (300, 41), lambda x: x.t().expand(2, 41, 300).fill_(-2.0)),
+    "fill_overlapping_windows": (torch.float32, (3000,), lambda x: (x.as_strided((2999, 2), (1, 1)).fill_(2.0), x)[1]),
+    "zero_expanded_int": (torch.int32, (2000,), lambda x: (x.expand(5, 2000).zero_(), x + 1)[1]),
+    "fill_an_intermediate": (torch.float32, (300, 41), _fill_a_column_of_an_intermediate),
+    "fill_then_read_the_view": (torch.float32, (3000,), _fill_then_read_the_view),
+}
+
+
+@pytest.mark.parametrize("name", FILLS_OF_SHARED_MEMORY)
+def test_fills_of_views_whose_elements_share_memory_match_eager(name, fresh_seed):
+    dtype, shape, fn = FILLS_OF_SHARED_MEMORY[name]
+    x = torch.randint(-5, 5, shape, dtype=dtype) if not dtype.is_floating_point else torch.randn(shape, dtype=dtype)
+    check_against_eager(fn, x)
 
 
 # -- property: random views of the written tensor ---------------------------------------------

@@ -28,7 +28,8 @@ from .build import ValueBuilder
 from .library import WriteThroughView, in_memory, library_call, view_of_contents
 from .scalars import (RuntimeScalar, arithmetic, is_arithmetic, is_symbolic_number, read_number,
                       with_runtime_numbers)
-from .overlap import check_in_place, check_no_overlap_at_all, is_non_overlapping_and_dense
+from .overlap import (WRITES_OF_ONE_CONSTANT, addressed_once, check_in_place, check_no_overlap_at_all,
+                      is_non_overlapping_and_dense)
 
 @dataclass(frozen=True)
 class OutputSpec:
@@ -372,6 +373,12 @@ class Converter(ValueBuilder):
             check_no_overlap_at_all(self.current.target, val, self._tensor_operands(self.current, skip=target,
                                                                                     written_too=True))
         value = self.expand_to(self.cast(value, DType.from_torch(val.dtype)), tuple(val.shape))
+        written, written_value = val, value
+        if str(self.current.target) in WRITES_OF_ONE_CONSTANT and value.is_literal:
+            # a fill of an expanded view writes its number once to each address the view holds
+            written = addressed_once(val)
+            literal = value.src[0] if isinstance(value.op, ViewOp) else value
+            written_value = self.expand_to(literal, tuple(written.shape))
         key = storage_key(val)
         # a write through x.detach() is not seen by eager's autograd: x's later reads pass their
         # gradient to x's history, not to what was written (reads through the detached view do)
@@ -382,20 +389,20 @@ class Converter(ValueBuilder):
             if unseen and self._carries_gradient(value):  # (eager: only that detached tensor carries it)
                 raise UnsupportedOpError(str(self.current.target), f"an in-place write through x.detach() of values "
                                          f"that carry a gradient into input {name!r}")
-            view = self.input_view(name, val)
+            view = self.input_view(name, written)
             self.materialize_readers_of(name, view)
             self.version[name] += 1
             self.written_views[name].append(view)
-            self.mutations.append(Mutation(name, view, value, self.version[name], unseen))
+            self.mutations.append(Mutation(name, view, written_value, self.version[name], unseen))
             self.forwarded[name] = {v: known for v, known in self.forwarded[name].items()
                                     if disjoint(v, view) and not _reads_input(known, name, view)}
             if not (unseen and name in self.requires_grad):
                 # (a leaf written under no_grad is read back from memory: that read passes its
                 # gradient to the leaf, and the backward can read it there too)
-                self.forwarded[name][view] = value
+                self.forwarded[name][view] = written_value
             return value
         if val.numel() and (key in self.storages or self._other_views_read_later(target, key)):
-            contents = self.storage_after_write(target, key, value)
+            contents = self.storage_after_write(written, key, written_value)
             if unseen:
                 contents = self._written_unseen(key, contents, value)
             self.storages[key] = contents
@@ -533,9 +540,8 @@ class Converter(ValueBuilder):
                       and _covers_storage(n.meta["val"]) and is_non_overlapping_and_dense(n.meta["val"])), None)
         return None if owner is None else self.flat(self.env[owner], owner.meta["val"])
 
-    def storage_after_write(self, target: fx.Node, key: int, value: GraphNode) -> GraphNode:
-        """The storage's contents after `value` is written through the view `target`."""
-        val = self.meta(target)
+    def storage_after_write(self, val: torch.Tensor, key: int, value: GraphNode) -> GraphNode:
+        """The storage's contents after `value` is written through the view `val`."""
         if _covers_storage(val) and is_non_overlapping_and_dense(val):
             return self.flat(value, val)  # the whole storage is written
         base = self.storages.get(key)

@@ -78,11 +78,26 @@ def partially_overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a_begin < b_end and b_begin < a_end
 
 
+# in-place ops that write one number to every element, which eager runs on a tensor whose
+# elements share memory (x.expand(4, 5).fill_(1): whichever write lands last, the memory holds
+# the number). Not fill_ of a tensor (eager copies it, and refuses), nor masked_fill_ (its
+# unmasked elements keep their own values).
+WRITES_OF_ONE_CONSTANT = frozenset({"aten.fill_.Scalar", "aten.zero_.default"})
+
+
+def addressed_once(t: torch.Tensor) -> torch.Tensor:
+    """The view of t's memory with each broadcast (stride 0) dimension cut to one element:
+    the addresses t holds, each once."""
+    if t.numel() == 0 or all(st != 0 or n <= 1 for n, st in zip(t.shape, t.stride())):
+        return t
+    return t.as_strided([1 if st == 0 else n for n, st in zip(t.shape, t.stride())], t.stride(), t.storage_offset())
+
+
 def check_in_place(op: str, written: torch.Tensor, inputs: list[torch.Tensor]) -> None:
     """Raise eager's error when an in-place `op` writing `written` and reading `inputs`
     is one eager refuses; refuse one whose result eager leaves to the order it visits
     elements in (read_after_written)."""
-    if has_internal_overlap(written):
+    if has_internal_overlap(written) and op not in WRITES_OF_ONE_CONSTANT:
         raise EagerError(f"{op}: {INTERNAL_OVERLAP}")
     for t in inputs:
         if t is not written and partially_overlaps(written, t):

@@ -78,6 +78,9 @@ KEPT_WHOLE = (aten.clamp_min, aten.clamp_max, aten.silu, aten.softplus, aten.mis
               aten._safe_softmax,  # its decomposition's backward meets softmax's NaN in fully masked rows
               aten.baddbmm,  # its decomposition computes 16-bit products in float32 operands (frontend/matmul.py)
               aten.detach,  # its decomposition (alias) would lose where the gradient stops
+              # a fill of an expanded view runs in eager (a constant written twice to one address
+              # is one write); its decomposition, copy_ of a full_like, is refused there
+              aten.fill_, aten.zero_,
               # library calls rather than their decompositions, which differ from eager: multilabel
               # margin loss's ignores a -1 inside a target row, index_fill's gradient counts a
               # repeated index once per repeat, log_ndtr's where() sends NaN into the gradient

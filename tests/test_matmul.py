@@ -352,6 +352,30 @@ def test_attention_training_never_writes_its_probabilities(name, dtype):
         assert extra < probabilities / 8, alive
 
 
+def _padding_masked_attention(q, k, v, lengths):
+    """BERT's attention over a batch of padded sequences: keys past each sequence's length
+    masked from the scores."""
+    kept = torch.arange(k.shape[-2]) < lengths[:, None]
+    scores = (q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5).masked_fill(~kept[:, None, None, :], float("-inf"))
+    return torch.softmax(scores, -1) @ v
+
+
+def test_attention_with_a_padding_mask_trains_as_in_eager():
+    """The mask's own store (a kernel over the scores' shape, which the backward reads) is not
+    joined into a product's kernel: there it was left as that kernel's only store once the
+    rows' statistics moved into the product's own kernel, and no kernel computed it (a crash in
+    codegen). Queries and keys span several tiles."""
+    q, k, v = (torch.randn(2, 3, 70, 32) for _ in range(3))
+    lengths = torch.tensor([35, 70])
+    eager_args, tjit_args = ([t.clone().requires_grad_() for t in (q, k, v)] for _ in range(2))
+    expected = _padding_masked_attention(*eager_args, lengths)
+    got = tjit.compile(_padding_masked_attention)(*tjit_args, lengths)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+    incoming = torch.randn_like(expected)
+    for g, e in zip(torch.autograd.grad(got, tjit_args, incoming), torch.autograd.grad(expected, eager_args, incoming)):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-4)
+
+
 def _heads_joined(q, k, v):
     """BERT's and GPT-2's attention: the output [b, h, s, d] made [b, s, h * d]."""
     out = torch.softmax(q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5, -1) @ v

@@ -467,8 +467,10 @@ def group_kernels(graph: Graph, unstored: frozenset = frozenset(),
             stores = [*(s for s in stores if id(s) not in shared_outputs), *shared]
             _read_earlier_buffers(stores, levels, copies, externs, graph.view_chains)
         levels = _sink_outputs(stores, externs, levels)
-        _join_reduction_kernels(stores, levels, copies)
+        # (statistics first: a store joined to a product's row kernel whose statistics then
+        # moved would be left there alone, in a kernel with no product to compute)
         hosts = _host_online_statistics(stores, externs, levels)
+        _join_reduction_kernels(stores, levels, copies)
     else:
         hosts, shared_outputs = {}, {}
     groups: dict[tuple, KernelGroup] = {}

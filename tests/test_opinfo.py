@@ -158,9 +158,6 @@ _CANCELLATION = ("a 1-element normalisation's exact gradient is 0, which eager's
 # "backward") -> {OpInfo id -> why it fails}, beside float32's lists above.
 OTHER_DTYPE_FAILURES: dict[tuple[str, str], dict[str, str]] = {
     ("bfloat16", "backward"): {
-        "nn.functional.embedding_bag": "torch's meta function for _embedding_bag gives offset2bag one element per "
-                                       "index for bfloat16 with per_sample_weights, the CPU kernel none: tjit names "
-                                       "the op (TjitError) rather than run kernels planned for the traced size",
         **dict.fromkeys(("masked.normalize", "nn.functional.cosine_similarity"), "(later samples) " + _CANCELLATION),
     },
     ("complex64", "forward"): {

@@ -166,15 +166,37 @@ def _fake_mode(symbolic: bool = False):
             if _reads_a_symbol((args, kwargs)):
                 args, kwargs = tree_map(lambda t: self.from_tensor(t) if _is_real(t) else t, (args, kwargs))
             if self.static_shapes or func not in SYMBOLIC_META_IN_PYTHON:
-                return super()._dispatch_impl(func, types, args, kwargs)
-            with enable_python_dispatcher():
-                return super()._dispatch_impl(func, types, args, kwargs)
+                result = super()._dispatch_impl(func, types, args, kwargs)
+            else:
+                with enable_python_dispatcher():
+                    result = super()._dispatch_impl(func, types, args, kwargs)
+            return _as_eager_computes(func, args, kwargs, result)
 
     # (no duck sizing: two sizes equal in one call are not assumed equal in the next; where
     # the trace needs them equal, broadcasting, it guards that)
     shape_env = ShapeEnv(duck_shape=False) if symbolic else ShapeEnv()
     return NumbersFromDataStayFake(allow_fallback_kernels=True, allow_non_fake_inputs=True, shape_env=shape_env,
                                    static_shapes=not symbolic)
+
+
+EMBEDDING_BAG = (torch.ops.aten._embedding_bag.default, torch.ops.aten._embedding_bag_forward_only.default)
+
+
+def _as_eager_computes(func, args, kwargs, result):
+    """An op's fake result, with the sizes eager's kernel gives where torch's meta function
+    says otherwise (a library call's result must have the size tracing gave it). CPU
+    embedding_bag in "sum" mode skips its offset2bag result (size 0) for bfloat16 weights as
+    for float32 and float16 ones (EmbeddingBag.cpp's is_fast_path_index_select); the meta
+    leaves bfloat16 out."""
+    if func not in EMBEDDING_BAG:
+        return result
+    names = ("weight", "indices", "offsets", "scale_grad_by_freq", "mode", "sparse", "per_sample_weights",
+             "include_last_offset", "padding_idx")
+    bound = {**dict(zip(names, args)), **kwargs}
+    weight, scale = bound["weight"], bound.get("per_sample_weights")
+    fast = weight.device.type == "cpu" and weight.dtype is torch.bfloat16 and bound.get("mode", 0) == 0 \
+        and weight.stride(1) == 1 and bound.get("padding_idx", -1) < 0 and (scale is None or scale.stride(0) == 1)
+    return (result[0], result[1].new_empty(0), *result[2:]) if fast else result
 
 
 class KeepRealTensors(TorchDispatchMode):

@@ -16,6 +16,7 @@ import warnings
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import tjit
 from tests.helpers import assert_matches_eager, check_against_eager
@@ -319,6 +320,15 @@ EAGER_ERRORS = {
     "max over an empty dim": (lambda a: a.max(-1), (torch.randn(7, 0),)),
     "min over an empty dim": (lambda a: a.min(1).values * 2, (torch.randn(7, 0),)),
     "max of an empty tensor": (lambda a: a.max(), (torch.randn(7, 0),)),
+    # (torch's decompositions and meta functions of upsampling compute any size: an empty result was returned)
+    **{f"interpolate {mode} to no rows": (lambda a, mode=mode: F.interpolate(a, scale_factor=0.5, mode=mode),
+                                          (torch.randn(2, 3, 1, 7),))
+       for mode in ("nearest", "nearest-exact", "bilinear", "bicubic")},
+    "interpolate linear to no columns": (lambda a: F.interpolate(a, scale_factor=0.1, mode="linear"),
+                                         (torch.randn(2, 3, 7),)),
+    "interpolate nearest 3d to no depth": (lambda a: F.interpolate(a, scale_factor=0.5), (torch.randn(1, 2, 1, 4, 4),)),
+    "interpolate of no channels": (lambda a: F.interpolate(a, scale_factor=2.0), (torch.randn(2, 0, 3, 4),)),
+    "interpolate of an empty row": (lambda a: F.interpolate(a, size=(4, 4), mode="bilinear"), (torch.randn(1, 2, 0, 5),)),
 }
 
 

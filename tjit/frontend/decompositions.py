@@ -19,9 +19,15 @@
 - `index_add`: torch's decomposition checks the number of indices but not eager's "source
   tensor shape must match self tensor shape, excluding the specified dimension", so a
   source of the wrong shape was broadcast into a result where eager raises.
+- `upsample_*` (F.interpolate): torch's decompositions compute any output size, where eager
+  refuses an empty one ("Input and output sizes should be greater than 0": a scale of 0.5
+  over one row) and an input empty past its batch dimension ("Non-empty 4D data tensor
+  expected"); here eager's checks follow torch's decomposition (and an upsample kept whole,
+  a library call, is checked by the trace's fake mode: its meta function does not either).
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import torch
@@ -75,6 +81,33 @@ def index_add(decomposition):
     return checked
 
 
+UPSAMPLES = (aten.upsample_nearest1d, aten.upsample_nearest2d, aten.upsample_nearest3d, aten._upsample_nearest_exact1d,
+             aten._upsample_nearest_exact2d, aten._upsample_nearest_exact3d, aten.upsample_linear1d,
+             aten.upsample_bilinear2d, aten.upsample_trilinear3d, aten.upsample_bicubic2d,
+             aten._upsample_bilinear2d_aa, aten._upsample_bicubic2d_aa)
+
+
+def upsample(decomposition):
+    """torch's decomposition of an upsample overload, with eager's checks of its sizes (see the
+    module text)."""
+    def checked(input, *args, **kwargs):
+        result = decomposition(input, *args, **kwargs)
+        check_upsample_sizes(input, result)
+        return result
+    return checked
+
+
+def check_upsample_sizes(input: torch.Tensor, result: torch.Tensor) -> None:
+    """Eager's checks of an upsample's sizes, in eager's order, with its messages."""
+    names = "DHW"[3 - (input.dim() - 2):]
+    sizes = lambda shape: ", ".join(f"{n}: {s}" for n, s in zip(names, shape[2:]))  # noqa: E731
+    torch._check(all(n > 0 for n in (*input.shape[2:], *result.shape[2:])),
+                 lambda: f"Input and output sizes should be greater than 0, but got input ({sizes(input.shape)})"
+                         f"{' and' if input.dim() == 3 else ''} output ({sizes(result.shape)})")
+    torch._check(math.prod(input.shape[1:]) != 0, lambda: f"Non-empty {input.dim()}D data tensor expected but got "
+                                                          f"a tensor with sizes {list(input.shape)}")
+
+
 def group_norm_of_mixed_types(input, weight, bias, *args):
     """torch's decomposition for a 16-bit input with float32 parameters on the CPU (see the
     module text); NotImplemented (the op whole) otherwise."""
@@ -84,10 +117,10 @@ def group_norm_of_mixed_types(input, weight, bias, *args):
 
 
 def tjit_decompositions(table: dict) -> dict:
-    """The entries above, for a table that holds torch's (index_add's wrap torch's own)."""
+    """The entries above, for a table that holds torch's (index_add's and upsample's wrap torch's own)."""
     return {aten.logsumexp.default: logsumexp, aten.binary_cross_entropy.default: binary_cross_entropy,
             aten.native_group_norm.default: group_norm_of_mixed_types} | \
-        wrapped(table, (aten.index_add, aten.index_add_), index_add)
+        wrapped(table, (aten.index_add, aten.index_add_), index_add) | wrapped(table, UPSAMPLES, upsample)
 
 
 def wrapped(table: dict, ops, wrapper) -> dict:

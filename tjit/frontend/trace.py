@@ -27,7 +27,7 @@ from ..errors import (CustomFunctionError, DataDependentError, EagerError, Gradi
                       LayoutError, SplitError, UnsupportedOpError, as_eager_error)
 from .batch_norm import batch_norm_decompositions
 from .convert import Conversion, Converter, storage_key
-from .decompositions import tjit_decompositions, wrapped
+from .decompositions import UPSAMPLES, check_upsample_sizes, tjit_decompositions, wrapped
 from .foreach import foreach_decompositions
 from .out_variants import as_functional_and_copies
 from .overlap import EagersOverlapChecks
@@ -183,11 +183,14 @@ EMBEDDING_BAG = (torch.ops.aten._embedding_bag.default, torch.ops.aten._embeddin
 
 
 def _as_eager_computes(func, args, kwargs, result):
-    """An op's fake result, with the sizes eager's kernel gives where torch's meta function
-    says otherwise (a library call's result must have the size tracing gave it). CPU
-    embedding_bag in "sum" mode skips its offset2bag result (size 0) for bfloat16 weights as
-    for float32 and float16 ones (EmbeddingBag.cpp's is_fast_path_index_select); the meta
-    leaves bfloat16 out."""
+    """An op's fake result as eager's kernel gives it, where torch's meta function differs:
+    - CPU embedding_bag in "sum" mode skips its offset2bag result (size 0) for bfloat16
+      weights as for float32 and float16 ones (EmbeddingBag.cpp's is_fast_path_index_select);
+      the meta leaves bfloat16 out (a library call's result must have its traced size);
+    - an upsample kept whole gives any size, where eager refuses some (check_upsample_sizes).
+    """
+    if getattr(func, "overloadpacket", None) in UPSAMPLES:
+        check_upsample_sizes(args[0], result)
     if func not in EMBEDDING_BAG:
         return result
     names = ("weight", "indices", "offsets", "scale_grad_by_freq", "mode", "sparse", "per_sample_weights",

@@ -146,6 +146,14 @@ def test_gradient_of_a_zero_size_input():
     check(lambda x, y: (x.sum(0) + y, x * 2), torch.randn(0, 3), torch.randn(3))
 
 
+@pytest.mark.parametrize("shape", [(1, 4, 0, 6), (0, 4, 4, 6), (2, 0, 4, 6)])
+def test_pixel_unshuffle_of_an_empty_tensor(shape):
+    """Eager's CPU kernel returns a copy of an empty input, in its shape; torch's decomposition
+    gave the unshuffled one ([1, 16, 0, 3] for [1, 4, 0, 6]). (No gradient: eager's backward
+    of it fails, unshuffled gradient against the input's shape.)"""
+    assert check(lambda x: F.pixel_unshuffle(x, 2) * 2, torch.randn(shape), requires=()).shape == shape
+
+
 def test_gather_from_an_empty_axis_raises_instead_of_reading_out_of_bounds():
     program = textwrap.dedent("""
         import torch, tjit

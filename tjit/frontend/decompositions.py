@@ -24,6 +24,10 @@
   over one row) and an input empty past its batch dimension ("Non-empty 4D data tensor
   expected"); here eager's checks follow torch's decomposition (and an upsample kept whole,
   a library call, is checked by the trace's fake mode: its meta function does not either).
+- `pixel_unshuffle` of an empty tensor on the CPU: eager's kernel returns a copy of the input,
+  in the input's shape (PixelShuffle.cpp), where torch's decomposition gives the unshuffled
+  shape (as eager's CUDA kernel does); here it is eager's copy, after the decomposition's
+  checks.
 """
 from __future__ import annotations
 
@@ -108,6 +112,15 @@ def check_upsample_sizes(input: torch.Tensor, result: torch.Tensor) -> None:
                                                           f"a tensor with sizes {list(input.shape)}")
 
 
+def pixel_unshuffle(decomposition):
+    """torch's decomposition of pixel_unshuffle, with eager's CPU result for an empty input
+    (see the module text)."""
+    def as_eager(input, *args, **kwargs):
+        result = decomposition(input, *args, **kwargs)
+        return input.clone() if input.numel() == 0 and input.device.type == "cpu" else result
+    return as_eager
+
+
 def group_norm_of_mixed_types(input, weight, bias, *args):
     """torch's decomposition for a 16-bit input with float32 parameters on the CPU (see the
     module text); NotImplemented (the op whole) otherwise."""
@@ -117,10 +130,11 @@ def group_norm_of_mixed_types(input, weight, bias, *args):
 
 
 def tjit_decompositions(table: dict) -> dict:
-    """The entries above, for a table that holds torch's (index_add's and upsample's wrap torch's own)."""
+    """The entries above, for a table that holds torch's (index_add's, upsample's and pixel_unshuffle's wrap torch's own)."""
     return {aten.logsumexp.default: logsumexp, aten.binary_cross_entropy.default: binary_cross_entropy,
             aten.native_group_norm.default: group_norm_of_mixed_types} | \
-        wrapped(table, (aten.index_add, aten.index_add_), index_add) | wrapped(table, UPSAMPLES, upsample)
+        wrapped(table, (aten.index_add, aten.index_add_), index_add) | wrapped(table, UPSAMPLES, upsample) | \
+        {aten.pixel_unshuffle.default: pixel_unshuffle(table[aten.pixel_unshuffle.default])}
 
 
 def wrapped(table: dict, ops, wrapper) -> dict:

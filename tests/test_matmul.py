@@ -420,6 +420,31 @@ def test_a_product_read_in_its_own_layout_too_keeps_its_buffer():
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
 
 
+def _rms_normed_sum_then_linear(ids, embedding, a, w_o, w):
+    """A decoder's first layer at a batch of one (Mistral, Qwen2, Gemma under torch.compile):
+    the norm's input a sum of an embedding and a linear of [1, t, d], the next linear's
+    product [1, t, n] computed from [t, d] operands (the batch of one dropped by a reshape)."""
+    h = F.embedding(ids, embedding) + F.linear(a, w_o)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+    return F.silu(F.linear(h, w))
+
+
+def test_a_product_with_fewer_batch_dimensions_in_its_operands():
+    """A product whose operands have fewer batch dimensions than it (broadcast over them) is
+    keyed (domains.product_key) with its rows' strides over the batch: the key was built
+    from the operands' own strides, one short, and lowering failed ("View: shape (1, 20) and
+    strides (32,) differ in length")."""
+    args = (torch.randint(0, 97, (1, 70)), torch.randn(97, 40), torch.randn(1, 70, 40), torch.randn(40, 40),
+            torch.randn(150, 40))
+    check(_rms_normed_sum_then_linear, *args)
+    eager_args, tjit_args = ([a.clone().requires_grad_(a.is_floating_point()) for a in args] for _ in range(2))
+    incoming = torch.randn(1, 70, 150)
+    _rms_normed_sum_then_linear(*eager_args).backward(incoming)
+    tjit.compile(_rms_normed_sum_then_linear)(*tjit_args).backward(incoming)
+    for got, expected in zip(tjit_args[1:], eager_args[1:]):
+        torch.testing.assert_close(got.grad, expected.grad, rtol=1e-4, atol=1e-4)
+
+
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(data=st.data())
 def test_random_attention_shapes(data):

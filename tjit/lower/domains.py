@@ -188,11 +188,13 @@ def product_key(node: GraphNode) -> Optional[tuple]:
         return None
     *batch, m, n = node.shape
     a_view, b_view = leaf_view(a), leaf_view(b)
-    rows = View((*batch, m), a_view.strides[:-1], a_view.offset).reshape((math.prod(batch) * m,))
+    # (an operand with fewer batch dimensions than the product is broadcast over the others)
+    batch_strides = lambda view: (0,) * (len(batch) + 2 - len(view.shape)) + view.strides[:-2]  # noqa: E731
+    rows = View((*batch, m), (*batch_strides(a_view), a_view.strides[-2]), a_view.offset).reshape((math.prod(batch) * m,))
     if len(b.shape) == 2:  # one b for every row: the rows may be split or merged in any way
         m, columns = None, View((n,), b_view.strides[-1:], b_view.offset)
     else:
-        columns = View((*batch, n), (*b_view.strides[:-2], b_view.strides[-1]), b_view.offset).reshape((math.prod(batch), n))
+        columns = View((*batch, n), (*batch_strides(b_view), b_view.strides[-1]), b_view.offset).reshape((math.prod(batch), n))
     if rows is None or columns is None:
         return None
     base = lambda x: id(x.src[0] if isinstance(x.op, ViewOp) else x)

@@ -361,3 +361,48 @@ def test_the_second_sizes_symbolic_trace_makes_symbols_of_the_sizes_that_changed
     traces = [c.traced for classes in compiled._shape_classes._traces.values() for c in classes]
     symbolic = [[tuple(isinstance(n, torch.SymInt) for n in t.shape) for t in traced.inputs] for traced in traces]
     assert symbolic == [[(True, False), (False,), (False,)], [(True, True), (True,), (True,)]]
+
+
+SYMBOLIC_META_CASES = {
+    "cumsum": lambda x: torch.cumsum(x, 1),
+    "cumsum_of_ints": lambda x: torch.cumsum((x > 0).to(torch.int32), -1),
+    "cumsum_of_bools": lambda x: torch.cumsum(x > 0, 0),
+    "cumsum_to_a_dtype": lambda x: torch.cumsum(x, 0, dtype=torch.float64),
+    "cumprod": lambda x: torch.cumprod(x, -1),
+    "softmax": lambda x: torch.softmax(x, 1),
+    "log_softmax": lambda x: F.log_softmax(x, -1),
+    "layer_norm": lambda x: F.layer_norm(x, x.shape[-2:]),
+    "layer_norm_with_parameters": lambda x: F.layer_norm(x, x.shape[-1:], torch.ones(x.shape[-1], dtype=x.dtype),
+                                                         torch.zeros(x.shape[-1], dtype=x.dtype)),
+    # (outside the plain cases in bfloat16: the fake mode's own computation)
+    "layer_norm_with_float32_parameters": lambda x: F.layer_norm(x, x.shape[-1:], torch.ones(x.shape[-1])),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", SYMBOLIC_META_CASES)
+def test_ops_computed_directly_in_a_symbolic_trace_give_the_concrete_traces_results(name, dtype, monkeypatch):
+    """frontend/symbolic_metas.py builds a few ops' fake results without their Python
+    decompositions: in each layout (contiguous, transposed, with a size of 1) the symbolic
+    fake result has the concrete fake mode's shape, strides and dtype."""
+    import tjit.frontend.trace as trace_module
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    built = []
+
+    def counted(mode, func, args, kwargs):
+        result = symbolic_meta(mode, func, args, kwargs)
+        built.append(result is not NotImplemented)
+        return result
+    symbolic_meta = trace_module.symbolic_meta
+    monkeypatch.setattr(trace_module, "symbolic_meta", counted)
+    fn = SYMBOLIC_META_CASES[name]
+    for x in (torch.randn(5, 6, 7), torch.randn(6, 5, 7).transpose(0, 1), torch.randn(5, 1, 7).permute(2, 0, 1)):
+        x = x.to(dtype)
+        results = []
+        for mode in (FakeTensorMode(), trace_module._fake_mode(symbolic=True)):
+            fake = mode.from_tensor(x, static_shapes=mode.static_shapes)
+            with mode:
+                out = fn(fake)
+            results.append((tuple(int(n) for n in out.shape), tuple(int(s) for s in out.stride()), out.dtype))
+        assert results[0] == results[1]
+    assert any(built) == (name != "layer_norm_with_float32_parameters" or dtype == torch.float32)

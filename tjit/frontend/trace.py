@@ -33,6 +33,7 @@ from .out_variants import as_functional_and_copies
 from .overlap import EagersOverlapChecks
 from .rnn_cells import FunctionalCells
 from .scalars import is_symbolic_number
+from .symbolic_metas import symbolic_meta
 
 
 @functools.lru_cache(maxsize=None)
@@ -165,6 +166,9 @@ def _fake_mode(symbolic: bool = False):
         def _dispatch_impl(self, func, types, args, kwargs):
             if _reads_a_symbol((args, kwargs)):
                 args, kwargs = tree_map(lambda t: self.from_tensor(t) if _is_real(t) else t, (args, kwargs))
+            result = NotImplemented if self.static_shapes else symbolic_meta(self, func, args, kwargs)
+            if result is not NotImplemented:
+                return result
             if self.static_shapes or func not in SYMBOLIC_META_IN_PYTHON:
                 result = super()._dispatch_impl(func, types, args, kwargs)
             else:

@@ -116,6 +116,16 @@ PROGRAMS = {
     "fp16_mm": (lambda a, b: (a @ b).float().sum(1), lambda: (torch.randn(20, 30).half(), torch.randn(30, 10).half())),
     "zero_size": (lambda a, b: torch.relu(a @ b) + 1, lambda: (torch.randn(0, 30), torch.randn(30, 10))),
     "empty_contraction": (lambda a, b: (a @ b) + 1, lambda: (torch.randn(20, 0), torch.randn(0, 10))),
+    # a call whose operand a variance (straight_through, which lowering replaces) computes: the
+    # call's result was rebuilt after tjit's plan of its memory, which then missed it, and the op
+    # wrote it in its own layout, not the channels-last one the kernel after it read (Segformer, VAN)
+    "channels_last_norm_then_conv": (
+        lambda x, w: F.conv2d(x * torch.rsqrt(x.var((2, 3), keepdim=True, unbiased=False) + 1e-5), w).exp(),
+        lambda: (torch.randn(3, 16, 30, 30).contiguous(memory_format=torch.channels_last), torch.randn(5, 16, 1, 1) / 4)),
+    "norm_over_channels_last_then_strided_conv": (
+        lambda a, w: F.conv2d(F.layer_norm(F.batch_norm(a, None, None, training=True).flatten(2).transpose(1, 2), (8,))
+                              .view(3, 20, 20, 8).permute(0, 3, 1, 2), w, None, 2, 1).tanh(),
+        lambda: (torch.randn(3, 8, 20, 20), torch.randn(16, 8, 3, 3) / 4)),
 }
 
 

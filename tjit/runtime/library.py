@@ -51,23 +51,35 @@ def results_into(plan: LibraryPlan, operands: list[torch.Tensor], memory: dict) 
     A result no step reads gets an empty tensor the op resizes (tracing may not know its
     size: embedding_bag's unused offset2bag)."""
     device = operands[0].device if operands else torch.device("cpu")
-    placed = {id(node) for node in plan.in_slab}
-    read = {id(node) for node in plan.results}
+    placed, read = _placed_and_read(plan)
     outs = []
     for k in range(len(plan.out_names)):
-        node = plan.call.results[k]
-        if id(node) in placed:
+        node = read.get(k, plan.call.results[k])
+        if k in placed:
             outs.append(_in_layout(memory[memory_key(node)], node))
-        elif id(node) in read:
+        elif k in read:
             outs.append(torch.empty_strided(node.shape, node.view.strides, dtype=node.dtype.torch, device=device))
         else:
             outs.append(torch.empty(0, dtype=node.dtype.torch, device=device))
     plan.out_form(*bind_operands(plan.call.args, operands), **bind_operands(plan.call.kwargs, operands), **dict(zip(plan.out_names, outs)))
     for node in plan.results:
-        if tuple(outs[node.op.index].shape) != node.shape:  # the op resized it: tracing was wrong
-            raise TjitError(f"{plan.out_form} resized its result {node.op.index} to "
-                            f"{list(outs[node.op.index].shape)}; tracing said {list(node.shape)}")
+        out = outs[node.op.index]
+        if tuple(out.shape) != node.shape:  # the op resized it: tracing was wrong
+            raise TjitError(f"{plan.out_form} resized its result {node.op.index} to {list(out.shape)}; "
+                            f"tracing said {list(node.shape)}")
+        if any(n > 1 and a != b for n, a, b in zip(node.shape, out.stride(), node.view.strides)):
+            # (the kernels after the call read it in the traced layout)
+            raise TjitError(f"{plan.out_form} gave its result {node.op.index} strides {list(out.stride())}; "
+                            f"tracing said {list(node.view.strides)}")
     return outs
+
+
+def _placed_and_read(plan: LibraryPlan) -> tuple[set[int], dict[int, GraphNode]]:
+    """The indices of the call's results placed in the slab, and its results later steps
+    read, by index. By index, not by node: the call's own map of its results can hold nodes
+    of the graph before a rewrite (ir.graph.value_graph builds a result anew where an
+    operand changed), while the plan holds the lowered graph's."""
+    return {node.op.index for node in plan.in_slab}, {node.op.index: node for node in plan.results}
 
 
 def _in_layout(t: torch.Tensor, node: GraphNode) -> torch.Tensor:
@@ -162,9 +174,9 @@ def call_allocations(plan: LibraryPlan, device_type: str, where: str) -> tuple[l
     used = {node.op.index: node for node in plan.results}
     made: dict[int, Allocation] = {}
     if plan.out_form is not None:  # results_into: every result in memory tjit gives it
-        placed = {id(node) for node in plan.in_slab}
+        placed = _placed_and_read(plan)[0]
         for k, node in sorted(call.results.items()):
-            made[k] = block(("result", k), 0 if id(node) in placed else _node_bytes(node), f"result {k}")
+            made[k] = block(("result", k), 0 if k in placed else _node_bytes(node), f"result {k}")
     elif not isinstance(call.target, torch._ops.OpOverload):  # a seed draw, a derivative run by torch
         made = {k: block(("result", k), _node_bytes(node), f"result {k}") for k, node in sorted(used.items())}
     else:  # call_results: copies of the operands the op writes, then the op's own results

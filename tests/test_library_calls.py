@@ -76,6 +76,28 @@ def test_a_call_result_returned_reshaped_is_the_output_itself():
     assert cf(x, w).stride() == fn(x, w).stride()  # eager's view of the result, as eager returns it
 
 
+RETURNED_PERMUTED = {
+    "square_product_transposed": (lambda a, b: (a @ b).t(), lambda: (torch.randn(70, 40), torch.randn(40, 70))),
+    "sorted_square_transposed": (lambda a: torch.sort(a, 1).values.t(), lambda: (torch.randn(70, 70),)),
+    "conv_channels_last_view": (lambda y, w: F.conv2d(y, w).permute(0, 2, 3, 1),
+                                lambda: (torch.randn(2, 3, 9, 9), torch.randn(9, 3, 1, 1))),
+    "conv_transposed_square_image": (lambda y, w: F.conv2d(y, w).transpose(2, 3),
+                                     lambda: (torch.randn(2, 3, 40, 40), torch.randn(4, 3, 1, 1))),
+}
+
+
+@pytest.mark.parametrize("name", RETURNED_PERMUTED)
+def test_a_call_result_returned_permuted_to_its_own_shape_is_the_permuted_view(name, fresh_seed):
+    """A call's result returned through a permutation that keeps its shape (a square product
+    transposed, an NCHW result viewed NHWC where C == H == W): the output is the result's
+    memory through the permuted view, with eager's strides. It was the result itself
+    (the runtime took an output of the result's shape for the result): transposed values."""
+    fn, make = RETURNED_PERMUTED[name]
+    args = make()
+    got = check_against_eager(fn, *args)(*args)
+    assert got.stride() == fn(*args).stride()
+
+
 def test_a_returned_value_a_call_reads_is_written_once():
     # the buffer the mm reads is the returned tensor itself (no kernel copies it out)
     x, w = torch.randn(70, 30), torch.randn(30, 50)

@@ -20,7 +20,7 @@ from ..analysis.addresses import tensors_meet
 from ..autograd import tape
 from ..errors import CompileArgumentError
 from ..frontend.convert import Conversion, OutputSpec
-from ..ir import GraphNode
+from ..ir import GraphNode, ViewOp
 from ..lower import LibraryPlan
 from ..lower.codegen import ZERO_DIV_FLAG, BufferRef, KernelPlan
 from ..lower import gpu_compile
@@ -204,14 +204,14 @@ class Executable:
         the result (eager's linear returns an _unsafe_view too): autograd forbids writing in
         place into a view that a Function returns, and the caller may write into the output."""
         out = self.graph.outputs[name]
-        if tuple(result.shape) == out.shape:
-            if not result._is_view():
-                return result
-            strides = result.stride()
+        if isinstance(out.op, ViewOp):  # a view of the result over its memory (a reshape, a permutation)
+            shape, strides, offset = out.shape, out.view.strides, out.view.offset
+        elif not result._is_view():
+            return result
         else:
-            strides = out.view.strides
+            shape, strides, offset = out.shape, result.stride(), 0
         return torch.empty(0, dtype=result.dtype, device=result.device).set_(
-            result.untyped_storage(), result.storage_offset(), out.shape, strides)
+            result.untyped_storage(), result.storage_offset() + offset, shape, strides)
 
     def _run_steps(self, memory: dict, device, destinations: dict, consumed_after: dict, poison: bool) -> None:
         try:

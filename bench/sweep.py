@@ -5,7 +5,8 @@
     python bench/sweep.py modules [--modules nn.Linear,...] [--json PATH]
 
 hf: transformers architectures built from small configs (random weights, no downloads),
-through `torch.compile(model, backend="tjit")`: an eval forward, then two training steps (the
+through `torch.compile(model, backend="tjit")`: an eval forward (batch 2; then a batch of one,
+and for text a batch of 3 with a padded attention mask), then two training steps (the
 library's own loss, loss.backward(), AdamW) on a copy beside eager. Per model: the largest
 difference of the eval logits and of the loss, the largest gradient difference relative to
 that gradient's largest element (over both steps: the second runs on updated weights), and
@@ -123,16 +124,23 @@ def hf_models() -> dict:
                                            neck_hidden_sizes=[8, 8, 16, 16, 24, 32, 64], num_attention_heads=2)),
         "poolformer": img(T.PoolFormerForImageClassification,
                           T.PoolFormerConfig(hidden_sizes=[8, 16, 16, 16], depths=[1, 1, 1, 1], num_labels=5)),
+        "van": img(T.VanForImageClassification, T.VanConfig(image_size=16, hidden_sizes=[8, 16], depths=[1, 1],
+                                                             mlp_ratios=[2, 2], patch_sizes=[3, 3], strides=[2, 2],
+                                                             num_labels=5)),
     }
 
 
-def hf_inputs(kind: str, n: int, g: torch.Generator) -> dict:
-    """n: the sequence length (the batch size for images)."""
+def hf_inputs(kind: str, n: int, g: torch.Generator, batch: int = 2, padded: bool = False) -> dict:
+    """n: the sequence length (the batch size for images); padded: an attention mask whose
+    later rows end early (text)."""
     if kind == "img":
         return dict(pixel_values=torch.randn(n, 3, 16, 16, generator=g), labels=torch.randint(0, 5, (n,), generator=g))
-    ids = torch.randint(2, VOCAB, (2, n), generator=g)
-    labels = torch.randint(0, 2, (2,), generator=g) if kind == "cls" else torch.randint(2, VOCAB, (2, n), generator=g)
-    return dict(input_ids=ids, labels=labels)
+    ids = torch.randint(2, VOCAB, (batch, n), generator=g)
+    labels = torch.randint(0, 2, (batch,), generator=g) if kind == "cls" else torch.randint(2, VOCAB, (batch, n), generator=g)
+    if not padded:
+        return dict(input_ids=ids, labels=labels)
+    lengths = torch.tensor([n - 3 * k for k in range(batch)]).clamp(min=1)
+    return dict(input_ids=ids, labels=labels, attention_mask=(torch.arange(n) < lengths[:, None]).long())
 
 
 def _calling(compiled, inputs: dict, grad: bool, args: tuple = ()):
@@ -168,6 +176,17 @@ def run_hf(name: str) -> dict:
     with torch.no_grad():
         expected = eager(**inputs)
     row = {"model": name, "eval_logits": (got.logits - expected.logits).abs().max().item()}
+    # (a batch of one, where size-1 dimensions take other paths; padded rows, where the
+    # attention mask is not all ones)
+    more_inputs = {"eval_batch1_logits": hf_inputs(kind, 11 if kind != "img" else 1, torch.Generator().manual_seed(2),
+                                                   batch=1)}
+    if kind != "img":
+        more_inputs["eval_padded_logits"] = hf_inputs(kind, 11, torch.Generator().manual_seed(3), batch=3, padded=True)
+    for column, more in more_inputs.items():
+        got, graphs = _calling(compiled, more, grad=False)
+        eager_graphs += graphs
+        with torch.no_grad():
+            row[column] = (got.logits - eager(**more).logits).abs().max().item()
     model.train(), eager.train()
     optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (model, eager)]
     row["loss"], row["grad_rel"], row["worst_grad"] = 0.0, 0.0, ""

@@ -130,11 +130,14 @@ def group_norm_of_mixed_types(input, weight, bias, *args):
 
 
 def tjit_decompositions(table: dict) -> dict:
-    """The entries above, for a table that holds torch's (index_add's, upsample's and pixel_unshuffle's wrap torch's own)."""
+    """The entries above, for a table that holds torch's (index_add's, upsample's and
+    pixel_unshuffle's wrap torch's own; pixel_unshuffle's functional form only, as its out=
+    form must write its out tensor, and only where torch's table has it)."""
+    unshuffle = aten.pixel_unshuffle.default
     return {aten.logsumexp.default: logsumexp, aten.binary_cross_entropy.default: binary_cross_entropy,
             aten.native_group_norm.default: group_norm_of_mixed_types} | \
         wrapped(table, (aten.index_add, aten.index_add_), index_add) | wrapped(table, UPSAMPLES, upsample) | \
-        {aten.pixel_unshuffle.default: pixel_unshuffle(table[aten.pixel_unshuffle.default])}
+        ({unshuffle: pixel_unshuffle(table[unshuffle])} if unshuffle in table else {})
 
 
 def wrapped(table: dict, ops, wrapper) -> dict:

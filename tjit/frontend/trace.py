@@ -194,7 +194,7 @@ def _as_eager_computes(func, args, kwargs, result):
     - an upsample kept whole gives any size, where eager refuses some (check_upsample_sizes).
     """
     if getattr(func, "overloadpacket", None) in UPSAMPLES:
-        check_upsample_sizes(args[0], result)
+        check_upsample_sizes(args[0] if args else kwargs["input"], result)
     if func not in EMBEDDING_BAG:
         return result
     names = ("weight", "indices", "offsets", "scale_grad_by_freq", "mode", "sparse", "per_sample_weights",

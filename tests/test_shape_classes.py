@@ -387,13 +387,12 @@ def test_ops_computed_directly_in_a_symbolic_trace_give_the_concrete_traces_resu
     fake result has the concrete fake mode's shape, strides and dtype."""
     import tjit.frontend.trace as trace_module
     from torch._subclasses.fake_tensor import FakeTensorMode
-    built = []
+    direct, built = trace_module.symbolic_meta, []
 
     def counted(mode, func, args, kwargs):
-        result = symbolic_meta(mode, func, args, kwargs)
+        result = direct(mode, func, args, kwargs)
         built.append(result is not NotImplemented)
         return result
-    symbolic_meta = trace_module.symbolic_meta
     monkeypatch.setattr(trace_module, "symbolic_meta", counted)
     fn = SYMBOLIC_META_CASES[name]
     for x in (torch.randn(5, 6, 7), torch.randn(6, 5, 7).transpose(0, 1), torch.randn(5, 1, 7).permute(2, 0, 1)):

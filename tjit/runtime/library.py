@@ -9,7 +9,7 @@ from torch.utils._pytree import tree_flatten
 
 from ..errors import TjitError
 from ..ir import ExternCall, GraphNode, Input, ViewOp, bind_operands
-from ..lower.fusion import buffer_of
+from ..lower.fusion import buffer_of, same_layout
 from ..frontend.library import STORAGE_ADDRESSED, reads_an_input
 from ..lower.library import LibraryPlan
 from ..memory.peak import Allocation, allocated_bytes, release, strided_bytes
@@ -67,7 +67,7 @@ def results_into(plan: LibraryPlan, operands: list[torch.Tensor], memory: dict) 
         if tuple(out.shape) != node.shape:  # the op resized it: tracing was wrong
             raise TjitError(f"{plan.out_form} resized its result {node.op.index} to {list(out.shape)}; "
                             f"tracing said {list(node.shape)}")
-        if any(n > 1 and a != b for n, a, b in zip(node.shape, out.stride(), node.view.strides)):
+        if not same_layout(node.view, out.stride()):
             # (the kernels after the call read it in the traced layout)
             raise TjitError(f"{plan.out_form} gave its result {node.op.index} strides {list(out.stride())}; "
                             f"tracing said {list(node.view.strides)}")
@@ -137,8 +137,7 @@ def _as_planned(t: torch.Tensor, node: GraphNode, operands: list[torch.Tensor], 
     if t.dtype != node.dtype.torch or tuple(t.shape) != node.shape:
         raise TjitError(f"{op} returned {t.dtype} {list(t.shape)}; tracing said {node.dtype.torch} {list(node.shape)}")
     aliases = any(t.untyped_storage().data_ptr() == o.untyped_storage().data_ptr() for o in operands if o.numel())
-    same_layout = all(size == 1 or got == want for size, got, want in zip(t.shape, t.stride(), node.view.strides))
-    if same_layout and not aliases:
+    if same_layout(node.view, t.stride()) and not aliases:
         return t
     out = torch.empty_strided(node.shape, node.view.strides, dtype=t.dtype, device=t.device)
     # a layout broadcast along some axes (view_as_real of an expanded input): the one element

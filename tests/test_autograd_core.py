@@ -917,3 +917,22 @@ def test_a_model_that_writes_its_parameters_under_no_grad_trains_through_torch_c
     for (name, a), b in zip(ours.named_parameters(), eager.parameters()):
         torch.testing.assert_close(a, b, msg=lambda m: f"{name}\n{m}")
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-4, msg=lambda m: f"{name}.grad\n{m}")
+
+
+def test_explain_of_a_split_function_shows_each_graphs_backward_and_training_step_peak():
+    """A function Dynamo splits (a branch on data) with an input that requires grad: each
+    graph's explanation has its backward, what its forward saves for it, and the training
+    step's predicted peak, as a function compiled whole has."""
+    def fn(x, w):
+        h = torch.softmax(x * w, -1)
+        if h.sum() > 0:  # (data: a graph break)
+            h = h.exp()
+        return (h * w).sum()
+    x, w = torch.randn(6, 40), torch.randn(40, requires_grad=True)
+    explained = tjit.explain(fn, x, w)
+    graphs = [g for g in explained.graphs if not isinstance(g, str)]  # (a str: why a graph runs eagerly)
+    assert len(graphs) == 2
+    for g in graphs:
+        assert g.backward is not None and g.backward.kernels and g.saved
+        assert g.peak_memory.what == "training step"
+    assert "saved for backward" in str(explained) and "backward:" in str(explained)

@@ -161,15 +161,21 @@ def explain(fn, *args, **kwargs) -> Explanation:
     entry = compiled.entry_for(*args, **kwargs)
     if isinstance(entry.executable, SplitFunction):
         return _explain_split(entry.executable, args, kwargs)
-    plan = getattr(entry.executable, "plan", None)  # a GradExecutable: inputs require grad
+    explanation = _explain_entry(entry, _device_type(args, kwargs))
+    explanation.numbers = _numbers(compiled, entry, args, kwargs)
+    explanation.disk = _disk(compiled, entry)
+    return explanation
+
+
+def _explain_entry(entry, device_type: str) -> Explanation:
+    """A compiled entry's kernels and memory; with inputs that require grad (a GradExecutable),
+    its backward, what the forward saves for it, and the training step's peak too."""
+    plan = getattr(entry.executable, "plan", None)
     # (compiling the backward chooses how the forward's buffers are held too)
     backward = entry.executable.backward_executable(entry.executable.dense_layouts()) if plan is not None else None
     explanation = _explain(entry.executable, entry.eager_ops)
-    explanation.numbers = _numbers(compiled, entry, args, kwargs)
-    explanation.disk = _disk(compiled, entry)
     forward = getattr(entry.executable, "forward", entry.executable)  # (a GradExecutable's forward)
     explanation.matmuls = [c.describe() for c in forward.conversion.matmul_choices]
-    device_type = _device_type(args, kwargs)
     if plan is not None:
         explanation.backward = _explain(backward, 0)
         explanation.saved = plan.saved_inputs + plan.saved_outputs + tuple(plan.saved)
@@ -227,20 +233,19 @@ def _explain_split(split: SplitFunction, args, kwargs) -> SplitExplanation:
     split(*copies)
     graphs = []
     for graph in split.graphs[known:] or split.graphs:
-        graphs += _explain_graph(graph)
+        graphs += _explain_graph(graph, _device_type(args, kwargs))
     return SplitExplanation(split.reason, graphs)
 
 
-def _explain_graph(graph) -> list:
+def _explain_graph(graph, device_type: str) -> list:
     """A graph Dynamo handed over: its Explanation, why it runs eagerly, or (a graph cut
     around custom autograd.Functions) each compiled part's and a note for the Functions."""
     if graph.parts:
-        return [g for part in graph.parts for g in _explain_graph(part)] + \
+        return [g for part in graph.parts for g in _explain_graph(part, device_type)] + \
             ["the custom autograd.Function(s) between the parts above (their backward is the user's Python)"]
     if graph.eager_because is not None:
         return [graph.eager_because]
-    entry = next(reversed(graph.compiled._cache.values()))
-    return [_explain(entry.executable, entry.eager_ops)]
+    return [_explain_entry(next(reversed(graph.compiled._cache.values())), device_type)]
 
 
 def _explain(executable, eager_ops: int) -> Explanation:

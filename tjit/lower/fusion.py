@@ -870,7 +870,10 @@ def _sink_buffers(stores: list[Store], edges: dict[int, list], levels: dict[int,
     embedding's gradient is scattered into) runs right before its first reader, as eager
     allocates it, sharing a pointwise kernel's launch there if one runs (horizontal.py):
     held from an earlier kernel on, the table would be alive under everything allocated
-    in between (BERT's first layer's weight gradients, where its backward peaks)."""
+    in between (BERT's first layer's weight gradients, where its backward peaks). So does
+    one that reads only inputs, which the call holds to its end anyway (a backward that
+    writes an MLP's gelu(x @ w1 + b1) again, from the saved product, for the second linear's
+    weight gradient)."""
     readers: dict[int, list[tuple[int, bool]]] = {}  # store id -> (id of a store or call reading it, strict?)
     for item, deps in edges.items():
         for dep, strict in deps:
@@ -884,7 +887,7 @@ def _sink_buffers(stores: list[Store], edges: dict[int, list], levels: dict[int,
     for store in sorted(buffers, key=lambda s: -levels[id(s)]):  # the last first: what it reads may follow it
         level, old = levels[id(store)], store.domain
         latest = min(levels[reader] - strict for reader, strict in readers[id(store)])
-        fill = plain(store.domain) and all(buffer_of(leaf) is None for leaf in expression_leaves(store.value))
+        fill = plain(store.domain) and all(_held_for_the_run(leaf) for leaf in expression_leaves(store.value))
         relaid = _reshapeable(store) and not _computes_non_pointwise(store.value)
         to = latest if fill and latest > level else next(
             (k for k in range(latest, level, -1) if kernels[k][store.domain]
@@ -894,6 +897,14 @@ def _sink_buffers(stores: list[Store], edges: dict[int, list], levels: dict[int,
             kernels[to][store.domain] += 1
             levels[id(store)] = to
     return levels
+
+
+def _held_for_the_run(leaf: GraphNode) -> bool:
+    """Whether a kernel input is a literal or an input's memory: no step frees or writes it
+    (_sink_buffers runs only where no store writes an input; a library call that writes an
+    operand writes a copy of it)."""
+    buffer = buffer_of(leaf)
+    return buffer is None or isinstance(buffer.op, Input)
 
 
 def _joined_in_another_order(store: Store, domains: collections.Counter, copies: Copies) -> bool:

@@ -871,9 +871,10 @@ def _sink_buffers(stores: list[Store], edges: dict[int, list], levels: dict[int,
     allocates it, sharing a pointwise kernel's launch there if one runs (horizontal.py):
     held from an earlier kernel on, the table would be alive under everything allocated
     in between (BERT's first layer's weight gradients, where its backward peaks). So does
-    one that reads only inputs, which the call holds to its end anyway (a backward that
-    writes an MLP's gelu(x @ w1 + b1) again, from the saved product, for the second linear's
-    weight gradient)."""
+    a pointwise store alone at its level over its elements that reads only inputs, which the
+    call holds to its end anyway, where it joins no later kernel (a backward that writes an MLP's
+    gelu(x @ w1 + b1) again, from the saved product, for the second linear's weight
+    gradient)."""
     readers: dict[int, list[tuple[int, bool]]] = {}  # store id -> (id of a store or call reading it, strict?)
     for item, deps in edges.items():
         for dep, strict in deps:
@@ -887,16 +888,29 @@ def _sink_buffers(stores: list[Store], edges: dict[int, list], levels: dict[int,
     for store in sorted(buffers, key=lambda s: -levels[id(s)]):  # the last first: what it reads may follow it
         level, old = levels[id(store)], store.domain
         latest = min(levels[reader] - strict for reader, strict in readers[id(store)])
-        fill = plain(store.domain) and all(_held_for_the_run(leaf) for leaf in expression_leaves(store.value))
+        leaves = expression_leaves(store.value)
+        fill = plain(store.domain) and all(buffer_of(leaf) is None for leaf in leaves)
         relaid = _reshapeable(store) and not _computes_non_pointwise(store.value)
         to = latest if fill and latest > level else next(
             (k for k in range(latest, level, -1) if kernels[k][store.domain]
              or (relaid and _joined_in_another_order(store, kernels[k], copies))), None)
+        if to is None and latest > level and plain(store.domain) and _alone_at(store, kernels[level]) \
+                and all(_held_for_the_run(leaf) for leaf in leaves):
+            to = latest  # (no kernel is added)
         if to is not None:
             kernels[level][old] -= 1
             kernels[to][store.domain] += 1
             levels[id(store)] = to
     return levels
+
+
+def _alone_at(store: Store, domains: collections.Counter) -> bool:
+    """Whether the store is the only one of its level over its elements: no other store
+    shares its kernel, nor can a reduction kernel over the same elements in another order
+    take it in later (_join_reduction_kernels)."""
+    size = math.prod(store.domain.shape)
+    return domains[store.domain] == 1 and not any(
+        count and domain != store.domain and math.prod(domain.shape) == size for domain, count in domains.items())
 
 
 def _held_for_the_run(leaf: GraphNode) -> bool:

@@ -871,10 +871,13 @@ def _sink_buffers(stores: list[Store], edges: dict[int, list], levels: dict[int,
     allocates it, sharing a pointwise kernel's launch there if one runs (horizontal.py):
     held from an earlier kernel on, the table would be alive under everything allocated
     in between (BERT's first layer's weight gradients, where its backward peaks). So does
-    a pointwise store alone at its level over its elements that reads only inputs, which the
-    call holds to its end anyway, where it joins no later kernel (a backward that writes an MLP's
-    gelu(x @ w1 + b1) again, from the saved product, for the second linear's weight
-    gradient)."""
+    a pointwise store that reads only inputs, which the call holds to its end anyway, where
+    no reduction kernel of its level may take it in: it joins a kernel of its domain one
+    level before its first reader's at the earliest, else runs in one of its own right before
+    it (a backward that writes each MLP's gelu(x @ w1 + b1) again, from the saved product,
+    for the second linear's weight gradient: a kernel per layer rather than one for all of
+    them at the backward's start, or one several levels early, whose buffers would be alive
+    from there on)."""
     readers: dict[int, list[tuple[int, bool]]] = {}  # store id -> (id of a store or call reading it, strict?)
     for item, deps in edges.items():
         for dep, strict in deps:
@@ -891,12 +894,12 @@ def _sink_buffers(stores: list[Store], edges: dict[int, list], levels: dict[int,
         leaves = expression_leaves(store.value)
         fill = plain(store.domain) and all(buffer_of(leaf) is None for leaf in leaves)
         relaid = _reshapeable(store) and not _computes_non_pointwise(store.value)
+        waits = latest > level and plain(store.domain) and _no_row_host_at(store, kernels[level]) \
+            and all(_held_for_the_run(leaf) for leaf in leaves)
+        lowest = max(level, latest - 2) if waits else level  # (one that waits joins a kernel one level early at most)
         to = latest if fill and latest > level else next(
-            (k for k in range(latest, level, -1) if kernels[k][store.domain]
-             or (relaid and _joined_in_another_order(store, kernels[k], copies))), None)
-        if to is None and latest > level and plain(store.domain) and _alone_at(store, kernels[level]) \
-                and all(_held_for_the_run(leaf) for leaf in leaves):
-            to = latest  # (no kernel is added)
+            (k for k in range(latest, lowest, -1) if kernels[k][store.domain]
+             or (relaid and _joined_in_another_order(store, kernels[k], copies))), latest if waits else None)
         if to is not None:
             kernels[level][old] -= 1
             kernels[to][store.domain] += 1
@@ -904,13 +907,12 @@ def _sink_buffers(stores: list[Store], edges: dict[int, list], levels: dict[int,
     return levels
 
 
-def _alone_at(store: Store, domains: collections.Counter) -> bool:
-    """Whether the store is the only one of its level over its elements: no other store
-    shares its kernel, nor can a reduction kernel over the same elements in another order
-    take it in later (_join_reduction_kernels)."""
+def _no_row_host_at(store: Store, domains: collections.Counter) -> bool:
+    """Whether no reduction kernel of the store's level runs over its elements (in any
+    order): one that might compute it with its rows, at no kernel of its own
+    (_join_reduction_kernels), as a norm's output recomputed for a weight gradient is."""
     size = math.prod(store.domain.shape)
-    return domains[store.domain] == 1 and not any(
-        count and domain != store.domain and math.prod(domain.shape) == size for domain, count in domains.items())
+    return not any(count and domain.axes and math.prod(domain.shape) == size for domain, count in domains.items())
 
 
 def _held_for_the_run(leaf: GraphNode) -> bool:

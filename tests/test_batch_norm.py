@@ -261,6 +261,10 @@ def test_a_hand_written_norm_that_updates_its_statistics_under_no_grad_is_compil
     eager = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), _HandWrittenNorm(8), torch.nn.ReLU())
     ours, compiled = train_beside_eager(eager, lambda: torch.randn(4, 3, 22, 21))
     for (name, a), b in zip(ours.named_parameters(), eager.parameters()):
+        if name == "0.bias":  # (the norm subtracts each channel's mean: the conv bias's exact
+            # gradient is 0: both are rounding noise, of order 1e-4, over 1,520 positions)
+            assert a.grad.abs().max() < 1e-3 and b.grad.abs().max() < 1e-3, (a.grad, b.grad)
+            continue
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-4, msg=lambda m: f"{name}.grad\n{m}")
     torch.testing.assert_close(list(ours.buffers()), list(eager.buffers()))
     eager.eval(), ours.eval()

@@ -599,8 +599,8 @@ def test_an_mlps_activation_is_written_again_in_the_backward_rather_than_kept():
     eager_args = [a.detach().clone().requires_grad_(a.requires_grad) for a in args]
     want = torch.autograd.grad(two_mlp_blocks(*eager_args), eager_args[1:])
     torch.testing.assert_close(loss, two_mlp_blocks(*eager_args))
-    for g, w in zip(got, want):
-        torch.testing.assert_close(g, w)
+    for g, w in zip(got, want):  # (weight gradients sum 300 rows, in another order than eager's)
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
 
     peak = measured(training_step(compiled, args), compiled, args)
     assert_within_1_percent(tjit.explain(compiled, *args).peak_memory, peak)

@@ -936,3 +936,5 @@ def test_explain_of_a_split_function_shows_each_graphs_backward_and_training_ste
         assert g.backward is not None and g.backward.kernels and g.saved
         assert g.peak_memory.what == "training step"
     assert "saved for backward" in str(explained) and "backward:" in str(explained)
+    got = torch.autograd.grad(tjit.compile(fn)(x, w), w)[0]  # (and the graphs explained compute eager's)
+    torch.testing.assert_close(got, torch.autograd.grad(fn(x, w), w)[0])

@@ -916,10 +916,10 @@ def _no_row_host_at(store: Store, domains: collections.Counter) -> bool:
 
 
 def _held_for_the_run(leaf: GraphNode) -> bool:
-    """Whether a kernel input is a literal or an input's memory, which no step writes
+    """Whether a kernel input is a literal or an input's memory: no step writes it
     (_sink_buffers runs only where no store writes an input; a library call that writes an
-    operand writes a copy of it) and which lives to the call's end (a saved value a backward
-    frees is freed after its last reader, wherever that runs)."""
+    operand writes a copy of it), and none frees it before its last reader, wherever that
+    runs (a backward frees a saved value after the step that reads it last)."""
     buffer = buffer_of(leaf)
     return buffer is None or isinstance(buffer.op, Input)
 

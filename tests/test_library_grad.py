@@ -255,23 +255,43 @@ def test_scatter_reduce_mean_gradient(shape, include_self):
 
 def test_a_formula_is_traced_once_per_op_arguments_and_layouts(monkeypatch):
     """Layers that call the same op on the same shapes share one traced formula; another
-    argument value (addmm's beta) or another layout gets its own, and every gradient is eager's."""
+    argument value (a convolution's stride) or another layout gets its own, and every gradient is eager's."""
     from tjit.autograd import library_grad
     traced = []
     real = library_grad.trace_formula
     monkeypatch.setattr(library_grad, "_FORMULAS", {})
     monkeypatch.setattr(library_grad, "trace_formula", lambda *a: traced.append(a[0].op.call.name) or real(*a))
 
-    def layers(x, w1, w2, w3, b):
-        h = torch.tanh(x @ w1)  # mm, the same shapes three times
-        h = torch.tanh(h @ w2)
-        h = torch.tanh(h @ w3)
-        return torch.addmm(b, h, w1, beta=2.0) + torch.addmm(b, h, w2) + h.t() @ x  # (another layout)
+    def layers(x, w1, w2, w3):
+        h = torch.tanh(F.conv1d(x, w1, padding=1))  # the same shapes three times
+        h = torch.tanh(F.conv1d(h, w2, padding=1))
+        h = torch.tanh(F.conv1d(h, w3, padding=1))
+        return F.conv1d(h, w1, stride=2).sum() + F.conv1d(x.transpose(1, 2), w2, padding=1).sum()  # (another layout)
 
     torch.manual_seed(0)
-    # (gradients in the hundreds, summed over 48 terms in another order than eager's)
-    check(layers, *(torch.randn(48, 48) for _ in range(4)), torch.randn(48), atol=1e-3, rtol=1e-4)
-    assert traced.count("aten.mm.default") == 2 and traced.count("aten.addmm.default") == 2, traced
+    check(layers, torch.randn(4, 8, 8), *(torch.randn(8, 8, 3) for _ in range(3)), atol=1e-4, rtol=1e-4)
+    assert traced.count("aten.convolution.default") == 3, traced
+
+
+def test_matrix_products_gradients_without_a_traced_formula(monkeypatch):
+    """mm, bmm and addmm (any beta and alpha, a bias of any broadcast shape) get their
+    gradients as library products, ATen's formulas, with no formula traced: at sizes over
+    several programs, a transposed (column-major) operand, size-1 sides, operands without a
+    gradient, 16-bit types."""
+    from tjit.autograd import library_grad
+    monkeypatch.setattr(library_grad, "_FORMULAS", {})
+    monkeypatch.setattr(library_grad, "trace_formula", lambda *a: pytest.fail(f"traced {a[0].op.call.name}'s formula"))
+    torch.manual_seed(0)
+    check(lambda x, w: torch.tanh(x @ w.t()), torch.randn(70, 300), torch.randn(90, 300), atol=1e-4, rtol=1e-4)
+    check(lambda a, b: torch.bmm(a, b).sin(), torch.randn(3, 40, 70), torch.randn(3, 70, 1), atol=1e-4, rtol=1e-4)
+    for bias in (torch.randn(90), torch.randn(1, 90), torch.randn(70, 1), torch.randn(())):
+        check(lambda b, x, w: torch.addmm(b, x, w, beta=0.5, alpha=-2.0).cos(), bias, torch.randn(70, 300),
+              torch.randn(300, 90), atol=1e-4, rtol=1e-4)
+    w = torch.randn(90, 300)
+    check(lambda b, x: F.linear(x, w, b).relu(), torch.randn(90), torch.randn(1, 300), atol=1e-4, rtol=1e-4)
+    for dtype in (torch.float16, torch.bfloat16):
+        check(lambda b, x, w: F.linear(x, w, b) * 3, torch.randn(33, dtype=dtype), torch.randn(50, 70, dtype=dtype),
+              torch.randn(33, 70, dtype=dtype), atol=2e-2, rtol=2e-2)
 
 
 def test_a_reshape_of_a_reshape_back_into_a_library_call():

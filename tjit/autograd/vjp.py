@@ -12,15 +12,20 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
+import torch
+
 from ..errors import UnsupportedOpError
 from ..frontend.dot import dot, is_prologue, library_product, nests_products, tileable
 from ..frontend.library import in_memory
-from ..ir import (Const, Contiguous, Cumulative, Dot, DType, Elementwise, Extern, Gather, GraphNode, Input, Iota, Reduce,
-                  Scatter, ViewOp, Window, toposort)
+from ..ir import (Const, Contiguous, Cumulative, Dot, DType, Elementwise, Extern, Gather, GraphNode, Input, Iota, Operand,
+                  Reduce, Scatter, ViewOp, Window, toposort)
 from ..ir.ops import NO_GRAD, define_gradient, op_def
 from .algebra import LN2, TWO_OVER_SQRT_PI, Algebra
 from .library_grad import library_gradient
 from .views import view_transpose
+
+aten = torch.ops.aten
+
 
 @dataclass(frozen=True)
 class ScatterGrad:
@@ -61,20 +66,74 @@ def _dot(alg: Algebra, node: GraphNode, grad: GraphNode, value: ValueOf) -> Grad
         _computes_products(a) and (wide or nests_products(g.shape[-1])) and is_prologue(a, nests=True)
     if nested and tileable(a.shape) and tileable(b.shape):
         return _generated_gradients(alg, g, a, b, last_two, wide)
+    return list(_library_products(alg, g, a, b, (True, True)))
+
+
+def _library_products(alg: Algebra, g: GraphNode, a: GraphNode, b: GraphNode,
+                      wanted: tuple[bool, bool]) -> tuple[Optional[GraphNode], Optional[GraphNode]]:
+    """The wanted ones of a @ b's gradients g @ b.T and a.T @ g (g in the operands' type) as
+    library products, each written in the layout of its operand's memory (ATen's
+    mm_mat1_backward and mm_mat2_backward: a transposed operand gets the transposed product)."""
+    vb = alg.vb
+    last_two = lambda x: vb.view(x, ("permute", tuple(range(len(x.shape) - 2)) + (len(x.shape) - 1, len(x.shape) - 2)))
     # both products read g: in memory once, then through views (a transposed view of an
     # expression would be written again, transposed)
     g = in_memory(vb, g)
-    if _columns_in_memory(a) and len(b.shape) == len(a.shape):
-        grad_a = last_two(library_product(vb, b, last_two(g)))
-    else:
-        grad_a = library_product(vb, g, last_two(b))
-    if len(b.shape) == 2 < len(a.shape):
-        a, g = (vb.view(x, ("reshape", (math.prod(x.shape[:-1]), x.shape[-1]))) for x in (a, g))
-    if _columns_in_memory(b):
-        grad_b = last_two(library_product(vb, last_two(g), a))
-    else:
-        grad_b = library_product(vb, last_two(a), g)
-    return [grad_a, grad_b]
+    grad_a = grad_b = None
+    if wanted[0]:
+        if _columns_in_memory(a) and len(b.shape) == len(a.shape):
+            grad_a = last_two(library_product(vb, b, last_two(g)))
+        else:
+            grad_a = library_product(vb, g, last_two(b))
+    if wanted[1]:
+        if len(b.shape) == 2 < len(a.shape):
+            a, g = (vb.view(x, ("reshape", (math.prod(x.shape[:-1]), x.shape[-1]))) for x in (a, g))
+        if _columns_in_memory(b):
+            grad_b = last_two(library_product(vb, last_two(g), a))
+        else:
+            grad_b = library_product(vb, last_two(a), g)
+    return grad_a, grad_b
+
+
+# library calls whose gradients are library products (_library_call_product), not a traced formula
+LIBRARY_PRODUCTS = {aten.mm.default: 2, aten.bmm.default: 2, aten.addmm.default: 3}
+
+
+def _library_call_product(alg: Algebra, node: GraphNode, grad: GraphNode, value: ValueOf,
+                          wanted: Callable[[GraphNode], bool]) -> Optional[Grads]:
+    """The gradients of a library mm, bmm or addmm(bias, a, b, beta=, alpha=) of real
+    floating values, as ATen's derivative formulas give them: alpha * (g @ b.T) and
+    alpha * (a.T @ g) by _library_products, beta * g summed to the bias's shape; only those
+    of the operands `wanted`. None for any other call (its traced formula gives them): this
+    rule saves the formula's trace (tens of milliseconds each, for a model's every shape)."""
+    call = node.op.call
+    arity = LIBRARY_PRODUCTS.get(call.target)
+    scale = {name: call.kwargs.get(name, 1) for name in ("beta", "alpha")}
+    if arity is None or call.writes or node.dtype.is_complex or not node.dtype.is_float or \
+            tuple(call.args) != tuple(Operand(k) for k in range(arity)) or set(call.kwargs) - set(scale) or \
+            any(type(v) not in (int, float) for v in scale.values()):
+        return None
+    *bias, a, b = node.src
+    want = [differentiable(s) and wanted(s) for s in node.src]
+    for operand, read in zip((b, a), want[-2:]):  # (g @ b.T reads b, a.T @ g reads a)
+        if read and hasattr(value, "note_operand"):
+            value.note_operand(operand)
+    grad_a, grad_b = _library_products(alg, alg.cast(grad, a.dtype), value(a) if want[-1] else a,
+                                       value(b) if want[-2] else b, tuple(want[-2:]))
+    scaled = lambda x, k: x if x is None or k == 1 else alg.mul(x, k)
+    grads = [scaled(grad_a, scale["alpha"]), scaled(grad_b, scale["alpha"])]
+    if bias:
+        grads.insert(0, _summed_to(alg, scaled(alg.cast(grad, bias[0].dtype), scale["beta"]), bias[0].shape)
+                     if want[0] else None)
+    return grads
+
+
+def _summed_to(alg: Algebra, g: GraphNode, shape: tuple[int, ...]) -> GraphNode:
+    """g summed over the axes it broadcast `shape` along (autograd's sum_to)."""
+    lead = len(g.shape) - len(shape)
+    axes = tuple(range(lead)) + tuple(lead + k for k, n in enumerate(shape) if n == 1 and g.shape[lead + k] != 1)
+    total = alg.sum(g, axes) if axes else g
+    return alg.view(total, "reshape", tuple(shape)) if total.shape != tuple(shape) else total
 
 
 def _generated_gradients(alg: Algebra, g: GraphNode, a: GraphNode, b: GraphNode, last_two, wide: bool) -> Grads:
@@ -151,7 +210,8 @@ def vjp(alg: Algebra, node: GraphNode, grad: GraphNode, value: ValueOf,
     if isinstance(op, Gather):
         return [_gather(alg, node, grad, value), None]
     if isinstance(op, Extern):
-        return library_gradient(alg.vb, node, grad, value, wanted)
+        return _library_call_product(alg, node, grad, value, wanted) or library_gradient(alg.vb, node, grad, value,
+                                                                                          wanted)
     if isinstance(op, Dot):
         return _dot(alg, node, grad, value)
     raise UnsupportedOpError(type(op).__name__, "no gradient rule for this IR op")

@@ -27,7 +27,7 @@ from .. import debug
 from ..errors import TjitError
 from ..frontend.convert import Converter
 from ..frontend.library import WriteThroughView, library_call_gradient, write_through_view_gradient
-from ..frontend.trace import decomposition_table
+from ..frontend.trace import lazy_make_fx
 from ..ir import Extern, GraphNode, Operand, bind_operands
 
 ValueOf = Callable[[GraphNode], GraphNode]
@@ -129,7 +129,6 @@ def _formula_key(node: GraphNode, wrt: tuple[int, ...], grad: GraphNode) -> Opti
 def trace_formula(node: GraphNode, wrt: tuple[int, ...], grad: GraphNode) -> fx.GraphModule:
     """The aten graph of (operands..., grad) -> gradients of the operands in `wrt`."""
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.proxy_tensor import make_fx
     call, index = node.op.call, node.op.index
 
     def formula(*tensors):
@@ -144,8 +143,7 @@ def trace_formula(node: GraphNode, wrt: tuple[int, ...], grad: GraphNode) -> fx.
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     fakes = [_fake_like(mode, s) for s in node.src] + [_fake_like(mode, grad)]
     with torch.enable_grad():
-        gm = make_fx(formula, decomposition_table=decomposition_table(), tracing_mode="fake",
-                     _allow_non_fake_inputs=True)(*fakes)
+        gm = lazy_make_fx(formula)(*fakes)
     _drop_detaches(gm)
     gm.graph.eliminate_dead_code()
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols

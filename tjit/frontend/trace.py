@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional
 
 import torch
 from torch._dispatch.python import enable_python_dispatcher
+from torch.fx._lazy_graph_module import _use_lazy_graph_module
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -111,13 +112,24 @@ def fake_trace(fn: Callable, inputs: list, symbolic: bool = False,
         with keep, torch.compiler.set_stance("force_eager"):
             fakes = [_fake_input(mode, v, symbolic, next(dims, None)) if isinstance(v, torch.Tensor)
                      else _size_symbol(mode.shape_env, v, k) for k, v in enumerate(inputs)]
-            return make_fx(fn, decomposition_table=decomposition_table(), tracing_mode="fake",
-                           _allow_non_fake_inputs=True)(*fakes), fakes
+            return lazy_make_fx(fn)(*fakes), fakes
     finally:
         keep.restore()
         # (a Dynamo graph enters and leaves torch.func's levels by plain calls: a trace that
         # stops inside one must not leave it entered, which breaks every later transform)
         torch._C._functorch.pop_dynamic_layer_stack_and_undo_to_depth(levels)
+
+
+def lazy_make_fx(fn: Callable) -> Callable:
+    """make_fx with tjit's decompositions, its graph module lazy: tjit reads the graph, and
+    the Python code FX would write and compile for it (a tenth of a small trace's time) is
+    written only if the module is called."""
+    trace_fn = make_fx(fn, decomposition_table=decomposition_table(), tracing_mode="fake", _allow_non_fake_inputs=True)
+
+    def traced(*inputs):
+        with _use_lazy_graph_module(True):
+            return trace_fn(*inputs)
+    return traced
 
 
 def _fake_input(mode, tensor: torch.Tensor, symbolic: bool, dynamic: Optional[tuple[bool, ...]]):

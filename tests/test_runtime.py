@@ -1134,3 +1134,23 @@ def test_a_kernel_is_rewritten_for_the_interpreter_by_tjit_only_where_the_trees_
         fdef = next(n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef))
         fdef.decorator_list = []
         assert ast.dump(found) == ast.dump(ti.ASTTransformer().visit(fdef))
+
+
+def test_compile_seconds_grow_on_compiles_and_not_on_cached_calls(monkeypatch):
+    """tjit.counters.compile_seconds (bench/models.py's first-call compile time) grows when a
+    call compiles, forward and backward, not when a compiled one runs again; a compile phase
+    inside another is counted once."""
+    from tjit.runtime import counters as counting
+    f = tjit.compile(lambda x: (x.sin() * 2).sum())
+    x = torch.randn(1000, requires_grad=True)
+    start = tjit.counters.compile_seconds
+    f(x).backward()
+    compiled = tjit.counters.compile_seconds
+    assert compiled > start
+    f(x).backward()
+    assert tjit.counters.compile_seconds == compiled
+    clock = iter([10.0, 15.0])  # the outer phase's start and end (the inner one reads no clock)
+    monkeypatch.setattr(counting, "_clock", lambda: next(clock))
+    with counting.compiling(), counting.compiling():
+        pass
+    assert tjit.counters.compile_seconds == compiled + 5.0

@@ -23,6 +23,7 @@ from ..pipeline import (build_program, verify, verify_constants, with_buffers_ap
                         with_tape_donated)
 from ..memory.peak import Allocation, PeakMemory, allocated_bytes, relabel, release
 from ..memory.slab import POOL
+from ..runtime.counters import compiling
 from ..runtime.executor import Executable, tape_bytes
 from .backward import (AutogradPlan, GradLayout, backward_graph, incoming_grad_name, saved_layouts,
                        written_output_name)
@@ -173,7 +174,7 @@ class GradExecutable:
         key = tuple(sorted(layouts.items()))
         found = self._backward.get(key)
         if found is None:
-            with self._lock:
+            with self._lock, compiling():
                 found = self._backward.get(key) or self._compile_backward(key, layouts)
         return found
 

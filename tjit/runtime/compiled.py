@@ -40,7 +40,7 @@ from ..memory.donation import DonatedTensor
 from ..frontend.shape_class import ShapeClasses
 from ..pipeline import VerifyError, build_program, convert, trace_and_convert
 from . import disk_cache
-from .counters import counters
+from .counters import compiling, counters
 from .executor import Executable, alias_view
 from .guards import (OutsideState, guard_key, random_objects_read, shape_class_key, state_read, state_written,
                      type_questions, volatile_read)
@@ -156,7 +156,7 @@ class CompiledFunction:
         entry = self._cache.get(self._key(flat, numbers))
         if entry is None:
             _check_call(self.fn, tensors)
-            with self._lock:
+            with self._lock, compiling():
                 entry = self._entry(args, kwargs, flat, numbers)
         else:
             counters.cache_hits += 1
@@ -182,7 +182,7 @@ class CompiledFunction:
     def entry_for(self, *args, **kwargs) -> CompiledEntry:
         """The compiled form for these arguments (compiling it if needed), without running it."""
         flat = self._flatten(args, kwargs)
-        with self._lock:
+        with self._lock, compiling():
             return self._entry(args, kwargs, flat, self._numbers(flat))
 
     def _key(self, flat, numbers: tuple[str, ...] = ()) -> tuple:

@@ -1,6 +1,9 @@
 """Process-wide counters that make caching behaviour observable (and testable)."""
 from __future__ import annotations
 
+import contextlib
+import threading
+import time
 from dataclasses import dataclass, fields
 
 
@@ -17,13 +20,35 @@ class Counters:
     kernel_compiles: int = 0  # distinct (kernel source, constexprs) launched: one Triton build each
     launches: int = 0  # Triton kernels launched
     library_calls: int = 0  # aten ops run as library calls (see tjit/frontend/library.py)
+    # wall seconds spent compiling (compiling()): tracing, planning, lowering, loading kernels;
+    # what a first call costs beyond its kernels' run, measured without them
+    compile_seconds: float = 0.0
 
     def reset(self) -> None:
         for f in fields(self):
             setattr(self, f.name, 0)
 
-    def snapshot(self) -> dict[str, int]:
+    def snapshot(self) -> dict[str, float]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 counters = Counters()
+
+
+_phase = threading.local()
+_clock = time.perf_counter
+
+
+@contextlib.contextmanager
+def compiling():
+    """Times a compile phase into counters.compile_seconds. A phase inside another (a
+    backward's kernels loaded while it compiles) is counted once, in the outermost."""
+    depth = getattr(_phase, "depth", 0)
+    _phase.depth = depth + 1
+    start = _clock() if depth == 0 else None
+    try:
+        yield
+    finally:
+        _phase.depth = depth
+        if start is not None:
+            counters.compile_seconds += _clock() - start

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from ..lower.codegen import KernelPlan
-from .counters import counters
+from .counters import compiling, counters
 from .interpreter import install_patches, interpreting, load_for_interpreter
 
 if interpreting():
@@ -49,7 +49,7 @@ def load_kernel(plan: KernelPlan):
     fn = _loaded.get(plan.name)
     if fn is not None:
         return fn
-    with _lock:
+    with _lock, compiling():
         if plan.name not in _loaded:
             path = cache_dir() / f"{plan.name}.py"
             text = module_source(plan)

@@ -122,8 +122,8 @@ def fake_trace(fn: Callable, inputs: list, symbolic: bool = False,
 
 def lazy_make_fx(fn: Callable) -> Callable:
     """make_fx with tjit's decompositions, its graph module lazy: tjit reads the graph, and
-    the Python code FX would write and compile for it (a tenth of a small trace's time) is
-    written only if the module is called."""
+    the Python code FX would write and compile for it (milliseconds a trace: a few for a
+    derivative formula's) is written only if the module is called."""
     trace_fn = make_fx(fn, decomposition_table=decomposition_table(), tracing_mode="fake", _allow_non_fake_inputs=True)
 
     def traced(*inputs):

@@ -56,8 +56,6 @@ def _dot(alg: Algebra, node: GraphNode, grad: GraphNode, value: ValueOf) -> Grad
     transposed product, transposed back, as ATen's mm backward does: written in the layout of
     the operand's memory, it needs no transposing copy to become the parameter's gradient."""
     a, b = (value(s) for s in node.src)
-    vb = alg.vb
-    last_two = lambda x: vb.view(x, ("permute", tuple(range(len(x.shape) - 2)) + (len(x.shape) - 1, len(x.shape) - 2)))
     g = alg.cast(grad, a.dtype)
     # (where the gradients' operands cannot compute the products on their tiles, too many
     # columns or reads, g is written once and both products read it, as below)
@@ -65,7 +63,7 @@ def _dot(alg: Algebra, node: GraphNode, grad: GraphNode, value: ValueOf) -> Grad
     nested = _computes_products(g) and (wide or nests_products(a.shape[-1])) and is_prologue(g, nests=True) or \
         _computes_products(a) and (wide or nests_products(g.shape[-1])) and is_prologue(a, nests=True)
     if nested and tileable(a.shape) and tileable(b.shape):
-        return _generated_gradients(alg, g, a, b, last_two, wide)
+        return _generated_gradients(alg, g, a, b, wide)
     return list(_library_products(alg, g, a, b, (True, True)))
 
 
@@ -75,7 +73,7 @@ def _library_products(alg: Algebra, g: GraphNode, a: GraphNode, b: GraphNode,
     library products, each written in the layout of its operand's memory (ATen's
     mm_mat1_backward and mm_mat2_backward: a transposed operand gets the transposed product)."""
     vb = alg.vb
-    last_two = lambda x: vb.view(x, ("permute", tuple(range(len(x.shape) - 2)) + (len(x.shape) - 1, len(x.shape) - 2)))
+    last_two = lambda x: _last_two_swapped(vb, x)
     # both products read g: in memory once, then through views (a transposed view of an
     # expression would be written again, transposed)
     g = in_memory(vb, g)
@@ -136,7 +134,13 @@ def _summed_to(alg: Algebra, g: GraphNode, shape: tuple[int, ...]) -> GraphNode:
     return alg.view(total, "reshape", tuple(shape)) if total.shape != tuple(shape) else total
 
 
-def _generated_gradients(alg: Algebra, g: GraphNode, a: GraphNode, b: GraphNode, last_two, wide: bool) -> Grads:
+def _last_two_swapped(vb, x: GraphNode) -> GraphNode:
+    """x viewed with its last two axes swapped (a matrix, or a batch of them, transposed)."""
+    rank = len(x.shape)
+    return vb.view(x, ("permute", tuple(range(rank - 2)) + (rank - 1, rank - 2)))
+
+
+def _generated_gradients(alg: Algebra, g: GraphNode, a: GraphNode, b: GraphNode, wide: bool) -> Grads:
     """A product's gradients where g or a computes a product itself (a product of the
     forward recomputed rather than saved: cross-entropy's logits, attention's scores under
     its probabilities): generated products whose a operand computes it on its tiles, so
@@ -147,6 +151,7 @@ def _generated_gradients(alg: Algebra, g: GraphNode, a: GraphNode, b: GraphNode,
     (frontend/dot.py); `wide`: over more columns than a tile holds, they accumulate in memory
     (_accumulates_in_memory)."""
     vb = alg.vb
+    last_two = lambda x: _last_two_swapped(vb, x)
     grad_a = dot(vb, g, last_two(b), accumulates=wide)
     if len(b.shape) == 2 < len(a.shape):
         a, g = (vb.view(x, ("reshape", (math.prod(x.shape[:-1]), x.shape[-1]))) for x in (a, g))

@@ -1136,6 +1136,37 @@ def test_a_kernel_is_rewritten_for_the_interpreter_by_tjit_only_where_the_trees_
         assert ast.dump(found) == ast.dump(ti.ASTTransformer().visit(fdef))
 
 
+def test_the_cyclic_collector_is_paused_while_compiling_and_restored_after(monkeypatch):
+    """A compile runs with the cyclic garbage collector off (its full collections walk the
+    whole heap and free almost nothing of a compile's garbage: counters.collection_paused),
+    and leaves it as it found it: on, or off where the user turned it off, also when the
+    compile fails."""
+    import gc
+    from tjit.runtime.compiled import CompiledFunction
+    seen = []
+    compile_entry = CompiledFunction._compile
+
+    def watched(self, *args, **kwargs):
+        seen.append(gc.isenabled())
+        return compile_entry(self, *args, **kwargs)
+
+    monkeypatch.setattr(CompiledFunction, "_compile", watched)
+    assert gc.isenabled()
+    f = tjit.compile(lambda x: x.sin() + 1)
+    x = torch.randn(70)
+    torch.testing.assert_close(f(x), x.sin() + 1)
+    assert seen == [False] and gc.isenabled()
+    gc.disable()
+    try:
+        f(torch.randn(3, 5))
+        assert seen == [False, False] and not gc.isenabled()
+    finally:
+        gc.enable()
+    with pytest.raises(tjit.TjitError):
+        tjit.compile(lambda x: x.sin().numpy())(torch.randn(4))
+    assert len(seen) == 3 and gc.isenabled()
+
+
 def test_compile_seconds_grow_on_compiles_and_not_on_cached_calls(monkeypatch):
     """tjit.counters.compile_seconds (bench/models.py's first-call compile time) grows when a
     call compiles, forward and backward, not when a compiled one runs again; a compile phase

@@ -1,6 +1,7 @@
-"""Gradients of library calls: torch's derivative formulas traced into aten ops, converted
-into the backward graph (autograd/library_grad.py), so they fuse with the rest of the
-backward and the op itself is not run again where the formula does not read its results."""
+"""Gradients of library calls: torch's derivative formulas traced into aten ops (or, where the
+formula is one call of a backward op, built directly), converted into the backward graph
+(autograd/library_grad.py), so they fuse with the rest of the backward and the op itself is
+not run again where the formula does not read its results."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -255,22 +256,57 @@ def test_scatter_reduce_mean_gradient(shape, include_self):
 
 def test_a_formula_is_traced_once_per_op_arguments_and_layouts(monkeypatch):
     """Layers that call the same op on the same shapes share one traced formula; another
-    argument value (a convolution's stride) or another layout gets its own, and every gradient is eager's."""
+    argument value (a sort's dimension) or another layout gets its own, and every gradient is
+    eager's."""
     from tjit.autograd import library_grad
     traced = []
     real = library_grad.trace_formula
     monkeypatch.setattr(library_grad, "_FORMULAS", {})
     monkeypatch.setattr(library_grad, "trace_formula", lambda *a: traced.append(a[0].op.call.name) or real(*a))
 
-    def layers(x, w1, w2, w3):
-        h = torch.tanh(F.conv1d(x, w1, padding=1))  # the same shapes three times
-        h = torch.tanh(F.conv1d(h, w2, padding=1))
-        h = torch.tanh(F.conv1d(h, w3, padding=1))
-        return F.conv1d(h, w1, stride=2).sum() + F.conv1d(x.transpose(1, 2), w2, padding=1).sum()  # (another layout)
+    def layers(x):
+        h = torch.sort(torch.tanh(x), dim=1).values  # the same shapes three times
+        h = torch.sort(torch.sin(h), dim=1).values
+        h = torch.sort(torch.cos(h), dim=1).values
+        return torch.sort(h, dim=2).values.sum() + torch.sort(x.transpose(1, 2), dim=1).values.sum()  # (another layout)
 
     torch.manual_seed(0)
-    check(layers, torch.randn(4, 8, 8), *(torch.randn(8, 8, 3) for _ in range(3)), atol=1e-4, rtol=1e-4)
-    assert traced.count("aten.convolution.default") == 3, traced
+    check(layers, torch.randn(4, 8, 8), atol=1e-4, rtol=1e-4)
+    assert traced.count("aten.sort.default") == 3, traced
+
+
+def test_one_call_formulas_are_built_without_a_trace(monkeypatch):
+    """A convolution's, CPU flash attention's and a max pool's gradient is one call of their
+    backward op (autograd/direct_formulas.py), built without tracing torch's formula, and is
+    eager's: strides, padding, dilation, groups, a transposed convolution, 1-d and 3-d ones,
+    operands without a gradient, a causal mask, a scale, a mask tensor, 16-bit types, sizes
+    over several programs."""
+    from tjit.autograd import library_grad
+    monkeypatch.setattr(library_grad, "_FORMULAS", {})
+    monkeypatch.setattr(library_grad, "trace_formula", lambda *a: pytest.fail(f"traced {a[0].op.call.name}'s formula"))
+    torch.manual_seed(0)
+    tol = dict(atol=1e-4, rtol=1e-4)
+    check(lambda x, w, b: F.conv2d(x, w, b, stride=2, padding=1, dilation=2, groups=2).tanh(),
+          torch.randn(2, 4, 33, 35), torch.randn(6, 2, 3, 3), torch.randn(6), **tol)
+    check(lambda x, w: F.conv1d(x, w, padding=2).sin(), torch.randn(3, 5, 300), torch.randn(7, 5, 5), **tol)
+    check(lambda x, w, b: F.conv_transpose2d(x, w, b, stride=2, output_padding=1).cos(), torch.randn(2, 3, 9, 10),
+          torch.randn(3, 4, 3, 3), torch.randn(4), **tol)
+    check(lambda x, w: F.conv3d(x, w).relu(), torch.randn(1, 2, 5, 6, 7), torch.randn(3, 2, 2, 2, 2), **tol)
+    x, w = torch.randn(2, 4, 20, 21), torch.randn(6, 4, 3, 3)
+    check(lambda x: F.conv2d(x, w, padding=1).sin(), x, **tol)  # the weight without a gradient
+    check(lambda w, b: F.conv2d(x, w, b, padding=1).sin(), w, torch.randn(6), **tol)  # the input without one
+    for dtype, atol in ((torch.float16, 2e-2), (torch.bfloat16, 0.15)):  # (eager rounds sin's derivative to 16 bits)
+        check(lambda x, w, b: F.conv2d(x, w, b).sin(), torch.randn(2, 3, 12, 13, dtype=dtype),
+              torch.randn(4, 3, 3, 3, dtype=dtype), torch.randn(4, dtype=dtype), atol=atol, rtol=atol)
+    q, k, v = (torch.randn(2, 3, 70, 16) for _ in range(3))
+    check(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True) * 3, q, k, v, **tol)
+    check(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, scale=0.3), q, k, v, **tol)
+    mask = torch.randn(70, 70)
+    check(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=mask).sin(), q, k, v, **tol)
+    check(lambda q, v: F.scaled_dot_product_attention(q, q, v).sin(), q, v, **tol)  # (q is k too)
+    check(lambda x: F.max_pool2d(x.sin(), 3, stride=2, padding=1, ceil_mode=True) * 2, torch.randn(2, 3, 33, 34), **tol)
+    check(lambda x: F.max_pool2d(x.sin(), 2, dilation=2) * 2, torch.randn(2, 3, 33, 34), **tol)
+    check(lambda x: F.max_pool2d(x, 2) * 2, torch.randn(2, 3, 33, 34, dtype=torch.bfloat16), atol=1e-2, rtol=1e-2)
 
 
 def test_matrix_products_gradients_without_a_traced_formula(monkeypatch):

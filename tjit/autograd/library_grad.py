@@ -8,7 +8,9 @@ converted into the backward IR graph like any traced function, so the formula's 
 work fuses with the rest of the backward and the ops tjit does not generate are library
 calls of their own. The op itself appears in the traced graph only when the formula reads
 its results; the result whose gradient this is is then the forward's value (saved or
-recomputed), not a second run of the op.
+recomputed), not a second run of the op. A formula that is one call of a backward op (a
+convolution's, flash attention's, a max pool's) is built as that graph directly, without the
+trace (direct_formulas.py).
 
 Where the formula cannot be traced that way (an op that writes its arguments, a formula
 that needs tensor data), the op's gradient is one library call that runs torch's backward
@@ -29,6 +31,7 @@ from ..frontend.convert import Converter
 from ..frontend.library import WriteThroughView, library_call_gradient, write_through_view_gradient
 from ..frontend.trace import lazy_make_fx
 from ..ir import Extern, GraphNode, Operand, bind_operands
+from .direct_formulas import direct_formula, fake_like
 
 ValueOf = Callable[[GraphNode], GraphNode]
 
@@ -70,20 +73,12 @@ def library_gradient(vb, node: GraphNode, grad: GraphNode, value: ValueOf, wante
     if isinstance(call.target, torch._ops.OpOverload) and not call.target._schema.is_mutable \
             and not getattr(call, "writes", ()) and not checked:
         try:
-            formula = traced_formula(node, wrt, grad)
+            formula = direct_formula(node, wrt, grad) or traced_formula(node, wrt, grad)
             # (what a failed conversion built is unreachable from the backward's outputs)
             return FormulaConverter(formula, vb, node, value).gradients(grad, wrt)
         except Exception as e:  # not traceable on fake tensors, or not convertible: torch's backward runs as a call
             debug.log(2, f"gradient of {call.name} runs as one library call: its formula does not trace: {e}")
     return library_call_gradient(vb, node, grad, value, wanted)
-
-
-def _fake_like(mode, node: GraphNode) -> torch.Tensor:
-    strides = node.view.strides if all(s >= 0 for s in node.view.strides) else None
-    with mode:
-        if strides is None:
-            return torch.empty(node.shape, dtype=node.dtype.torch)
-        return torch.empty_strided(node.shape, strides, dtype=node.dtype.torch)
 
 
 _FORMULAS: dict[tuple, fx.GraphModule] = {}  # formula key -> its traced graph (only read once traced)
@@ -141,7 +136,7 @@ def trace_formula(node: GraphNode, wrt: tuple[int, ...], grad: GraphNode) -> fx.
         return list(torch.autograd.grad(out, [leaves[k] for k in wrt], g, allow_unused=True))
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
-    fakes = [_fake_like(mode, s) for s in node.src] + [_fake_like(mode, grad)]
+    fakes = [fake_like(mode, s) for s in node.src] + [fake_like(mode, grad)]
     with torch.enable_grad():
         gm = lazy_make_fx(formula)(*fakes)
     _drop_detaches(gm)
